@@ -1,0 +1,153 @@
+"""Streaming statistics accumulators.
+
+Every accumulator consumes activation chunks shaped ``[B, T, d]`` (B sequences of T tokens) and keeps
+its state in float64 (or float32 where memory demands), so results are independent of the chunking
+(batch-size invariant) and token-by-token matrices are never stored. Accumulators are mergeable
+(``merge``), which is what multi-process capture relies on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from secateur.errors import SecateurError
+
+
+def _check_finite(x: torch.Tensor, where: str) -> None:
+    if not torch.isfinite(x).all():
+        raise SecateurError(f"non-finite (NaN/Inf) activations reached {where}; check the model and dtype")
+
+
+class Accumulator:
+    """Base class: ``update(x[B,T,d])`` then read the finalized properties."""
+
+    name = "base"
+
+    def update(self, x: torch.Tensor) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def merge(self, other: Accumulator) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class SumSq(Accumulator):
+    """Per-feature energy. ``sumsq[j] = sum_t x_tj^2``; ``seq_mean_sumsq`` = mean over sequences of the
+    per-sequence energy (Wanda's ||X_j||^2 with a scale that does not grow with the sample count)."""
+
+    name = "sumsq"
+
+    def __init__(self, d: int, dtype: torch.dtype = torch.float64) -> None:
+        self.sumsq = torch.zeros(d, dtype=dtype)
+        self.n_tokens = 0
+        self.n_seqs = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-2], x.shape[-1]) if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
+        xf = x.to(self.sumsq.dtype)
+        self.sumsq += (xf * xf).sum(dim=(0, 1))
+        self.n_tokens += x.shape[0] * x.shape[1]
+        self.n_seqs += x.shape[0]
+
+    def merge(self, other: SumSq) -> None:
+        self.sumsq += other.sumsq
+        self.n_tokens += other.n_tokens
+        self.n_seqs += other.n_seqs
+
+    @property
+    def seq_mean_sumsq(self) -> torch.Tensor:
+        return self.sumsq / max(self.n_seqs, 1)
+
+    @property
+    def norm(self) -> torch.Tensor:
+        """||X_j||_2 over all calibration tokens."""
+        return self.sumsq.sqrt()
+
+
+class MeanVar(Accumulator):
+    """Per-feature mean and population variance over tokens (Chan/Welford merge, float64)."""
+
+    name = "meanvar"
+
+    def __init__(self, d: int) -> None:
+        self.n = 0
+        self.mean_ = torch.zeros(d, dtype=torch.float64)
+        self.m2 = torch.zeros(d, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor) -> None:
+        xf = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        nb = xf.shape[0]
+        if nb == 0:
+            return
+        mb = xf.mean(0)
+        m2b = ((xf - mb) ** 2).sum(0)
+        self._combine(nb, mb, m2b)
+
+    def _combine(self, nb: int, mb: torch.Tensor, m2b: torch.Tensor) -> None:
+        n = self.n + nb
+        delta = mb - self.mean_
+        self.mean_ = self.mean_ + delta * (nb / n)
+        self.m2 = self.m2 + m2b + delta**2 * (self.n * nb / n)
+        self.n = n
+
+    def merge(self, other: MeanVar) -> None:
+        if other.n:
+            self._combine(other.n, other.mean_, other.m2)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.mean_
+
+    @property
+    def var(self) -> torch.Tensor:
+        """Population variance (divide by n)."""
+        return self.m2 / max(self.n, 1)
+
+
+class Gram(Accumulator):
+    """Uncentered Gram ``G = sum_t x_t x_t^T`` (d x d) plus the feature sum, so the mean and covariance
+    are available too. float64 by default; float32 halves the memory for very wide inputs."""
+
+    name = "gram"
+
+    def __init__(self, d: int, dtype: torch.dtype = torch.float64) -> None:
+        self.G = torch.zeros(d, d, dtype=dtype)
+        self.s = torch.zeros(d, dtype=torch.float64)
+        self.n = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        xf = x.reshape(-1, x.shape[-1]).to(self.G.dtype)
+        self.G.addmm_(xf.T, xf)
+        self.s += xf.sum(0).to(torch.float64)
+        self.n += xf.shape[0]
+
+    def merge(self, other: Gram) -> None:
+        self.G += other.G
+        self.s += other.s
+        self.n += other.n
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.s / max(self.n, 1)
+
+    @property
+    def second_moment(self) -> torch.Tensor:
+        """E[x x^T] (float64)."""
+        return self.G.to(torch.float64) / max(self.n, 1)
+
+    @property
+    def cov(self) -> torch.Tensor:
+        mu = self.mean
+        return self.second_moment - torch.outer(mu, mu)
+
+
+ACCUMULATORS: dict[str, type[Accumulator]] = {"sumsq": SumSq, "meanvar": MeanVar, "gram": Gram}
+
+
+def make_accumulators(kinds: set[str] | list[str], d: int) -> dict[str, Accumulator]:
+    return {k: ACCUMULATORS[k](d) for k in kinds}
+
+
+def update_all(accs: dict[str, Accumulator], x: torch.Tensor, where: str) -> None:
+    _check_finite(x, where)
+    for a in accs.values():
+        a.update(x)
