@@ -53,3 +53,24 @@ def tiny_model(family: str, seed: int = 0, **kw) -> torch.nn.Module:
 def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, t), generator=g)
+
+
+def tiny_tokenizer():
+    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in range(32, 127):
+        vocab[chr(c)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def save_tiny(family: str, path, seed: int = 0) -> str:
+    """Save a tiny model + tokenizer as a Hugging Face folder; returns the path."""
+    model = tiny_model(family, seed=seed)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)

@@ -105,19 +105,26 @@ class MeanVar(Accumulator):
 
 class Gram(Accumulator):
     """Uncentered Gram ``G = sum_t x_t x_t^T`` (d x d) plus the feature sum, so the mean and covariance
-    are available too. float64 by default; float32 halves the memory for very wide inputs."""
+    are available too.
+
+    The state is float64. Each chunk's product is computed in ``compute_dtype`` (float32 by default:
+    a float64 GEMM over every calibration token costs as much as the dense forward itself on a CPU)
+    and added to the float64 state, so rounding error grows with the chunk size, not the sample count.
+    """
 
     name = "gram"
 
-    def __init__(self, d: int, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, d: int, dtype: torch.dtype = torch.float64,
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         self.G = torch.zeros(d, d, dtype=dtype)
         self.s = torch.zeros(d, dtype=torch.float64)
         self.n = 0
+        self.compute_dtype = compute_dtype
 
     def update(self, x: torch.Tensor) -> None:
-        xf = x.reshape(-1, x.shape[-1]).to(self.G.dtype)
-        self.G.addmm_(xf.T, xf)
-        self.s += xf.sum(0).to(torch.float64)
+        xf = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
+        self.G += (xf.T @ xf).to(self.G.dtype)
+        self.s += xf.sum(0, dtype=torch.float64)
         self.n += xf.shape[0]
 
     def merge(self, other: Gram) -> None:

@@ -1,0 +1,1 @@
+"""Pruning methods as compositions of stages. ``registry.METHODS`` maps a CLI name to its runner."""

@@ -103,6 +103,14 @@ class Adapter:
         raise NotImplementedError
 
     @property
+    def base_prefix(self) -> str:
+        """Qualified name of the block list inside the model (``model.layers``)."""
+        for name, mod in self.model.named_modules():
+            if mod is self.layers:
+                return name
+        raise RuntimeError("block list not found")
+
+    @property
     def n_layers(self) -> int:
         return len(self.layers)
 

@@ -1,0 +1,139 @@
+"""Python API: the same names as the CLI.
+
+>>> from secateur import api
+>>> report = api.prune(model="smollm2-135m", method="wanda", sparsity=0.5, calib="c4", nsamples=128,
+...                    seqlen=2048, seed=0, out="out/wanda50")
+>>> api.eval_ppl(model="out/wanda50", dataset="wikitext2", max_windows=8)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from secateur.data.sources import eval_text, resolve_data_dir
+from secateur.data.windows import calibration_set, eval_ids, token_sha256
+from secateur.errors import SecateurError
+from secateur.eval.ppl import perplexity
+from secateur.export import save_pruned
+from secateur.methods.registry import METHODS
+from secateur.models.adapters import get_adapter
+from secateur.models.loading import load_model
+from secateur.prune.unstructured import parse_pattern, parse_targets
+from secateur.runinfo import Timer, machine, peak_rss_mb, versions
+
+
+@dataclass
+class PruneOptions:
+    model: str = "smollm2-135m"
+    method: str = "wanda"
+    sparsity: float = 0.5
+    pattern: str | None = None
+    budget: str | None = None
+    rounding: str = "ceil"
+    targets: str | None = None
+    calib: str = "self"
+    nsamples: int = 128
+    seqlen: int = 2048
+    seed: int = 0
+    data_dir: str | None = None
+    mode: str = "sequential"
+    chunk_size: int = 8
+    dtype: str = "float32"
+    device: str = "cpu"
+    out: str | None = None
+    overwrite: bool = False
+    quiet: bool = False
+    extra: dict = field(default_factory=dict)  # method-specific knobs (variant, scope, compensation, ...)
+
+    def __getattr__(self, name: str):  # method runners read their own knobs from ``extra``
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
+
+    @property
+    def pattern_nm(self) -> tuple[int, int] | None:
+        return parse_pattern(self.pattern)
+
+    def validate(self) -> None:
+        """Every check that needs no model, so bad input fails before anything is loaded or written."""
+        if self.method not in METHODS:
+            raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
+        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
+            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        parse_pattern(self.pattern)
+        parse_targets(self.targets)
+        if self.nsamples < 1 or self.seqlen < 2:
+            raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
+        resolve_data_dir(self.data_dir)
+        if self.out is not None and Path(self.out).exists() and not self.overwrite:
+            raise SecateurError(f"output {self.out} already exists (pass --overwrite to replace it)")
+
+
+def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
+    per = {k: float(m.float().mean()) for k, m in masks.items()}
+    pruned = sum(int(m.sum()) for m in masks.values())
+    total = sum(m.numel() for m in masks.values())
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"targeted": pruned / total if total else 0.0, "of_all_parameters": pruned / n_params,
+            "pruned_weights": pruned, "targeted_weights": total, "per_module": per}
+
+
+def prune(**kwargs) -> dict:
+    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set)."""
+    opts = kwargs.pop("options", None) or PruneOptions(**kwargs)
+    opts.validate()
+    method = METHODS[opts.method]
+    timer = Timer()
+    with timer("load"):
+        model, tok = load_model(opts.model, opts.dtype, opts.device)
+        adapter = get_adapter(model)
+    ids, manifest = None, None
+    if method.needs_calibration:
+        with timer("calibration_data"):
+            ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
+                                            opts.data_dir, model=model)
+    with timer("prune"):
+        result = method.run(model, adapter, ids, opts)
+    report = {
+        "method": opts.method, "kind": method.kind, "model": opts.model,
+        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
+        "pattern": opts.pattern,
+        "options": {k: v for k, v in asdict(opts).items() if k not in ("extra",)} | opts.extra,
+        "realized_sparsity": realized_sparsity(model, result.masks),
+        "calibration": manifest.to_dict() if manifest else None,
+        "timings": {"phases": timer.phases, "engine": result.timings},
+        "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
+    }
+    if opts.out:
+        with timer("save"):
+            save_pruned(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
+        report["timings"]["phases"] = timer.phases
+    report["_model"], report["_tokenizer"] = model, tok
+    return report
+
+
+def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wikitext2", seqlen: int = 2048,
+             stride: int | None = None, max_windows: int | None = None, data_dir: str | None = None,
+             tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
+             progress: bool = True) -> dict:
+    """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+    if isinstance(model, str):
+        name = model
+        model, tokenizer = load_model(model, dtype, device)
+    else:
+        name = getattr(model.config, "_name_or_path", "in-memory")
+        if tokenizer is None:
+            raise SecateurError("an in-memory model needs its tokenizer")
+    ids = eval_ids(eval_text(dataset, data_dir), tokenizer)
+    res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
+    res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
+                "machine": machine()})
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(res, indent=2))
+    return res

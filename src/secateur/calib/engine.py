@@ -1,0 +1,178 @@
+"""Sequential calibration engine: one block at a time, statistics by hooks, pruned inputs propagated.
+
+The calibration hidden states live on the CPU as a list of ``[b, T, d]`` chunks; one block at a time
+is moved to the compute device. Inside a block the four groups (``attn_in``, ``attn_out``, ``mlp_in``,
+``mlp_out``; see :mod:`secateur.models.adapters`) are processed in forward order. Modes:
+
+``sequential`` (default)
+    Each group's statistics are accumulated over all chunks, the handler prunes the group, and the
+    next stage runs on the already-pruned earlier groups: every sublayer is computed exactly once, so
+    the whole job costs one dense forward of the calibration set (SparseGPT's "true sequential").
+``dense-block``
+    Statistics of all four groups come from the dense block (the original Wanda procedure), then the
+    handler prunes every group and the pruned block is re-run: two block forwards.
+``dense``
+    Statistics from the dense model only; the handler is called but block outputs stay dense (the
+    single dense pass COEC, CORP and the structured selections use).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from secateur.calib.stats import Accumulator, update_all
+from secateur.models.adapters import GROUPS, Adapter
+from secateur.models.linear import LinearRef
+
+MODES = ("sequential", "dense-block", "dense")
+
+
+@dataclass
+class BlockContext:
+    """What a handler sees: the block, its projections, and the kwargs its attention needs."""
+
+    index: int
+    layer: nn.Module
+    adapter: Adapter
+    refs: dict[str, LinearRef]
+    kwargs: dict
+
+
+class Handler:
+    """Override ``accumulators`` (what to collect for a group) and ``on_group`` (what to do with it)."""
+
+    def accumulators(self, ctx: BlockContext, group: str, names: list[str]) -> dict[str, Accumulator]:
+        return {}
+
+    def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
+        pass
+
+    def on_block_end(self, ctx: BlockContext) -> None:
+        pass
+
+
+@dataclass
+class EngineReport:
+    mode: str
+    n_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+    outputs: list[torch.Tensor] | None = None  # last block's outputs, when asked for
+
+    def add(self, key: str, dt: float) -> None:
+        self.timings[key] = self.timings.get(key, 0.0) + dt
+
+
+def _map(chunks: list[torch.Tensor], fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+         accs: dict[str, Accumulator] | None = None, where: str = "") -> list[torch.Tensor]:
+    out = []
+    with torch.no_grad():
+        for c in chunks:
+            y = fn(c.to(device))
+            if accs:
+                update_all(accs, y, where)
+            out.append(y.to("cpu"))
+    return out
+
+
+def _map2(a: list[torch.Tensor], b: list[torch.Tensor], fn, device) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [fn(x.to(device), y.to(device)).to("cpu") for x, y in zip(a, b)]
+
+
+def embed_chunks(adapter: Adapter, ids: torch.Tensor, chunk_size: int) -> tuple[list[torch.Tensor], dict]:
+    """Block-0 inputs for every chunk (on the CPU) and the block kwargs (captured at batch size 1)."""
+    _, kw = adapter.capture_inputs(ids[:1])
+    hs = []
+    for s in range(0, ids.shape[0], chunk_size):
+        h, _ = adapter.capture_inputs(ids[s:s + chunk_size])
+        hs.append(h.to("cpu"))
+    return hs, kw
+
+
+def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler, mode: str = "sequential",
+        chunk_size: int = 8, device: str | torch.device | None = None, progress: bool = True,
+        layers: list[int] | None = None, keep_outputs: bool = False) -> EngineReport:
+    """Run the calibration set ``ids [N, T]`` through the model block by block, calling ``handler``.
+
+    Embeddings and head stay where the model is; each block visits ``device`` (default: the model's).
+    Returns per-phase timings (seconds).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    adapter.check_calibration_length(ids.shape[1])
+    home = adapter.device
+    device = torch.device(device) if device is not None else home
+    rep = EngineReport(mode=mode, n_tokens=int(ids.numel()))
+    t0 = time.perf_counter()
+    hs, kw = embed_chunks(adapter, ids, chunk_size)
+    kw = {k: (tuple(t.to(device) for t in v) if isinstance(v, tuple) else
+              v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    rep.add("embed", time.perf_counter() - t0)
+    todo = range(adapter.n_layers) if layers is None else layers
+    for i in tqdm(todo, desc=f"blocks ({mode})", disable=not progress):
+        layer = adapter.layers[i]
+        layer.to(device)
+        ctx = BlockContext(i, layer, adapter, adapter.linears(layer), kw)
+        hs = _run_block(ctx, hs, handler, mode, device, rep)
+        handler.on_block_end(ctx)
+        layer.to(home)
+    if keep_outputs:
+        rep.outputs = hs
+    return rep
+
+
+def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode: str, device,
+               rep: EngineReport) -> list[torch.Tensor]:
+    a, layer, kw = ctx.adapter, ctx.layer, ctx.kwargs
+    groups = a.groups(layer)
+    accs = {g: handler.accumulators(ctx, g, groups[g]) for g in GROUPS}
+    o_mod, down_mod = a.out_module(layer, "attn_out"), a.out_module(layer, "mlp_out")
+
+    def prune(g: str) -> None:
+        if mode == "sequential":
+            t = time.perf_counter()
+            handler.on_group(ctx, g, groups[g], accs[g])
+            rep.add("prune", time.perf_counter() - t)
+
+    def tick(key: str, t: float) -> None:
+        rep.add(key, time.perf_counter() - t)
+
+    t = time.perf_counter()
+    xs = _map(hs, lambda h: a.attn_norm(layer, h), device, accs["attn_in"], f"block {ctx.index} attn_in")
+    tick("forward", t)
+    prune("attn_in")
+    t = time.perf_counter()
+    att = _map(xs, lambda x: a.attn_core(layer, x, kw), device, accs["attn_out"], f"block {ctx.index} attn_out")
+    del xs
+    tick("forward", t)
+    prune("attn_out")
+    t = time.perf_counter()
+    h2 = _map2(hs, att, lambda h, y: h + o_mod(y), device)
+    del att
+    x2 = _map(h2, lambda h: a.mlp_norm(layer, h), device, accs["mlp_in"], f"block {ctx.index} mlp_in")
+    tick("forward", t)
+    prune("mlp_in")
+    t = time.perf_counter()
+    m = _map(x2, lambda x: a.mlp_core(layer, x), device, accs["mlp_out"], f"block {ctx.index} mlp_out")
+    del x2
+    tick("forward", t)
+    prune("mlp_out")
+    t = time.perf_counter()
+    out = _map2(h2, m, lambda h, y: h + down_mod(y), device)
+    tick("forward", t)
+    if mode != "sequential":
+        t = time.perf_counter()
+        for g in GROUPS:
+            handler.on_group(ctx, g, groups[g], accs[g])
+        tick("prune", t)
+        if mode == "dense-block":  # original Wanda: outputs of the pruned block
+            t = time.perf_counter()
+            out = _map(hs, lambda h: a.block_forward(layer, h, kw), device)
+            tick("forward_rerun", t)
+    return out

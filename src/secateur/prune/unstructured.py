@@ -1,0 +1,152 @@
+"""Unstructured and N:M pruning: magnitude, Wanda, SparseGPT, over the sequential engine.
+
+Scores (lower = pruned first):
+  magnitude  ``|W_ij|``                           (no calibration)
+  wanda      ``|W_ij| * ||X_j||_2``                (Sun et al. 2024, Eq. 1; ||X_j|| from ``SumSq``)
+  sparsegpt  OBS saliency ``w^2 / [U]_jj^2`` with reconstruction (see :mod:`secateur.prune.sparsegpt`)
+
+Budgets: ``row`` (each output row loses ``round(rho * d_in)``; Wanda's comparison group), ``matrix``
+(one pool per projection), or an N:M pattern (per row, the M-N lowest of every M consecutive inputs).
+Rounding is ``ceil`` by default (``floor`` reproduces Wanda's code); ties break by a stable sort on the
+flat index (lower index pruned first). See :mod:`secateur.prune.budgets`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from secateur.calib import engine
+from secateur.calib.stats import Accumulator, Gram, SumSq
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.prune.budgets import prune_mask
+from secateur.prune.sparsegpt import sparsegpt_prune
+
+METHODS = ("magnitude", "wanda", "sparsegpt")
+ALL_ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down")
+
+
+def parse_pattern(pattern: str | None) -> tuple[int, int] | None:
+    if not pattern:
+        return None
+    try:
+        n, m = (int(x) for x in pattern.split(":"))
+    except ValueError:
+        raise SecateurError(f"pattern {pattern!r} is not N:M (e.g. 2:4)") from None
+    if not 0 < n < m:
+        raise SecateurError(f"pattern {pattern!r} needs 0 < N < M")
+    return n, m
+
+
+def parse_targets(targets: str | None) -> frozenset[str]:
+    """Roles to prune; default every projection of every block."""
+    if not targets:
+        return frozenset(ALL_ROLES)
+    roles = {t.strip() for t in targets.split(",") if t.strip()}
+    bad = roles - set(ALL_ROLES)
+    if bad:
+        raise SecateurError(f"unknown projection roles {sorted(bad)}; choose from {', '.join(ALL_ROLES)}")
+    if roles & {"q", "k", "v"}:
+        roles.add("qkv")  # GPT-2's fused projection follows q/k/v
+    return frozenset(roles)
+
+
+@dataclass
+class UnstructuredConfig:
+    method: str = "wanda"
+    sparsity: float = 0.5
+    pattern: tuple[int, int] | None = None
+    budget: str = "row"
+    rounding: str = "ceil"
+    targets: frozenset[str] = frozenset(ALL_ROLES)
+    blocksize: int = 128
+    percdamp: float = 0.01
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
+            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if self.budget not in ("row", "matrix"):
+            raise SecateurError(f"budget must be row or matrix, got {self.budget!r}")
+        if self.rounding not in ("ceil", "floor"):
+            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
+
+    @property
+    def effective_sparsity(self) -> float:
+        return 1 - self.pattern[0] / self.pattern[1] if self.pattern else self.sparsity
+
+
+def wanda_scores(W: torch.Tensor, sumsq: SumSq) -> torch.Tensor:
+    """``S_ij = |W_ij| * ||X_j||_2`` (Wanda Eq. 1), float64."""
+    return W.detach().abs().to(torch.float64) * sumsq.sumsq.sqrt().unsqueeze(0)
+
+
+class UnstructuredHandler(engine.Handler):
+    """Prunes the targeted projections of each group as soon as the group's statistics are complete."""
+
+    def __init__(self, cfg: UnstructuredConfig) -> None:
+        self.cfg = cfg
+        self.masks: dict[str, torch.Tensor] = {}
+
+    def _targets(self, ctx: engine.BlockContext, names: list[str]) -> list[str]:
+        return [n for n in names if ctx.refs[n].role in self.cfg.targets]
+
+    def accumulators(self, ctx, group, names) -> dict[str, Accumulator]:
+        tg = self._targets(ctx, names)
+        if not tg or self.cfg.method == "magnitude":
+            return {}
+        d = ctx.refs[tg[0]].in_features
+        return {"gram": Gram(d)} if self.cfg.method == "sparsegpt" else {"sumsq": SumSq(d)}
+
+    def on_group(self, ctx, group, names, accs) -> None:
+        for name in self._targets(ctx, names):
+            ref = ctx.refs[name]
+            key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
+            self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
+
+
+def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accumulator], ref=None) -> torch.Tensor:
+    """Prune one ``[out, in]`` weight in place (through ``ref`` when given); return the mask."""
+    n, m = cfg.pattern or (0, 0)
+    if cfg.method == "sparsegpt":
+        new, mask = sparsegpt_prune(W, accs["gram"].G, cfg.sparsity, n, m, cfg.blocksize, cfg.percdamp,
+                                    cfg.rounding)
+        ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
+        return mask
+    scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])
+    budget = "row" if cfg.method == "wanda" and cfg.budget == "row" else cfg.budget
+    if cfg.method == "magnitude" and cfg.budget == "row" and not cfg.pattern:
+        budget = "matrix"  # magnitude's comparison group is the whole layer
+    mask = prune_mask(scores, cfg.sparsity, budget=budget, rounding=cfg.rounding, pattern=cfg.pattern)
+    with torch.no_grad():
+        W.masked_fill_(mask, 0)
+    return mask
+
+
+@dataclass
+class UnstructuredResult:
+    masks: dict[str, torch.Tensor]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None,
+                       cfg: UnstructuredConfig, mode: str = "sequential", chunk_size: int = 8,
+                       device: str | None = None, progress: bool = True) -> UnstructuredResult:
+    """Prune ``model`` in place; masks keyed by the full parameter-owner name (``model.layers.3.mlp.up_proj``)."""
+    cfg.validate()
+    handler = UnstructuredHandler(cfg)
+    if cfg.method == "magnitude":  # data-free: no engine pass
+        for i, layer in enumerate(adapter.layers):
+            ctx = engine.BlockContext(i, layer, adapter, adapter.linears(layer), {})
+            for names in adapter.groups(layer).values():
+                handler.on_group(ctx, "", names, {})
+        return UnstructuredResult(handler.masks)
+    if calib_ids is None:
+        raise SecateurError(f"{cfg.method} needs calibration data")
+    rep = engine.run(model, adapter, calib_ids, handler, mode=mode, chunk_size=chunk_size, device=device,
+                     progress=progress)
+    return UnstructuredResult(handler.masks, rep.timings)
