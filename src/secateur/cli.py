@@ -158,7 +158,7 @@ def _cmd_demo(args) -> int:
     if dataset:
         results["wanda-50%"] = api.eval_ppl(model, dataset, seqlen=512, max_windows=8, data_dir=args.data_dir,
                                             tokenizer=tok)["ppl"]
-        print(f"\nWikiText-2 perplexity [nonoverlap-512, first 8 windows]: " +
+        print("\nWikiText-2 perplexity [nonoverlap-512, first 8 windows]: " +
               ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
     print(json.dumps({k: report[k] for k in ("method", "target_sparsity", "calibration")}, indent=1))
     print(f"pruned model saved to {args.out}")
@@ -184,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "quiet", False):
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except SecateurError as e:

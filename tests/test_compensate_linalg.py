@@ -1,0 +1,213 @@
+"""secateur.linalg: SVD fallback chain, polar / Newton-Schulz, retractions, PSD power, SPD solves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from secateur import linalg
+from secateur.linalg import (
+    cayley_retract,
+    newton_schulz_inverse,
+    newton_schulz_polar,
+    polar,
+    polar_retract,
+    psd_power,
+    safe_svd,
+    solve_spd,
+    sym,
+)
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen(seed), dtype=F64)
+
+
+def rand_orth(n: int, seed: int) -> torch.Tensor:
+    q, r = torch.linalg.qr(rand(n, n, seed=seed))
+    return q * torch.sign(torch.diagonal(r))
+
+
+def stiefel(b: int, k: int, seed: int) -> torch.Tensor:
+    return rand_orth(k, seed)[:b]
+
+
+def tangent(r: torch.Tensor, seed: int) -> torch.Tensor:
+    e = rand(*r.shape, seed=seed)
+    return e - sym(e @ r.mT) @ r
+
+
+@pytest.mark.parametrize("shape", [(20, 12), (12, 20), (16, 16)])
+def test_safe_svd_default(shape):
+    a = rand(*shape, seed=1)
+    info: dict = {}
+    u, s, vh = safe_svd(a, info=info)
+    assert info["svd_driver"] == "default"
+    torch.testing.assert_close(u * s @ vh, a)
+    assert bool((s[:-1] >= s[1:]).all())
+
+
+def test_safe_svd_falls_back_to_cpu_float64(monkeypatch):
+    a = rand(10, 7, seed=2)
+    real = torch.linalg.svd
+    calls = {"n": 0}
+
+    def flaky(x, *args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.linalg.LinAlgError("simulated gesdd failure")
+        return real(x, *args, **kw)
+
+    monkeypatch.setattr(torch.linalg, "svd", flaky)
+    info: dict = {}
+    u, s, vh = safe_svd(a, info=info)
+    assert info["svd_driver"] == "cpu_float64" and info["svd_errors"]
+    torch.testing.assert_close(u * s @ vh, a)
+
+
+@pytest.mark.parametrize("shape,full", [((10, 7), False), ((7, 10), False), ((10, 7), True)])
+def test_safe_svd_last_resort_eigh(monkeypatch, shape, full):
+    """When every LAPACK SVD fails (raises or returns NaN), the eigh-based SVD still decomposes."""
+    a = rand(*shape, seed=3)
+    a[:, 0] = 0.0  # rank deficient: exercises the completion of the null directions
+
+    def broken(x, *args, **kw):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(torch.linalg, "svd", broken)
+    info: dict = {}
+    u, s, vh = safe_svd(a, full_matrices=full, info=info)
+    assert info["svd_driver"] == "eigh_float64"
+    k = min(shape)
+    torch.testing.assert_close(u[:, :k] * s @ vh[:k], a, atol=1e-9, rtol=0)
+    torch.testing.assert_close(u.mT @ u, torch.eye(u.shape[1], dtype=F64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(vh @ vh.mT, torch.eye(vh.shape[0], dtype=F64), atol=1e-9, rtol=0)
+
+
+def test_safe_svd_rejects_nan():
+    a = rand(4, 4)
+    a[0, 0] = float("nan")
+    with pytest.raises(ValueError):
+        safe_svd(a)
+
+
+@pytest.mark.parametrize("n,rank", [(12, 12), (12, 5)])
+def test_polar_is_procrustes_maximizer(n, rank):
+    a = rand(n, rank, seed=4) @ rand(rank, n, seed=5)
+    q = polar(a)
+    torch.testing.assert_close(q @ q.mT, torch.eye(n, dtype=F64))
+    best = float(torch.trace(q.mT @ a))
+    for seed in range(50):
+        assert float(torch.trace(rand_orth(n, 100 + seed).mT @ a)) <= best + 1e-10
+    torch.testing.assert_close(best, float(torch.linalg.svdvals(a).sum()))
+
+
+def test_newton_schulz_polar_matches_svd():
+    z = rand(6, 15, seed=6)
+    u, _, vh = torch.linalg.svd(z, full_matrices=False)
+    info: dict = {}
+    p = newton_schulz_polar(z, info=info)
+    torch.testing.assert_close(p, u @ vh, atol=1e-10, rtol=0)
+    assert info["ns_polar_err"] < 1e-12
+    torch.testing.assert_close(newton_schulz_polar(z.mT), (u @ vh).mT, atol=1e-10, rtol=0)
+
+
+def test_newton_schulz_inverse():
+    b = torch.eye(9, dtype=F64) + 0.3 * rand(9, 9, seed=7)
+    info: dict = {}
+    x = newton_schulz_inverse(b, info=info)
+    torch.testing.assert_close(x @ b, torch.eye(9, dtype=F64), atol=1e-11, rtol=0)
+    assert not info["ns_inv_fallback"]
+    x32 = newton_schulz_inverse(b, dtype=torch.float32)
+    assert x32.dtype == F64
+    torch.testing.assert_close(x32 @ b, torch.eye(9, dtype=F64), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("b,k,kind", [(5, 12, "polar"), (12, 12, "cayley"), (5, 12, "cayley"), (12, 12, "polar")])
+def test_retractions_stay_on_stiefel_and_move_along_minus_gamma(b, k, kind):
+    r = stiefel(b, k, seed=8)
+    gam = tangent(r, seed=9)
+    gam = gam / gam.norm()
+    torch.testing.assert_close(sym(gam @ r.mT), torch.zeros(b, b, dtype=F64), atol=1e-12, rtol=0)
+    errs = []
+    for tau in (1e-2, 5e-3):
+        rn = polar_retract(r, tau * gam) if kind == "polar" else cayley_retract(r, gam, tau)
+        assert float((rn @ rn.mT - torch.eye(b, dtype=F64)).norm()) < 1e-10
+        errs.append(float((rn - (r - tau * gam)).norm()))
+    # first-order agreement with R - tau Gamma (error O(tau^2): halving tau quarters the error);
+    # the right-acting Cayley form for b < k moves Gamma's normal part at half speed, so skip it there
+    if not (kind == "cayley" and b < k):
+        assert errs[1] < errs[0] / 3
+
+
+def test_psd_power():
+    x = rand(50, 8, seed=10)
+    g = x.mT @ x
+    torch.testing.assert_close(psd_power(g, 1.0), g)
+    ga = psd_power(g, 0.5)
+    assert float(torch.linalg.eigvalsh(ga).min()) > -1e-10
+    torch.testing.assert_close(ga @ ga, g, atol=1e-9, rtol=1e-9)
+    # (G^a)^(1/a) = G for PSD G (coec.md C10), also with a singular G (eigenvalue clamp)
+    gs = rand(8, 3, seed=11)
+    gs = gs @ gs.mT
+    info: dict = {}
+    g3 = psd_power(gs, 0.3, info=info)
+    torch.testing.assert_close(psd_power(g3, 1 / 0.3), gs, atol=1e-8, rtol=1e-8)
+    assert float(torch.linalg.eigvalsh(g3).min()) > -1e-10
+
+
+def test_solve_spd_paths():
+    x = rand(40, 6, seed=12)
+    a = x.mT @ x
+    rhs = rand(3, 6, seed=13)
+    info: dict = {}
+    sol = solve_spd(a, rhs, info=info)
+    assert info["solve_method"] == "cholesky" and info["cond_est"] >= 1
+    torch.testing.assert_close(sol @ a, rhs)
+    left = solve_spd(a, rhs.mT, side="left")
+    torch.testing.assert_close(a @ left, rhs.mT)
+    # singular PSD: Cholesky fails -> jitter or least squares, and the normal equations still hold
+    a_sing = a.clone()
+    a_sing[:, 0] = 0
+    a_sing[0, :] = 0
+    rhs_in_range = rand(3, 6, seed=14) @ a_sing
+    info2: dict = {}
+    sol2 = solve_spd(a_sing, rhs_in_range, info=info2)
+    assert info2["solve_method"] in ("cholesky_jitter", "lstsq")
+    torch.testing.assert_close(sol2 @ a_sing, rhs_in_range, atol=1e-6, rtol=1e-6)
+
+
+def test_solve_spd_lstsq_fallback(monkeypatch):
+    a = torch.zeros(4, 4, dtype=F64)
+    monkeypatch.setattr(linalg.torch.linalg, "cholesky_ex",
+                        lambda m: (m, torch.tensor(1)))
+    info: dict = {}
+    sol = solve_spd(a + torch.eye(4, dtype=F64), torch.ones(2, 4, dtype=F64), info=info)
+    assert info["solve_method"] == "lstsq"
+    torch.testing.assert_close(sol, torch.ones(2, 4, dtype=F64))
+
+
+def test_cayley_newton_schulz_start_is_tight():
+    """With the skew bound sigma_max(I + tau/2 A)^2 <= 1 + (tau/2)^2 ||A||_F^2 the Newton-Schulz inverse
+    inside the Cayley retraction converges in a few quadratic steps (||tau Gamma||_F <= 1)."""
+    r = stiefel(30, 30, seed=15)
+    gam = tangent(r, seed=16)
+    tau = 1.0 / float(gam.norm())
+    info: dict = {}
+    rn = cayley_retract(r, gam, tau, info=info)
+    assert not info["ns_inv_fallback"] and info["ns_inv_iters"] <= 7
+    assert float((rn @ rn.mT - torch.eye(30, dtype=F64)).norm()) < 1e-12

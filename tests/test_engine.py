@@ -1,0 +1,116 @@
+"""Sequential engine: staged block forward equals the reference forward; statistics; bad activations."""
+
+import pytest
+import torch
+
+from secateur.calib import engine
+from secateur.calib.stats import Gram, MeanVar, SumSq
+from secateur.errors import SecateurError
+from secateur.models.adapters import get_adapter
+from secateur.testing import FAMILIES, random_ids, tiny_model
+
+
+def _last_block_output(model, adapter, ids):
+    cap = {}
+
+    def hook(_m, _a, out):
+        cap["h"] = out[0] if isinstance(out, tuple) else out
+
+    h = adapter.layers[-1].register_forward_hook(hook)
+    with torch.no_grad():
+        model(ids)
+    h.remove()
+    return cap["h"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", engine.MODES)
+def test_staged_propagation_matches_reference_forward(family, mode):
+    model = tiny_model(family)
+    adapter = get_adapter(model)
+    ids = random_ids(5, 16)
+    ref = _last_block_output(model, adapter, ids)
+    rep = engine.run(model, adapter, ids, engine.Handler(), mode=mode, chunk_size=2, progress=False,
+                     keep_outputs=True)
+    torch.testing.assert_close(torch.cat(rep.outputs), ref, rtol=1e-5, atol=1e-6)
+
+
+class _Zero(engine.Handler):
+    """Zero the MLP output projection: the pruned-propagation output must then skip the MLP."""
+
+    def on_group(self, ctx, group, names, accs):
+        if group == "mlp_out":
+            for n in names:
+                ctx.refs[n].weight.data.zero_()
+                if ctx.refs[n].bias is not None:
+                    ctx.refs[n].bias.data.zero_()
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+def test_sequential_mode_propagates_pruned_outputs(family):
+    model = tiny_model(family)
+    adapter = get_adapter(model)
+    ids = random_ids(3, 16)
+    rep = engine.run(model, adapter, ids, _Zero(), mode="sequential", chunk_size=2, progress=False,
+                     keep_outputs=True)
+    ref = _last_block_output(model, adapter, ids)  # the model is pruned in place now
+    torch.testing.assert_close(torch.cat(rep.outputs), ref, rtol=1e-5, atol=1e-6)
+    dense = tiny_model(family)
+    assert not torch.allclose(ref, _last_block_output(dense, get_adapter(dense), ids))
+
+
+class _Collect(engine.Handler):
+    def __init__(self):
+        self.got = {}
+
+    def accumulators(self, ctx, group, names):
+        d = ctx.refs[names[0]].in_features
+        return {"sumsq": SumSq(d), "meanvar": MeanVar(d), "gram": Gram(d)}
+
+    def on_group(self, ctx, group, names, accs):
+        self.got[(ctx.index, group)] = accs
+
+
+def test_statistics_match_hooked_inputs():
+    model = tiny_model("llama")
+    adapter = get_adapter(model)
+    ids = random_ids(4, 12)
+    inputs = {}
+    layer = adapter.layers[1]
+    hk = layer.mlp.down_proj.register_forward_pre_hook(lambda m, a: inputs.setdefault("x", a[0]))
+    with torch.no_grad():
+        model(ids)
+    hk.remove()
+    x = inputs["x"].reshape(-1, inputs["x"].shape[-1]).double()
+    h = _Collect()
+    engine.run(model, adapter, ids, h, mode="dense", chunk_size=3, progress=False)
+    accs = h.got[(1, "mlp_out")]
+    torch.testing.assert_close(accs["sumsq"].sumsq, (x * x).sum(0), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(accs["meanvar"].mean, x.mean(0), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(accs["meanvar"].var, x.var(0, unbiased=False), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(accs["gram"].G, x.T @ x, rtol=1e-5, atol=1e-6)
+
+
+def test_chunking_does_not_change_statistics():
+    x = torch.randn(6, 10, 5)
+    a, b = MeanVar(5), MeanVar(5)
+    a.update(x)
+    for c in x.split(4):
+        b.update(c)
+    torch.testing.assert_close(a.var, b.var)
+    torch.testing.assert_close(a.mean, b.mean)
+
+
+def test_nan_activations_raise_clear_error():
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(SecateurError, match="non-finite"):
+        engine.run(model, get_adapter(model), random_ids(2, 8), _Collect(), progress=False)
+
+
+def test_unknown_family_names_supported_ones():
+    model = tiny_model("llama")
+    model.config.model_type = "mamba"
+    with pytest.raises(SecateurError, match="supported: gpt2, llama, mistral, opt, qwen2, qwen3"):
+        get_adapter(model)
