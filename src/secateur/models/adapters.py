@@ -27,6 +27,7 @@ from secateur.errors import SecateurError
 from secateur.models.linear import LinearRef
 
 GROUPS = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+HETERO_PREFIX = "secateur_"  # model_type prefix of structured exports with per-layer widths
 
 
 @dataclass(frozen=True)
@@ -354,8 +355,8 @@ class GPT2Adapter(Adapter):
 
     def role_refs(self, layer):
         refs = {r.role: r for r in self.linears(layer).values()}
-        d = self.geometry.hidden
         fused = layer.attn.c_attn
+        d = fused.weight.shape[1] // 3  # q|k|v blocks; narrower than n_embd once heads are sliced
         for i, role in enumerate(("q", "k", "v")):
             refs[role] = LinearRef(f"attn.c_attn[{role}]", role, fused, conv1d=True, rows=slice(i * d, (i + 1) * d))
         return refs
@@ -386,6 +387,8 @@ def supported_model_types() -> list[str]:
 def get_adapter(model: nn.Module) -> Adapter:
     """The adapter for ``model``'s family, or a SecateurError naming the supported ones."""
     mt = getattr(model.config, "model_type", None)
+    if isinstance(mt, str) and mt.startswith(HETERO_PREFIX):  # secateur's uneven-width exports
+        mt = mt[len(HETERO_PREFIX):]
     for cls in ADAPTERS:
         if mt in cls.model_types:
             return cls(model)

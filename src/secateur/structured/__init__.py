@@ -1,0 +1,90 @@
+"""Structured pruning: units -> scores -> allocation -> Selection -> slice/mask -> export -> efficiency.
+
+Top-level API::
+
+    adapter = get_adapter(model)
+    sel = select_units(adapter, "wanda_sp", 0.3, stats, kinds=("kv_group", "channel"), allocation="uniform")
+    apply_selection(model, adapter, sel, replacements={(i, "o"): Replacement(w_new, b_new), ...})
+    save_pruned(model, "out/", tokenizer)          # one from_pretrained(dir) reloads it
+    measure_efficiency(model, tokenizer, prompt_len=2048, new_tokens=256)
+
+Modules: :mod:`units` (inventory, costs), :mod:`scores` (pure score functions, block influence),
+:mod:`allocate` (uniform / global greedy / FLAP AL-AM / ShortGPT, guards), :mod:`selection`,
+:mod:`slicing` (physical slicing, masking, add_bias), :mod:`hetero` (per-layer widths, custom HF
+classes), :mod:`export`, :mod:`efficiency`, :mod:`collect` (calibration-engine handler).
+"""
+
+from __future__ import annotations
+
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.structured.allocate import (
+    Allocation,
+    Guard,
+    allocate_blocks,
+    allocate_global,
+    allocate_uniform,
+    allocate_weighted_threshold,
+    keep_count,
+)
+from secateur.structured.efficiency import (
+    count_params,
+    count_params_from_config,
+    flops_per_token,
+    measure_efficiency,
+    uniform_layer_specs,
+)
+from secateur.structured.export import save_pruned
+from secateur.structured.scores import BlockInfluence, block_influence, flap_alam_scores, register_scorer, unit_scores
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.slicing import Replacement, add_bias, apply_selection, mask_selection, remove_blocks
+from secateur.structured.units import Inventory, Unit, inventory
+
+ALLOCATIONS = ("uniform", "global", "flap", "blocks")
+
+
+def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
+                 kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
+                 guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
+                 ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
+                 **score_opts) -> Selection:
+    """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
+
+    ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
+    removable-parameter budget with ``guard``; CoCurve's shared solver), ``flap`` (FLAP AL-AM: per-layer
+    standardized scores + weighted global threshold; ``method`` must be ``flap``), ``blocks``
+    (ShortGPT; ``kinds=('block',)``, ``method='shortgpt'``, ``stats`` = block influences).
+    ``cost_normalized`` (global): rank by ``score / cost`` (CoCurve's rule; default) or by raw score;
+    the default is raw for ``random``, so that every unit is equally likely whatever its size.
+    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). The allocation report
+    (realized fraction etc.) is ``selection.info``.
+    """
+    if allocation not in ALLOCATIONS:
+        raise SecateurError(f"allocation must be one of {', '.join(ALLOCATIONS)}, not {allocation!r}")
+    inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
+    if allocation == "flap":
+        if method != "flap":
+            raise SecateurError("allocation 'flap' (AL-AM) standardizes FLAP metrics; use method='flap'")
+        scores = flap_alam_scores(inv, adapter, stats, score_opts.get("metric", "wifv"))
+        alloc = allocate_weighted_threshold(inv, scores, rho, rule=rule, guard=guard)
+    else:
+        scores = unit_scores(inv, adapter, method, stats, seed=seed, **score_opts)
+        if allocation == "uniform":
+            alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard)
+        elif allocation == "global":
+            norm = cost_normalized if cost_normalized is not None else method != "random"
+            alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
+        else:
+            alloc = allocate_blocks(inv, scores, rho, guard=guard)
+    info = {"method": method, "allocation": allocation, "kinds": list(kinds), "seed": seed,
+            "score_opts": score_opts, **alloc.info}
+    return Selection.from_removed(inv, alloc.removed, info)
+
+
+__all__ = [
+    "ALLOCATIONS", "Allocation", "BlockInfluence", "Guard", "Inventory", "LayerKeep", "Replacement", "Selection",
+    "Unit", "add_bias", "allocate_blocks", "allocate_global", "allocate_uniform", "allocate_weighted_threshold",
+    "apply_selection", "block_influence", "count_params", "count_params_from_config", "flap_alam_scores",
+    "flops_per_token", "inventory", "keep_count", "mask_selection", "measure_efficiency", "register_scorer",
+    "remove_blocks", "save_pruned", "select_units", "uniform_layer_specs", "unit_scores",
+]

@@ -1,0 +1,46 @@
+"""Collect the statistics the structured scores need from a calibration-engine pass.
+
+Usage (dense statistics, as COEC/FLAP/CoCurve baselines use)::
+
+    h = StatsCollector.for_method("rcpu")
+    engine.run(model, adapter, ids, h, mode="dense")
+    sel = select_units(adapter, "rcpu", 0.3, stats=h.stats)
+"""
+
+from __future__ import annotations
+
+from secateur.calib.engine import BlockContext, Handler
+from secateur.calib.stats import Accumulator, make_accumulators
+from secateur.errors import SecateurError
+
+# accumulators over the o_proj / down_proj inputs that each score reads
+REQUIRED_STATS: dict[str, tuple[str, ...]] = {
+    "random": (), "magnitude": (), "magnitude_unit": (),
+    "wanda_sp": ("sumsq",), "flap": ("meanvar",), "flap_wifn": ("sumsq",),
+    "rcpu": ("sumsq", "meanvar"), "corp": ("sumsq",),
+}
+
+
+class StatsCollector(Handler):
+    """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups."""
+
+    def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out")):
+        self.kinds = tuple(kinds)
+        self.groups = groups
+        self.stats: dict[int, dict[str, dict[str, Accumulator]]] = {}
+
+    @classmethod
+    def for_method(cls, method: str, metric: str = "wifv") -> StatsCollector:
+        key = "flap_wifn" if method == "flap" and metric == "wifn" else method
+        if key not in REQUIRED_STATS:
+            raise SecateurError(f"no statistics recipe for score {method!r}")
+        return cls(REQUIRED_STATS[key])
+
+    def accumulators(self, ctx: BlockContext, group: str, names: list[str]) -> dict[str, Accumulator]:
+        if group not in self.groups or not self.kinds or not names:
+            return {}
+        return make_accumulators(self.kinds, ctx.refs[names[0]].in_features)
+
+    def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
+        if accs:
+            self.stats.setdefault(ctx.index, {})[group] = accs

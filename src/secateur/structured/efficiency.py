@@ -1,0 +1,275 @@
+"""Efficiency: parameter counts (from a model or from a config alone), FLOPs/token, peak memory and
+prefill/decode throughput (evaluation.md §4).
+
+* Params: unique parameter storages of the model (tied embeddings counted once).
+* :func:`count_params_from_config`: the same number from the config alone (optionally with per-layer
+  widths), for the Llama family (llama, mistral, qwen2, qwen3), OPT and GPT-2. It reproduces COEC
+  Table 4 for Qwen2.5-7B: 7,615,616,512 -> 5,699,162,112 parameters at rho = 30% with ceil-kept MLP
+  channels (13,261 of 18,944) and KV groups (3 of 4), see :func:`uniform_layer_specs`.
+* FLOPs/token: COEC's convention ``2 x params`` (Table 4: 15.2 -> 11.4 GFLOPs); ``attention_context``
+  adds the score/value FLOPs ``4 L H_Q m T_ctx``.
+* Peak memory: CUDA ``max_memory_allocated`` after ``reset_peak_memory_stats``. On the CPU, torch's
+  allocations are invisible to ``tracemalloc``; we reset the kernel's resident-set high-water mark by
+  writing ``5`` to ``/proc/self/clear_refs`` and read ``VmHWM`` from ``/proc/self/status`` after the
+  workload (kind ``cpu_rss_hwm``; the model's own weights are included, as on the GPU). Where the reset
+  is not permitted the lifetime peak is reported (kind ``cpu_rss_hwm_lifetime``, an upper bound).
+  ``peak_memory_delta_bytes`` subtracts the usage at the start (CUDA allocated / CPU RSS): the
+  workload's activations and KV cache.
+* Throughput: prefill = ``batch x prompt_len / t(prompt forward)``; decode = ``batch x new_tokens /
+  t(greedy loop with KV cache)``; ``warmup`` untimed runs, then the median of ``repeats``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+from secateur.structured import hetero
+from secateur.structured.allocate import keep_count
+
+
+def count_params(model: nn.Module) -> int:
+    """Parameters over unique storages (tied weights once)."""
+    seen: set = set()
+    total = 0
+    for _, p in model.named_parameters(remove_duplicate=False):
+        key = id(p) if p.device.type == "meta" else (p.untyped_storage().data_ptr(), p.storage_offset(),
+                                                     tuple(p.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        total += p.numel()
+    return total
+
+
+def _spec_list(config, layers: list[dict] | None) -> list[dict]:
+    if layers is not None:
+        return [dict(s) if isinstance(s, dict) else s.to_dict() for s in layers]
+    got = getattr(config, "secateur_layers", None)
+    if got:
+        return [dict(s) for s in got]
+    fam = hetero.family_of(config)
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    if fam in hetero.LLAMA_LIKE:
+        inter = config.intermediate_size
+        o_bias = fam in ("llama", "qwen3") and bool(getattr(config, "attention_bias", False))
+        down_bias = fam == "llama" and bool(getattr(config, "mlp_bias", False))
+    elif fam == "opt":
+        inter, o_bias = config.ffn_dim, bool(config.enable_bias)
+        down_bias = o_bias
+    else:
+        inter, o_bias, down_bias = config.n_inner or 4 * config.hidden_size, True, True
+    return [{"n_heads": n_heads, "n_kv_heads": n_kv, "intermediate": inter, "o_bias": o_bias,
+             "down_bias": down_bias} for _ in range(config.num_hidden_layers)]
+
+
+def count_params_from_config(config, layers: list[dict] | None = None) -> int:
+    """Parameter count implied by ``config`` (and per-layer widths ``layers``, default the config's own or
+    its ``secateur_layers``) without building the model."""
+    fam = hetero.family_of(config)
+    specs = _spec_list(config, layers)
+    d, v = config.hidden_size, config.vocab_size
+    m = hetero.head_dim_of(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if fam in hetero.LLAMA_LIKE:
+        qkv_bias = fam == "qwen2" or (fam in ("llama", "qwen3") and bool(getattr(config, "attention_bias", False)))
+        in_bias = fam == "llama" and bool(getattr(config, "mlp_bias", False))
+        total = v * d * (1 if tied else 2) + d
+        for s in specs:
+            h, kv, f = s["n_heads"], s["n_kv_heads"], s["intermediate"]
+            total += d * m * (2 * h + 2 * kv) + qkv_bias * (h + 2 * kv) * m + s["o_bias"] * d
+            total += 3 * d * f + 2 * f * in_bias + s["down_bias"] * d + 2 * d
+            total += 2 * m * (fam == "qwen3")
+        return int(total)
+    if fam == "opt":
+        wp = config.word_embed_proj_dim or d
+        ln = 2 * d if config.layer_norm_elementwise_affine else 0
+        total = v * wp * (1 if tied else 2) + (config.max_position_embeddings + 2) * d
+        total += 2 * d * wp * (wp != d)
+        if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False):
+            total += ln
+        b = bool(config.enable_bias)
+        for s in specs:
+            h, f = s["n_heads"], s["intermediate"]
+            total += 4 * d * h * m + 3 * h * m * b + s["o_bias"] * d + 2 * ln
+            total += 2 * d * f + f * b + s["down_bias"] * d
+        return int(total)
+    total = v * d * (1 if tied else 2) + config.n_positions * d + 2 * d
+    for s in specs:
+        h, f = s["n_heads"], s["intermediate"]
+        total += 4 * d * h * m + 3 * h * m + d + 4 * d + 2 * d * f + f + d
+    return int(total)
+
+
+def uniform_layer_specs(config, rho: float, rounding: str = "ceil", attention: bool = True,
+                        mlp: bool = True) -> list[dict]:
+    """Per-layer widths of a uniform structured prune: keep ``ceil((1 - rho) H_K)`` KV groups (whole
+    groups of query heads) and ``ceil((1 - rho) f)`` channels in every layer (COEC §1 [A6])."""
+    out = []
+    for s in _spec_list(config, None):
+        s = dict(s)
+        if attention:
+            gs = s["n_heads"] // s["n_kv_heads"]
+            kv = keep_count(s["n_kv_heads"], rho, rounding)
+            s.update(n_kv_heads=kv, n_heads=kv * gs)
+        if mlp:
+            s["intermediate"] = keep_count(s["intermediate"], rho, rounding)
+        out.append(s)
+    return out
+
+
+def flops_per_token(params: int | nn.Module, config=None, attention_context: int = 0) -> float:
+    """COEC convention ``2 x params`` (+ ``4 L H_Q m T_ctx`` attention FLOPs when ``attention_context``)."""
+    n = count_params(params) if isinstance(params, nn.Module) else int(params)
+    flops = 2.0 * n
+    if attention_context:
+        if config is None:
+            config = params.config if isinstance(params, nn.Module) else None
+        if config is None:
+            raise SecateurError("attention FLOPs need the model config")
+        m = hetero.head_dim_of(config)
+        heads = sum(s["n_heads"] for s in _spec_list(config, None))
+        flops += 4.0 * heads * m * attention_context
+    return flops
+
+
+# --- peak memory -----------------------------------------------------------------------------------
+
+def _proc_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakMemory:
+    """Context manager measuring the peak memory of a workload (see module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak_bytes: int | None = None
+        self.start_bytes: int | None = None
+        self.kind = ""
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = int(torch.cuda.memory_allocated(self.device))
+            self.kind = "cuda_max_allocated"
+        else:
+            kib = _proc_kib("VmRSS")
+            self.start_bytes = None if kib is None else kib * 1024
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+                self.kind = "cpu_rss_hwm"
+            except OSError:
+                self.kind = "cpu_rss_hwm_lifetime"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            kib = _proc_kib("VmHWM")
+            self.peak_bytes = None if kib is None else kib * 1024
+
+
+# --- throughput -------------------------------------------------------------------------------------
+
+def _cache_kw(model: nn.Module) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prefill(model: nn.Module, ids: torch.Tensor):
+    out = model(input_ids=ids, use_cache=True)
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    return out.logits[:, -1].argmax(-1, keepdim=True), cache
+
+
+def _decode(model: nn.Module, tok: torch.Tensor, cache, steps: int, kw: str) -> torch.Tensor:
+    for _ in range(steps):
+        out = model(input_ids=tok, use_cache=True, **{kw: cache})
+        c = getattr(out, "cache", None)
+        cache = c if c is not None else getattr(out, "past_key_values", cache)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    return tok
+
+
+def measure_efficiency(model: nn.Module, tokenizer=None, prompt_len: int = 2048, new_tokens: int = 256,
+                       warmup: int = 3, repeats: int = 10, batch_size: int = 1, seed: int = 0,
+                       prompt: str | None = None) -> dict:
+    """Params, FLOPs/token, peak memory and greedy prefill/decode throughput of ``model`` (eval mode,
+    KV cache on). The prompt is ``prompt`` tokenized and tiled to ``prompt_len`` when a tokenizer and a
+    text are given, else seeded random token ids (throughput does not depend on the token values)."""
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if tokenizer is not None and prompt:
+        base = torch.tensor(tokenizer(prompt)["input_ids"], dtype=torch.long)
+        ids = base.repeat(prompt_len // max(base.numel(), 1) + 1)[:prompt_len]
+        ids = ids.unsqueeze(0).repeat(batch_size, 1)
+    else:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (batch_size, prompt_len), generator=g)
+    ids = ids.to(device)
+    kw = _cache_kw(model)
+    was_training = model.training
+    model.eval()
+    pre_t, dec_t = [], []
+    try:
+        with torch.inference_mode():
+            for r in range(warmup + repeats):
+                _sync(device)
+                t0 = time.perf_counter()
+                tok, cache = _prefill(model, ids)
+                _sync(device)
+                t1 = time.perf_counter()
+                _decode(model, tok, cache, new_tokens, kw)
+                _sync(device)
+                t2 = time.perf_counter()
+                if r >= warmup:
+                    pre_t.append(t1 - t0)
+                    dec_t.append(t2 - t1)
+                del cache
+            with PeakMemory(device) as pm:
+                tok, cache = _prefill(model, ids)
+                _decode(model, tok, cache, new_tokens, kw)
+                del cache
+    finally:
+        model.train(was_training)
+    params = count_params(model)
+    pre, dec = statistics.median(pre_t), statistics.median(dec_t)
+    return {
+        "params": params,
+        "flops_per_token": flops_per_token(params),
+        "peak_memory_bytes": pm.peak_bytes,
+        "peak_memory_gib": None if pm.peak_bytes is None else pm.peak_bytes / 2**30,
+        "peak_memory_kind": pm.kind,
+        "peak_memory_delta_bytes": None if pm.peak_bytes is None or pm.start_bytes is None
+        else pm.peak_bytes - pm.start_bytes,
+        "prefill_s": pre,
+        "decode_s": dec,
+        "prefill_tokens_per_s": batch_size * prompt_len / pre if pre > 0 else float("inf"),
+        "decode_tokens_per_s": batch_size * new_tokens / dec if dec > 0 else float("inf"),
+        "settings": {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
+                     "batch_size": batch_size, "device": str(device), "dtype": str(next(model.parameters()).dtype),
+                     "attn_implementation": getattr(model.config, "_attn_implementation", None)},
+    }

@@ -1,0 +1,152 @@
+"""Save a structurally pruned model so that ONE ``AutoModelForCausalLM.from_pretrained(dir)`` reloads it
+with identical logits.
+
+Route (chosen automatically, recorded in the returned dict and in ``config.json``):
+
+* ``stock``  every layer has the same widths and biases the family's stock config can express (and the
+  stock config validates, e.g. Llama needs ``hidden % num_attention_heads == 0``): the stock config with
+  updated ``num_attention_heads`` / ``num_key_value_heads`` / explicit ``head_dim`` /
+  ``intermediate_size`` (OPT ``ffn_dim``, GPT-2 ``n_inner``) and layer count. Loads anywhere.
+* ``hetero`` anything else (uneven widths, removed attention, biases added to a bias-free
+  architecture, GPT-2/OPT head pruning whose stock classes derive ``head_dim`` from the head count):
+  ``model_type = secateur_<family>`` with ``secateur_layers`` (see :mod:`secateur.structured.hetero`),
+  ``hetero.py`` copied into the folder as ``secateur_hetero.py`` and ``auto_map`` pointing at it. Loads
+  with plain ``from_pretrained(dir)`` once secateur is imported (``secateur.models.loading`` registers the
+  classes), and without secateur via ``from_pretrained(dir, trust_remote_code=True)``.
+
+The candidate config is checked before writing: a model built from it on the meta device must have
+exactly the parameter names and shapes of the pruned model. The folder is written to a temporary
+sibling and renamed into place (atomic on one filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+from secateur.structured import hetero
+
+_DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
+         "_name_or_path")
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _meta_shapes(config_cls, model_cls, d: dict) -> dict[str, tuple[int, ...]] | None:
+    try:
+        cfg = config_cls.from_dict(d)
+        with torch.device("meta"):
+            m = model_cls._from_config(cfg) if hasattr(model_cls, "_from_config") else model_cls(cfg)
+        return _shapes(m)
+    except Exception:  # noqa: BLE001 - any failure means "this config cannot describe the model"
+        return None
+
+
+def _stock_classes(fam: str):
+    from transformers import AutoModelForCausalLM
+
+    cfg_cls = hetero.HETERO_CLASSES[fam][0].__mro__[1]  # the stock config the hetero class extends
+    return cfg_cls, AutoModelForCausalLM._model_mapping[cfg_cls]
+
+
+def _base_dict(model: nn.Module) -> dict:
+    d = model.config.to_dict()
+    for k in _DROP:
+        d.pop(k, None)
+    return d
+
+
+def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
+    first = specs[0]
+    if any(s != first for s in specs) or first["n_heads"] == 0:
+        return None
+    d = dict(d)
+    if fam in hetero.LLAMA_LIKE:
+        d.update(num_attention_heads=first["n_heads"], num_key_value_heads=first["n_kv_heads"],
+                 intermediate_size=first["intermediate"])
+    elif fam == "opt":
+        if first["n_heads"] != d["num_attention_heads"]:
+            return None  # OPT derives head_dim = hidden / heads
+        d["ffn_dim"] = first["intermediate"]
+    else:
+        if first["n_heads"] != d["n_head"]:
+            return None
+        d["n_inner"] = first["intermediate"]
+    return d
+
+
+def export_config(model: nn.Module):
+    """The config to save ``model`` with, and its route (``'stock'`` or ``'hetero'``)."""
+    from secateur.structured.slicing import sync_config
+
+    sync_config(model)
+    cfg = model.config
+    fam = hetero.family_of(cfg)
+    specs = cfg.secateur_layers
+    want = _shapes(model)
+    base = _base_dict(model)
+    stock = _stock_dict(fam, base, specs)
+    if stock is not None:
+        cfg_cls, mdl_cls = _stock_classes(fam)
+        if _meta_shapes(cfg_cls, mdl_cls, stock) == want:
+            return cfg_cls.from_dict(stock), "stock"
+    h_cfg, h_mdl = hetero.HETERO_CLASSES[fam]
+    d = {**base, "secateur_layers": specs}
+    got = _meta_shapes(h_cfg, h_mdl, d)
+    if got != want:
+        diff = sorted(set(got or {}) ^ set(want)) or [k for k in want if (got or {}).get(k) != want[k]]
+        raise SecateurError(f"cannot describe the pruned model with a config (mismatch at {diff[:3]})")
+    out = h_cfg.from_dict(d)
+    out.auto_map = {"AutoConfig": f"secateur_hetero.{h_cfg.__name__}",
+                    "AutoModelForCausalLM": f"secateur_hetero.{h_mdl.__name__}"}
+    out.architectures = [h_mdl.__name__]
+    return out, "hetero"
+
+
+def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, overwrite: bool = False,
+                extra_files: dict[str, dict] | None = None) -> dict:
+    """Write ``model`` (and ``tokenizer``) to ``out_dir`` atomically; returns ``{"path", "route"}``.
+
+    ``extra_files``: JSON documents to add (e.g. ``{"secateur_selection.json": selection.to_dict()}``).
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise SecateurError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    cfg, route = export_config(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    old_cfg, arch = model.config, cfg.architectures
+    try:
+        model.config = cfg
+        try:
+            model.save_pretrained(tmp)
+        finally:
+            model.config = old_cfg
+        cfg.architectures = arch or [type(model).__name__]  # save_pretrained writes the in-memory class
+        cfg.save_pretrained(tmp)
+        if route == "hetero":
+            shutil.copyfile(hetero.__file__, tmp / "secateur_hetero.py")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, doc in (extra_files or {}).items():
+            (tmp / name).write_text(json.dumps(doc, indent=1))
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"path": str(out), "route": route}

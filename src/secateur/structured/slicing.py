@@ -1,0 +1,352 @@
+"""Materialize a :class:`Selection`: physical slicing into a smaller dense model, or masking (zeroing).
+
+Physical slicing (``apply_selection``), per layer:
+
+* attention: keep whole KV groups (GQA stays valid): rows of q (all query heads of kept groups), k, v
+  (the kept KV heads) and their biases; the matching o_proj columns. Qwen3's ``q_norm``/``k_norm`` act on
+  ``head_dim`` and are untouched. The attributes the stock attention forward reads are updated
+  (``num_key_value_groups`` for the Llama family, ``num_heads`` for OPT, ``num_heads``/``split_size`` for
+  GPT-2's fused ``c_attn``), so stock eager/SDPA kernels run. A layer that loses every head gets a
+  :class:`~secateur.structured.hetero.NullAttention` (output = o_proj bias or zero).
+* MLP: rows of gate/up (OPT ``fc1``, GPT-2 ``c_fc`` in Conv1D storage) and their biases; the matching
+  down-projection columns.
+* whole blocks: dropped from the layer list; ``layer_idx`` renumbered, ``num_hidden_layers`` and
+  ``layer_types`` updated.
+
+``replacements`` lets a compensator supply the new o_proj / down_proj weight for the kept columns
+(``[out, k]``, columns in ``Selection.kept_columns`` order) and optionally the full new bias (not a delta;
+a bias-free projection gets a bias parameter). ``mask_selection`` produces the equivalent masked dense
+model (zeroed rows/columns, same replacements), which is what slicing must reproduce exactly.
+
+After slicing, ``model.config.secateur_layers`` records the per-layer widths; ``export.save_pruned``
+decides between a stock config and the heterogeneous classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.structured import hetero
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.units import family, head_dim, layer_shape
+
+_GROUP_ALIASES = {"o": "attn_out", "attn_out": "attn_out", "down": "mlp_out", "mlp_out": "mlp_out"}
+
+
+@dataclass
+class Replacement:
+    """New output-projection parameters for the kept columns: ``weight [out, k]``; ``bias [out]`` replaces
+    the projection's bias entirely (``None`` keeps the existing one). ``kept``: the input columns the
+    weight's columns correspond to, in order (``None``: ascending, as ``Selection.kept_columns``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+
+    def ordered(self, kept: torch.Tensor) -> torch.Tensor:
+        """The weight with columns in the order of ``kept`` (ascending selection order)."""
+        if self.kept is None:
+            return self.weight
+        mine = torch.as_tensor(self.kept, dtype=torch.long).view(-1).cpu()
+        if mine.numel() != kept.numel() or not torch.equal(mine.sort().values, kept.sort().values):
+            raise SecateurError("the replacement's kept columns differ from the selection's kept columns")
+        if kept.numel() == 0:
+            return self.weight
+        pos = torch.full((int(kept.max()) + 1,), -1, dtype=torch.long)
+        pos[mine] = torch.arange(mine.numel())
+        return self.weight[:, pos[kept]]
+
+
+def _as_replacement(x) -> Replacement:
+    """Accept a :class:`Replacement`, a ``(weight, bias)`` tuple, a weight tensor, or any object with
+    ``weight`` / ``bias`` (/ ``kept``) attributes such as ``secateur.compensate.Compensation``."""
+    if isinstance(x, Replacement):
+        return x
+    if isinstance(x, tuple):
+        return Replacement(*x)
+    if torch.is_tensor(x):
+        return Replacement(x)
+    if hasattr(x, "weight"):
+        return Replacement(x.weight, getattr(x, "bias", None), getattr(x, "kept", None))
+    raise SecateurError(f"a replacement must be a Replacement, (weight, bias) or a tensor, not {type(x)}")
+
+
+def _normalize_replacements(replacements: Mapping | None) -> dict[tuple[int, str], Replacement]:
+    out: dict[tuple[int, str], Replacement] = {}
+    for (i, g), r in (replacements or {}).items():
+        if g not in _GROUP_ALIASES:
+            raise SecateurError(f"replacement group must be o/attn_out or down/mlp_out, not {g!r}")
+        out[(int(i), _GROUP_ALIASES[g])] = _as_replacement(r)
+    return out
+
+
+def _rows(idx: list[int], m: int) -> torch.Tensor:
+    t = torch.tensor(idx, dtype=torch.long)
+    return (t[:, None] * m + torch.arange(m)).reshape(-1)
+
+
+def add_bias(module: nn.Module, bias: torch.Tensor | None = None) -> nn.Module:
+    """Give a ``Linear`` (or ``LinearRef.module``) a bias parameter, zeros unless ``bias`` is given.
+
+    For compensators that add a constant (FLAP bias, CORP intercept) to bias-free o_proj/down_proj.
+    Exports then use the heterogeneous classes when the family's stock config has no such bias."""
+    module = getattr(module, "module", module)
+    w = module.weight
+    out_f = w.shape[1] if isinstance(module, Conv1D) else w.shape[0]
+    with torch.no_grad():
+        if module.bias is None:
+            module.bias = nn.Parameter(torch.zeros(out_f, dtype=w.dtype, device=w.device))
+        if bias is not None:
+            module.bias.copy_(bias.reshape(out_f))
+    return module
+
+
+# --- weight access in [out, in] -------------------------------------------------------------------------
+
+def _oi(module: nn.Module) -> torch.Tensor:
+    """The weight as ``[out, in]`` (a view)."""
+    return module.weight.T if isinstance(module, Conv1D) else module.weight
+
+
+def _copy(module: nn.Module, w_oi: torch.Tensor, bias: torch.Tensor | None) -> None:
+    with torch.no_grad():
+        _oi(module).copy_(w_oi)
+        if bias is not None:
+            module.bias.copy_(bias)
+
+
+def _bias(module: nn.Module, idx: torch.Tensor | None = None) -> torch.Tensor | None:
+    b = getattr(module, "bias", None)
+    if b is None:
+        return None
+    return b.detach().clone() if idx is None else b.detach()[idx].clone()
+
+
+def _out_name(fam: str) -> str:
+    return "c_proj" if fam == "gpt2" else "o_proj" if fam in hetero.LLAMA_LIKE else "out_proj"
+
+
+def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
+    gs = n_heads // n_kv
+    expect = [g * gs + r for g in kv for r in range(gs)]
+    if sorted(heads) != expect:
+        raise SecateurError(
+            f"layer {layer}: kept query heads {sorted(heads)} are not the full groups of the kept KV heads "
+            f"{sorted(kv)} (group size {gs}); Hugging Face attention needs whole KV groups")
+
+
+# --- slicing --------------------------------------------------------------------------------------------
+
+def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int], m: int,
+                     repl: Replacement | None) -> None:
+    attn = hetero.attention_module(fam, layer)
+    qi, kvi = _rows(heads, m), _rows(kv, m)
+    out_mod = getattr(attn, _out_name(fam))
+    if fam == "gpt2":
+        w = attn.c_attn.weight.detach().T
+        s = w.shape[0] // 3
+        rows = torch.cat([qi, s + kvi, 2 * s + kvi])
+        qkv = [("c_attn", w[rows].clone(), _bias(attn.c_attn, rows))]
+    else:
+        qkv = [(name, getattr(attn, name).weight.detach()[idx].clone(), _bias(getattr(attn, name), idx))
+               for name, idx in (("q_proj", qi), ("k_proj", kvi), ("v_proj", kvi))]
+    wo, bo = _oi(out_mod).detach()[:, qi].clone(), _bias(out_mod)
+    if repl is not None:
+        if tuple(repl.weight.shape) != tuple(wo.shape):
+            raise SecateurError(f"o_proj replacement has shape {tuple(repl.weight.shape)}, expected "
+                                f"{tuple(wo.shape)} (kept columns)")
+        wo = repl.ordered(qi)
+        bo = repl.bias if repl.bias is not None else bo
+    hetero.shape_attention(fam, layer, len(heads), len(kv), m, o_bias=bo is not None)
+    attn = hetero.attention_module(fam, layer)
+    for name, w_, b_ in qkv:
+        _copy(getattr(attn, name), w_, b_)
+    _copy(getattr(attn, _out_name(fam)), wo, bo)
+
+
+def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]], tuple[nn.Module, str]]:
+    """(input projections, output projection) as (parent, attribute) pairs."""
+    if fam in hetero.LLAMA_LIKE:
+        return [(layer.mlp, "gate_proj"), (layer.mlp, "up_proj")], (layer.mlp, "down_proj")
+    if fam == "opt":
+        return [(layer, "fc1")], (layer, "fc2")
+    return [(layer.mlp, "c_fc")], (layer.mlp, "c_proj")
+
+
+def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacement | None) -> None:
+    ci = torch.tensor(channels, dtype=torch.long)
+    ins, (dp, dn) = _mlp_modules(fam, layer)
+    saved = [(p, n, _oi(getattr(p, n)).detach()[ci].clone(), _bias(getattr(p, n), ci)) for p, n in ins]
+    down = getattr(dp, dn)
+    wd, bd = _oi(down).detach()[:, ci].clone(), _bias(down)
+    if repl is not None:
+        if tuple(repl.weight.shape) != tuple(wd.shape):
+            raise SecateurError(f"down_proj replacement has shape {tuple(repl.weight.shape)}, expected "
+                                f"{tuple(wd.shape)} (kept columns)")
+        wd = repl.ordered(ci)
+        bd = repl.bias if repl.bias is not None else bd
+    hetero.shape_mlp(fam, layer, len(channels), down_bias=bd is not None)
+    for p, n, w_, b_ in saved:
+        _copy(getattr(p, n), w_, b_)
+    _copy(getattr(dp, dn), wd, bd)
+
+
+def _set_layers(fam: str, model: nn.Module, layers: nn.ModuleList) -> None:
+    if fam == "opt":
+        model.model.decoder.layers = layers
+    elif fam == "gpt2":
+        model.transformer.h = layers
+    else:
+        model.model.layers = layers
+
+
+def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
+    """Drop whole decoder layers; renumber ``layer_idx``; update ``num_hidden_layers`` / ``layer_types``."""
+    cfg = model.config
+    fam = hetero.family_of(cfg)
+    if fam == "gpt2" and getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+        raise SecateurError("GPT-2 with scale_attn_by_inverse_layer_idx scales by layer position; removing "
+                            "blocks would change the remaining blocks")
+    layers = hetero.decoder_layers(fam, model)
+    drop = set(blocks)
+    keep = [lay for i, lay in enumerate(layers) if i not in drop]
+    if not keep:
+        raise SecateurError("cannot remove every block")
+    _set_layers(fam, model, nn.ModuleList(keep))
+    for new_idx, lay in enumerate(keep):
+        for mod in lay.modules():
+            if isinstance(getattr(mod, "layer_idx", None), int):
+                mod.layer_idx = new_idx
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        cfg.layer_types = [t for i, t in enumerate(types) if i not in drop]
+    cfg.num_hidden_layers = len(keep)
+
+
+def sync_config(model: nn.Module) -> None:
+    """Record the actual per-layer widths in ``config.secateur_layers`` (and an explicit ``head_dim``)."""
+    cfg = model.config
+    fam = hetero.family_of(cfg)
+    m = hetero.head_dim_of(cfg)
+    if fam in hetero.LLAMA_LIKE:
+        cfg.head_dim = m
+    cfg.secateur_layers = [hetero.current_spec(fam, lay, m).to_dict() for lay in hetero.decoder_layers(fam, model)]
+
+
+def apply_selection(model: nn.Module, adapter: Adapter, selection: Selection,
+                    replacements: Mapping | None = None) -> nn.Module:
+    """Slice ``model`` in place into a smaller dense model (see module docstring); returns it.
+
+    ``replacements``: ``{(layer, 'o'|'attn_out'|'down'|'mlp_out'): Replacement | (weight, bias) | weight}``
+    with original layer indices; a replacement may target a projection whose columns are all kept.
+    """
+    fam = family(adapter)
+    m = head_dim(adapter)
+    if selection.head_dim != m or selection.n_layers != adapter.n_layers:
+        raise SecateurError(f"selection was made for {selection.n_layers} layers with head_dim "
+                            f"{selection.head_dim}; the model has {adapter.n_layers} and {m}")
+    reps = _normalize_replacements(replacements)
+    todo = sorted(set(selection.layers) | {i for i, _ in reps})
+    with torch.no_grad():
+        for i in todo:
+            if i in selection.removed_blocks:
+                continue
+            if not 0 <= i < adapter.n_layers:
+                raise SecateurError(f"layer {i} out of range")
+            keep = selection.layers.get(i, LayerKeep())
+            layer = adapter.layers[i]
+            shape = layer_shape(adapter, i)
+            ro, rd = reps.get((i, "attn_out")), reps.get((i, "mlp_out"))
+            if keep.heads is not None or ro is not None:
+                heads = keep.heads if keep.heads is not None else list(range(shape.n_heads))
+                kv = keep.kv_heads if keep.kv_heads is not None else list(range(shape.n_kv_heads))
+                if shape.n_kv_heads:
+                    _check_gqa(heads, kv, shape.n_heads, shape.n_kv_heads, i)
+                _slice_attention(fam, layer, heads, kv, m, ro)
+            if keep.channels is not None or rd is not None:
+                ch = keep.channels if keep.channels is not None else list(range(shape.intermediate))
+                _slice_mlp(fam, layer, ch, rd)
+        if selection.removed_blocks:
+            remove_blocks(model, selection.removed_blocks)
+    sync_config(model)
+    return model
+
+
+# --- masking --------------------------------------------------------------------------------------------
+
+def _zero_rows(module: nn.Module, rows: torch.Tensor) -> None:
+    if rows.numel():
+        _oi(module).index_fill_(0, rows, 0.0)
+        if getattr(module, "bias", None) is not None:
+            module.bias.index_fill_(0, rows, 0.0)
+
+
+def _zero_cols(module: nn.Module, cols: torch.Tensor) -> None:
+    if cols.numel():
+        _oi(module).index_fill_(1, cols, 0.0)
+
+
+def _write_out(module: nn.Module, kept: torch.Tensor, repl: Replacement | None) -> None:
+    if repl is None:
+        return
+    w = _oi(module)
+    if tuple(repl.weight.shape) != (w.shape[0], kept.numel()):
+        raise SecateurError(f"replacement has shape {tuple(repl.weight.shape)}, expected "
+                            f"{(w.shape[0], kept.numel())}")
+    w[:, kept] = repl.ordered(kept).to(w.dtype)
+    if repl.bias is not None:
+        add_bias(module, repl.bias)
+
+
+def mask_selection(model: nn.Module, adapter: Adapter, selection: Selection,
+                   replacements: Mapping | None = None) -> nn.Module:
+    """Zero (in place) every row/column that :func:`apply_selection` would remove, and write the same
+    replacements; removed blocks get zero o_proj/down_proj weights and biases (the residual passes
+    through). The result computes the same function as the sliced model."""
+    fam = family(adapter)
+    m = head_dim(adapter)
+    reps = _normalize_replacements(replacements)
+    with torch.no_grad():
+        for i in sorted(set(selection.layers) | {i for i, _ in reps}):
+            layer = adapter.layers[i]
+            shape = layer_shape(adapter, i)
+            keep = selection.layers.get(i, LayerKeep())
+            attn = hetero.attention_module(fam, layer)
+            out_mod = getattr(attn, _out_name(fam))
+            heads = keep.heads if keep.heads is not None else list(range(shape.n_heads))
+            kv = keep.kv_heads if keep.kv_heads is not None else list(range(shape.n_kv_heads))
+            hs, ks = set(heads), set(kv)
+            gone_h = _rows([h for h in range(shape.n_heads) if h not in hs], m)
+            gone_kv = _rows([g for g in range(shape.n_kv_heads) if g not in ks], m)
+            if fam == "gpt2":
+                s = _oi(attn.c_attn).shape[0] // 3
+                _zero_rows(attn.c_attn, torch.cat([gone_h, s + gone_kv, 2 * s + gone_kv]))
+            else:
+                _zero_rows(attn.q_proj, gone_h)
+                _zero_rows(attn.k_proj, gone_kv)
+                _zero_rows(attn.v_proj, gone_kv)
+            _zero_cols(out_mod, gone_h)
+            _write_out(out_mod, _rows(heads, m), reps.get((i, "attn_out")))
+            ch = keep.channels if keep.channels is not None else list(range(shape.intermediate))
+            cs = set(ch)
+            gone_c = torch.tensor([c for c in range(shape.intermediate) if c not in cs], dtype=torch.long)
+            ins, (dp, dn) = _mlp_modules(fam, layer)
+            for p, n in ins:
+                _zero_rows(getattr(p, n), gone_c)
+            _zero_cols(getattr(dp, dn), gone_c)
+            _write_out(getattr(dp, dn), torch.tensor(ch, dtype=torch.long), reps.get((i, "mlp_out")))
+        for b in selection.removed_blocks:
+            layer = adapter.layers[b]
+            _, (dp, dn) = _mlp_modules(fam, layer)
+            for mod in (getattr(hetero.attention_module(fam, layer), _out_name(fam)), getattr(dp, dn)):
+                mod.weight.zero_()
+                if getattr(mod, "bias", None) is not None:
+                    mod.bias.zero_()
+    return model

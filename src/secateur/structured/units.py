@@ -1,0 +1,277 @@
+"""Selection units derived from the adapter geometry, with their removable parameter counts.
+
+Kinds (one attention kind and one MLP kind per layer at most, plus optional whole blocks):
+
+``kv_group``   one KV head and every query head reading it (GQA): q rows of its query heads, k/v rows
+               of its KV head, o_proj columns of its query heads. The only attention unit that keeps
+               Hugging Face's GQA layout valid (every kept KV head keeps its full group of query heads).
+``head``       one query head; only where each KV head serves one query head (MHA: OPT, GPT-2,
+               Llama-family with ``n_kv == n_heads``), where it is the same structure as ``kv_group``.
+``channel``    one MLP intermediate channel: gate/up rows (OPT ``fc1`` rows, GPT-2 ``c_fc`` columns in
+               Conv1D storage) and the matching down-projection column.
+``ffn_group``  ``n_ffn_groups`` channel groups per layer (CoCurve: 16). Default: contiguous index blocks
+               ``[floor(k f/n), floor((k+1) f/n))`` (CoCurve [A1]); ``ffn_order`` chunks a per-layer
+               permutation instead (the ``sorted`` ablation).
+``block``      a whole decoder layer (ShortGPT).
+
+Removable parameters (CoCurve §1 "c_u"; biases included, output-projection biases excluded because they
+stay): attention unit ``d m (2|H_g| + 2)`` + q bias ``|H_g| m`` + k/v biases ``2m`` where present; MLP
+channel ``3d`` (gated) or ``2d`` + gate/up biases; a block counts every parameter of the layer.
+
+An :class:`Inventory` stores units compactly as per-(layer, kind) :class:`Pool` objects (CSR member lists)
+so that per-channel inventories of 7B models (~500k units) stay cheap; unit ``i`` of the inventory is
+unit ``i - pool.offset`` of its pool. Unit order (the tie-break order everywhere): layer-major, then
+attention, MLP, block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.structured import hetero
+
+ATTN_KINDS = ("kv_group", "head")
+MLP_KINDS = ("channel", "ffn_group")
+KINDS = ATTN_KINDS + MLP_KINDS + ("block",)
+
+
+def family(adapter: Adapter) -> str:
+    """The layout family (``llama``/``mistral``/``qwen2``/``qwen3``/``opt``/``gpt2``)."""
+    return hetero.family_of(adapter.config)
+
+
+def head_dim(adapter: Adapter) -> int:
+    return hetero.head_dim_of(adapter.config)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Actual widths of one (possibly already pruned) decoder layer, read from its modules."""
+
+    hidden: int
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate: int
+    q_bias: bool
+    kv_bias: bool
+    o_bias: bool
+    in_biases: int  # number of biased MLP input projections (gate/up, fc1, c_fc)
+    down_bias: bool
+    gated: bool
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads if self.n_kv_heads else 0
+
+    def attn_unit_params(self, n_q: int, n_kv: int = 1) -> int:
+        """Removable parameters of ``n_q`` query heads plus ``n_kv`` KV heads."""
+        d, m = self.hidden, self.head_dim
+        p = d * m * (2 * n_q + 2 * n_kv)
+        p += n_q * m * self.q_bias + 2 * n_kv * m * self.kv_bias
+        return p
+
+    @property
+    def channel_params(self) -> int:
+        return self.hidden * (3 if self.gated else 2) + self.in_biases
+
+    @property
+    def removable(self) -> int:
+        """All removable projection parameters of the layer (attention units + MLP channels)."""
+        return self.attn_unit_params(self.n_heads, self.n_kv_heads) + self.intermediate * self.channel_params
+
+
+def layer_shape(adapter: Adapter, index: int) -> LayerShape:
+    fam = family(adapter)
+    layer = adapter.layers[index]
+    m = head_dim(adapter)
+    spec = hetero.current_spec(fam, layer, m)
+    attn = hetero.attention_module(fam, layer)
+    if fam == "gpt2":
+        hidden = attn.c_attn.weight.shape[0]
+        q_bias = kv_bias = True
+        in_biases, gated = 1, False
+    else:
+        hidden = attn.q_proj.weight.shape[1]
+        q_bias = attn.q_proj.bias is not None
+        kv_bias = attn.k_proj.bias is not None
+        if fam == "opt":
+            in_biases, gated = int(layer.fc1.bias is not None), False
+        else:
+            in_biases = int(layer.mlp.gate_proj.bias is not None) + int(layer.mlp.up_proj.bias is not None)
+            gated = True
+    return LayerShape(hidden, m, spec.n_heads, spec.n_kv_heads, spec.intermediate, q_bias, kv_bias,
+                      spec.o_bias, in_biases, spec.down_bias, gated)
+
+
+def block_params(layer: nn.Module) -> int:
+    return sum(p.numel() for p in layer.parameters())
+
+
+@dataclass
+class Pool:
+    """The units of one kind in one layer.
+
+    ``members`` are query heads (attention kinds), channels (MLP kinds) or ``[layer]`` (block), grouped
+    by unit in CSR form: unit ``u`` owns ``members[ptr[u]:ptr[u+1]]``; ``kv`` (attention kinds) is the
+    KV head of each unit.
+    """
+
+    layer: int
+    kind: str
+    offset: int
+    cost: torch.Tensor  # [n] int64 removable parameters
+    members: torch.Tensor
+    ptr: torch.Tensor
+    kv: torch.Tensor | None = None
+
+    @property
+    def n(self) -> int:
+        return self.cost.numel()
+
+    @property
+    def group(self) -> str:
+        return "attn_out" if self.kind in ATTN_KINDS else "mlp_out" if self.kind in MLP_KINDS else "block"
+
+    @property
+    def unit_of_member(self) -> torch.Tensor:
+        """Local unit id of every member (for segment sums)."""
+        return torch.repeat_interleave(torch.arange(self.n), self.ptr.diff())
+
+    def unit_members(self, u: int) -> torch.Tensor:
+        return self.members[self.ptr[u]:self.ptr[u + 1]]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A readable description of one unit (see :meth:`Inventory.unit`)."""
+
+    index: int
+    kind: str
+    layer: int
+    local: int
+    heads: tuple[int, ...] = ()
+    kv_heads: tuple[int, ...] = ()
+    channels: tuple[int, ...] = ()
+    params: int = 0
+
+
+@dataclass
+class Inventory:
+    pools: list[Pool]
+    shapes: dict[int, LayerShape]
+    n_layers: int
+    head_dim: int
+    block_sizes: dict[int, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(p.n for p in self.pools)
+
+    @property
+    def costs(self) -> torch.Tensor:
+        return torch.cat([p.cost for p in self.pools]) if self.pools else torch.zeros(0, dtype=torch.long)
+
+    @property
+    def layer_of(self) -> torch.Tensor:
+        return torch.cat([torch.full((p.n,), p.layer, dtype=torch.long) for p in self.pools])
+
+    @property
+    def pool_of(self) -> torch.Tensor:
+        return torch.cat([torch.full((p.n,), i, dtype=torch.long) for i, p in enumerate(self.pools)])
+
+    @property
+    def total_cost(self) -> int:
+        return int(self.costs.sum())
+
+    def layer_costs(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for p in self.pools:
+            out[p.layer] = out.get(p.layer, 0) + int(p.cost.sum())
+        return out
+
+    def pool_at(self, i: int) -> Pool:
+        for p in self.pools:
+            if p.offset <= i < p.offset + p.n:
+                return p
+        raise IndexError(i)
+
+    def unit(self, i: int) -> Unit:
+        p = self.pool_at(i)
+        u = i - p.offset
+        mem = tuple(int(x) for x in p.unit_members(u))
+        if p.kind in ATTN_KINDS:
+            return Unit(i, p.kind, p.layer, u, heads=mem, kv_heads=(int(p.kv[u]),), params=int(p.cost[u]))
+        if p.kind in MLP_KINDS:
+            return Unit(i, p.kind, p.layer, u, channels=mem, params=int(p.cost[u]))
+        return Unit(i, p.kind, p.layer, u, params=int(p.cost[u]))
+
+
+def _attn_pool(shape: LayerShape, layer: int, kind: str, offset: int) -> Pool | None:
+    if shape.n_heads == 0:
+        return None
+    gs = shape.group_size
+    if kind == "head" and gs != 1:
+        raise SecateurError(
+            f"single query heads are not removable units in a GQA layer ({shape.n_heads} query heads share "
+            f"{shape.n_kv_heads} KV heads); use kv_group units")
+    n = shape.n_kv_heads
+    cost = torch.full((n,), shape.attn_unit_params(gs, 1), dtype=torch.long)
+    return Pool(layer, kind, offset, cost, torch.arange(n * gs), torch.arange(n + 1) * gs, torch.arange(n))
+
+
+def _mlp_pool(shape: LayerShape, layer: int, kind: str, offset: int, n_groups: int,
+              order: torch.Tensor | None) -> Pool | None:
+    f = shape.intermediate
+    if f == 0:
+        return None
+    if kind == "channel":
+        return Pool(layer, kind, offset, torch.full((f,), shape.channel_params, dtype=torch.long),
+                    torch.arange(f), torch.arange(f + 1))
+    g = min(n_groups, f)
+    bounds = torch.tensor([k * f // g for k in range(g + 1)])
+    perm = torch.arange(f) if order is None else torch.as_tensor(order, dtype=torch.long)
+    if perm.numel() != f or not torch.equal(perm.sort().values, torch.arange(f)):
+        raise SecateurError(f"ffn_order for layer {layer} is not a permutation of its {f} channels")
+    # members sorted inside each group, so a group is a set (its order carries no meaning)
+    members = torch.cat([perm[bounds[k]:bounds[k + 1]].sort().values for k in range(g)])
+    return Pool(layer, kind, offset, bounds.diff() * shape.channel_params, members, bounds)
+
+
+def inventory(adapter: Adapter, kinds: tuple[str, ...] | list[str] = ("kv_group", "channel"),
+              n_ffn_groups: int = 16, ffn_order: dict[int, torch.Tensor] | None = None,
+              layers: list[int] | None = None) -> Inventory:
+    """Enumerate the units of ``kinds`` in ``layers`` (default: all) of the adapter's model."""
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise SecateurError(f"unknown unit kind(s) {bad}; choose from {', '.join(KINDS)}")
+    if sum(k in ATTN_KINDS for k in kinds) > 1 or sum(k in MLP_KINDS for k in kinds) > 1:
+        raise SecateurError("choose at most one attention unit kind and one MLP unit kind")
+    idx = list(range(adapter.n_layers)) if layers is None else sorted(layers)
+    shapes = {i: layer_shape(adapter, i) for i in idx}
+    pools: list[Pool] = []
+    block_sizes: dict[int, int] = {}
+    offset = 0
+    for i in idx:
+        s = shapes[i]
+        cand: list[Pool | None] = []
+        for k in kinds:
+            if k in ATTN_KINDS:
+                cand.append(_attn_pool(s, i, k, 0))
+        for k in kinds:
+            if k in MLP_KINDS:
+                cand.append(_mlp_pool(s, i, k, 0, n_ffn_groups, (ffn_order or {}).get(i)))
+        if "block" in kinds:
+            block_sizes[i] = block_params(adapter.layers[i])
+            cand.append(Pool(i, "block", 0, torch.tensor([block_sizes[i]]), torch.tensor([i]),
+                             torch.tensor([0, 1])))
+        for p in cand:
+            if p is not None:
+                p.offset = offset
+                offset += p.n
+                pools.append(p)
+    return Inventory(pools, shapes, adapter.n_layers, head_dim(adapter), block_sizes)
