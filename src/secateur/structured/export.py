@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.export import atomic_dir
 from secateur.structured import hetero
 
 _DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
@@ -122,10 +122,8 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
     if out.exists() and not overwrite:
         raise SecateurError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     cfg, route = export_config(model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     old_cfg, arch = model.config, cfg.architectures
-    try:
+    with atomic_dir(out, overwrite=True) as tmp:
         model.config = cfg
         try:
             model.save_pretrained(tmp)
@@ -139,14 +137,4 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
             tokenizer.save_pretrained(tmp)
         for name, doc in (extra_files or {}).items():
             (tmp / name).write_text(json.dumps(doc, indent=1))
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"path": str(out), "route": route}
