@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def one_row(row: str, preset: str) -> dict:
     from secateur.runinfo import machine, peak_rss_mb, versions
 
     p = PRESETS[preset]
+    # one thread per row: rows run beside other jobs on 2 cores, where 2 threads each oversubscribe badly
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     model, tok = load_model("smollm2-135m")
     adapter = get_adapter(model)
     ids, manifest = calib_tokens(tok, "c4", p["nsamples"], p["seqlen"])
