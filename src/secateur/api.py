@@ -61,8 +61,12 @@ class PruneOptions:
 
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
+        from secateur.prune import structured
+
+        self.method = structured.structured_method_name(self.method, bool(self.extra.get("structured")))
         if self.method not in METHODS:
             raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
+        structured.check_options(self.method, self)
         if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
             raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
         parse_pattern(self.pattern)
@@ -93,7 +97,7 @@ def prune(**kwargs) -> dict:
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         adapter = get_adapter(model)
     ids, manifest = None, None
-    if method.needs_calibration:
+    if method.needs_calibration or opts.extra.get("compensation") not in (None, "none"):
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
@@ -104,14 +108,19 @@ def prune(**kwargs) -> dict:
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
         "options": {k: v for k, v in asdict(opts).items() if k not in ("extra",)} | opts.extra,
-        "realized_sparsity": realized_sparsity(model, result.masks),
+        "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
         "calibration": manifest.to_dict() if manifest else None,
         "timings": {"phases": timer.phases, "engine": result.timings},
         "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
     }
     if opts.out:
         with timer("save"):
-            save_pruned(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
+            if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
+                from secateur.prune.structured import save_structured
+
+                save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
+            else:
+                save_pruned(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
         report["timings"]["phases"] = timer.phases
     report["_model"], report["_tokenizer"] = model, tok
     return report

@@ -31,6 +31,15 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smo
     p.add_argument("--data-dir", default=None, help="local data folder (default: $SECATEUR_DATA or ../shared/data)")
 
 
+def _qk_variant(v: str) -> str:
+    from secateur.scoring import QKVariant
+
+    try:
+        return QKVariant.parse(v).code
+    except SecateurError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _prune_parser(sub) -> None:
     from secateur.methods.registry import METHODS
 
@@ -45,6 +54,16 @@ def _prune_parser(sub) -> None:
     p.add_argument("--pattern", default=None, help="N:M semi-structured pattern, e.g. 2:4 or 4:8 (keeps N of M)")
     p.add_argument("--budget", default=None,
                    help="comparison group: row | matrix (Wanda, magnitude); shared | separate | row (QK-Wanda)")
+    p.add_argument("--variant", default=None, type=_qk_variant,
+                   help="qk-wanda score: base (unmasked, pre-RoPE) or any of base, M, R, C, MR, MC, RC, MRC "
+                        "(M causal, R RoPE-aware, C centered; default: base)")
+    p.add_argument("--scope", default=None, choices=["qk", "all"],
+                   help="qk-wanda: qk prunes only W_Q, W_K (default); all adds row-wise Wanda on v, o and the MLP")
+    p.add_argument("--segment-len", type=int, default=None, metavar="T",
+                   help="cut every calibration window into independent sequences of T tokens (QK-Wanda paper: 64)")
+    p.add_argument("--progressive", type=int, default=None, metavar="J",
+                   help="qk-wanda: re-score in J simultaneous steps (paper App. K ablation; default 1 = one-shot)")
+    _structured_args(p)
     p.add_argument("--rounding", default="ceil", choices=["ceil", "floor"],
                    help="weights removed per group = round(sparsity * size) (default: %(default)s)")
     p.add_argument("--targets", default=None,
@@ -66,6 +85,31 @@ def _prune_parser(sub) -> None:
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_prune)
+
+
+def _structured_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("structured pruning (secateur.prune.structured; every default below is None = unset)")
+    g.add_argument("--structured", action="store_true", default=None,
+                   help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
+    g.add_argument("--compensation", default=None, choices=["none", "bias", "ls", "rcpu", "coec", "corp"],
+                   help="repair o_proj/down_proj after selection (default: none)")
+    g.add_argument("--units", default=None,
+                   help="comma list of kv_group|head and/or channel (default: kv_group,channel)")
+    g.add_argument("--allocation", default=None, choices=["uniform", "flap-global"],
+                   help="uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with --method flap)")
+    g.add_argument("--coec-stage", default=None,
+                   choices=["rcpu", "gcv", "two_sided", "reduced_stiefel", "tempering", "align"],
+                   help="COEC Table 3 preset (cumulative components); the knobs below override it")
+    g.add_argument("--coec-alpha", type=float, default=None, help="COEC Gram tempering exponent (default 0.9)")
+    g.add_argument("--coec-no-left", action="store_true", default=None, help="COEC without the left rotation")
+    g.add_argument("--coec-rescale", default=None, choices=["gcv", "global", "none"], help="COEC rescale (default gcv)")
+    g.add_argument("--coec-right", default=None, choices=["reduced", "full", "none"],
+                   help="COEC right rotation solver (default reduced)")
+    g.add_argument("--coec-align", default=None, action=argparse.BooleanOptionalAction,
+                   help="COEC anchored alignment on o_proj (default on)")
+    g.add_argument("--coec-rounds", type=int, default=None, help="COEC alternation rounds (default 50)")
+    g.add_argument("--ls-lambda", type=float, default=None,
+                   help="ridge lambda relative to mean(diag G_xx) for --compensation ls (default 0.01)")
 
 
 def _cmd_prune(args) -> int:

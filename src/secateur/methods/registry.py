@@ -45,7 +45,12 @@ def _unstructured(name: str, help_: str) -> Method:
         cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=opts.pattern_nm,
                                  budget=opts.budget or "row", rounding=opts.rounding,
                                  targets=parse_targets(opts.targets))
-        res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=opts.chunk_size,
+        chunk = opts.chunk_size
+        if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
+            from secateur.prune.qk_wanda import segment_calibration
+
+            calib_ids, chunk = segment_calibration(calib_ids, getattr(opts, "segment_len", None), chunk)
+        res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk,
                                  device=opts.device, progress=not opts.quiet)
         return MethodResult(masks=res.masks, timings=res.timings)
 
@@ -55,3 +60,69 @@ def _unstructured(name: str, help_: str) -> Method:
 register(_unstructured("magnitude", "|W| per layer (no data)"))
 register(_unstructured("wanda", "|W| * ||X|| per output row (Sun et al. 2024)"))
 register(_unstructured("sparsegpt", "OBS pruning with reconstruction (Frantar & Alistarh 2023)"))
+
+
+def _cocurve(name: str, help_: str) -> Method:
+    def run(model, adapter, calib_ids, opts) -> MethodResult:
+        from secateur.cocurve.runner import run_registered
+
+        return run_registered(name, model, adapter, calib_ids, opts)
+
+    return Method(name, "structured", True, run, help_)
+
+
+register(_cocurve("cocurve", "co-pruning curvature: KV/FFN-group Fisher-Gram + conditional greedy (Gong et al.)"))
+register(_cocurve("cocurve-diag", "CoCurve's diagonal control (lambda = 0, isolated KL-Fisher saliency)"))
+
+
+def _qk_wanda() -> Method:
+    def run(model, adapter, calib_ids, opts) -> MethodResult:
+        from secateur.errors import SecateurError
+        from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
+
+        if opts.pattern or opts.targets:
+            raise SecateurError("qk-wanda takes neither --pattern nor --targets; choose the projections with "
+                                "--scope qk (W_Q, W_K) or --scope all (hybrid with row-wise Wanda)")
+        cfg = QKWandaConfig(sparsity=opts.sparsity, budget=opts.budget or "shared",
+                            variant=getattr(opts, "variant", None) or "base",
+                            scope=getattr(opts, "scope", None) or "qk",
+                            rounding=opts.rounding, segment_len=getattr(opts, "segment_len", None),
+                            progressive=getattr(opts, "progressive", None) or 1)
+        res = prune_qk_wanda(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=opts.chunk_size,
+                             device=opts.device, progress=not opts.quiet)
+        extra = {}
+        try:
+            from secateur.plots import qk_removal_png
+
+            extra["qk-removal.png"] = qk_removal_png({res.details["method"]: res.details["allocation"]},
+                                                     title=f"{res.details['method']}, {cfg.budget} budget, "
+                                                           f"{cfg.sparsity:.0%}")
+        except ImportError:  # matplotlib is optional (extra "plots")
+            pass
+        return MethodResult(masks=res.masks, timings=res.timings, details=res.details, extra_files=extra)
+
+    return Method("qk-wanda", "unstructured", True, run,
+                  "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
+                  "(Ilin & Richtarik)")
+
+
+register(_qk_wanda())
+
+
+def _structured(name: str, help_: str) -> Method:
+    def run(model, adapter, calib_ids, opts) -> MethodResult:
+        from secateur.prune.structured import run_method
+
+        return run_method(name, model, adapter, calib_ids, opts)
+
+    return Method(name, "structured", name not in ("magnitude-sp", "random"), run, help_)
+
+
+# structured selection scores (secateur.prune.structured); compensate with --compensation
+register(_structured("wanda-sp", "structured: ||W_:,j|| * ||X_j|| per KV group / channel (COEC's Wanda-sp)"))
+register(_structured("flap", "structured: FLAP WIFV fluctuation score; native compensation: bias (An et al. 2024)"))
+register(_structured("rcpu", "structured: ||W_:,j|| ||X_j|| Var(X_j); native compensation: rcpu (Haruta et al.)"))
+register(_structured("magnitude-sp", "structured: ||W_:,j|| column magnitude (no data)"))
+register(_structured("random", "structured: seeded uniform random units (--seed)"))
+register(_structured("shortgpt", "structured: remove whole blocks of lowest block influence (Men et al. 2024)"))
+register(_structured("corp", "structured: CORP MLP channel score E[h^2] ||W2_:,i||; native compensation: corp"))

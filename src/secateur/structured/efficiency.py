@@ -273,3 +273,77 @@ def measure_efficiency(model: nn.Module, tokenizer=None, prompt_len: int = 2048,
                      "batch_size": batch_size, "device": str(device), "dtype": str(next(model.parameters()).dtype),
                      "attn_implementation": getattr(model.config, "_attn_implementation", None)},
     }
+
+
+# --- CLI: secateur eval efficiency ---------------------------------------------------------------------------
+
+def efficiency_table(rows: list[tuple[str, dict]]) -> str:
+    """COEC Table 4 / CoCurve Table 5 layout; ratios relative to the first row (the dense model)."""
+    base = rows[0][1]
+
+    def ratio(a, b) -> str:
+        return f"{a / b:.3f}" if a is not None and b else "-"
+
+    head = ("| model | params | ratio | GFLOPs/token | ratio | peak memory (GiB) | ratio | prefill tok/s | speed-up "
+            "| decode tok/s | speed-up |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows:
+        mem = r["peak_memory_gib"]
+        lines.append(
+            f"| {name} | {r['params']:,} | {ratio(r['params'], base['params'])} | {r['flops_per_token'] / 1e9:.3f} | "
+            f"{ratio(r['flops_per_token'], base['flops_per_token'])} | {'-' if mem is None else f'{mem:.3f}'} | "
+            f"{ratio(mem, base['peak_memory_gib'])} | {r['prefill_tokens_per_s']:.1f} | "
+            f"{ratio(r['prefill_tokens_per_s'], base['prefill_tokens_per_s'])} | {r['decode_tokens_per_s']:.2f} | "
+            f"{ratio(r['decode_tokens_per_s'], base['decode_tokens_per_s'])} |")
+    return "\n".join(lines)
+
+
+def _cmd_efficiency(args) -> int:
+    import gc
+    import json
+
+    from secateur.models.loading import load_model
+
+    if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
+        raise SecateurError("--prompt-len, --new-tokens, --repeats and --batch-size must be >= 1, --warmup >= 0")
+    specs = [("dense", args.dense)] if args.dense else []
+    specs.append(("pruned" if args.dense else "model", args.model))
+    rows = []
+    for name, spec in specs:
+        model, _ = load_model(spec, args.dtype, args.device)
+        res = measure_efficiency(model, None, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                                 warmup=args.warmup, repeats=args.repeats, batch_size=args.batch_size,
+                                 seed=args.seed)
+        res["model"] = spec
+        rows.append((f"{name} ({spec})", res))
+        del model
+        gc.collect()
+    s = rows[0][1]["settings"]
+    print(f"efficiency [batch {s['batch_size']}, prompt {s['prompt_len']}, decode {s['new_tokens']} tokens, "
+          f"{s['warmup']} warm-up + median of {s['repeats']}, {s['device']} {s['dtype']}, peak memory "
+          f"{rows[0][1]['peak_memory_kind']}]; FLOPs/token = 2 x params")
+    print(efficiency_table(rows))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps([r for _, r in rows], indent=2, default=str))
+    return 0
+
+
+def register_cli(eval_subparsers) -> None:
+    """``secateur eval efficiency --model PRUNED [--dense DENSE]``."""
+    p = eval_subparsers.add_parser(
+        "efficiency", help="params, FLOPs/token, peak memory, prefill/decode throughput (vs a dense model)",
+        description="Measure a (pruned) model and, with --dense, the dense model in the same process; prints "
+                    "COEC Table 4 / CoCurve Table 5 columns with ratios vs dense.")
+    p.add_argument("--model", required=True, help="pruned model folder (or HF id / alias)")
+    p.add_argument("--dense", default=None, help="dense reference model (folder, HF id or alias smollm2-135m)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompt-len", type=int, default=2048, help="prefill tokens (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy decode tokens (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs, median reported (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the measurements as JSON")
+    p.set_defaults(func=_cmd_efficiency)

@@ -1,0 +1,514 @@
+"""CoCurve on SmolLM2-135M at 20/30/40/50%: CoCurve vs its diagonal control and the structured baselines.
+
+    nice -n 5 python bench/cocurve_smollm2.py --stage graph --preset quick --ranks 2   # H once (gloo)
+    nice -n 5 python bench/cocurve_smollm2.py --stage rows --preset quick --rhos 0.2,0.3 &
+    nice -n 5 python bench/cocurve_smollm2.py --stage rows --preset quick --rhos 0.4,0.5
+    python bench/cocurve_smollm2.py --render                                          # results/*.md + plot
+
+Protocol (every row shares it): units = 3 KV groups + 16 contiguous FFN groups per layer (570 units);
+cost = removable parameters (structured inventory); guards = layers 0, 1, 28, 29 protected, per-layer
+cap 1.5 rho; budget = the shared greedy solver (``allocate_global``; CoCurve's own conditional greedy
+for CoCurve). Calibration: C4 (local validation documents [0, 1500)), Wanda's random-long-document rule,
+seed 0; the first ``n_graph`` windows build H / the baselines' statistics, the last ``n_heldout`` are
+the disjoint held-out split C' (lambda choice and the KL column). Perplexity: sliding 2048/512
+(``perplexity(..., stride=512)``) on WikiText-2 test, C4 held-out documents [1500, 2000) and PTB test,
+the first ``ppl_windows`` windows. Held-out KL: full vocabulary, mean over every held-out token, masked
+model. H does not depend on rho: it is built once (``--stage graph``) and reused for every budget.
+
+Baseline scores (src/secateur/structured/scores.py): Wanda-sp ``sum_j ||W_:,j|| ||X_j||`` and magnitude
+(Frobenius norm of every weight a unit owns) ranked per parameter (score / cost); FLAP = AL-AM
+standardized WIFV scores (may be negative, so ranked raw), random = seeded uniform scores (raw). No
+bias compensation for any method (masks only, as in the paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, WORK, append_row, calib_tokens, fmt, read_rows  # noqa: E402
+
+PRESETS = {
+    # the paper's protocol (default in code): 128 x 2048 graph, P_tok 128, r 256, 16 held-out, full corpora
+    "full": {"n_graph": 128, "n_heldout": 16, "seqlen": 2048, "positions": 128, "top_r": 256, "ppl_windows": None,
+             "unit_batch": 8},
+    # what 2 heavily shared CPU cores allow: 4 x 256 graph, 32 positions/seq (P = 128), r 256, 4 x 256
+    # held-out, perplexity on the first sliding window (2048 tokens, 2047 scored) of each corpus
+    "quick": {"n_graph": 4, "n_heldout": 4, "seqlen": 256, "positions": 32, "top_r": 256, "ppl_windows": 1,
+              "unit_batch": 8},
+    "smoke": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 64, "ppl_windows": 1,
+              "unit_batch": 8},
+}
+RHOS = (0.2, 0.3, 0.4, 0.5)
+METHODS = ("cocurve", "cocurve-diag", "wanda_sp", "flap", "magnitude", "random")
+CORPORA = ("wikitext2", "c4", "ptb")
+OUT_JSON = RESULTS / "cocurve-smollm2.jsonl"
+OUT_MD = RESULTS / "cocurve-smollm2.md"
+OUT_PNG = RESULTS / "cocurve-smollm2-alloc.png"
+DIR = WORK / "cocurve-smollm2"
+
+
+def graph_path(preset: str) -> Path:
+    return DIR / f"graph-{preset}.npz"
+
+
+def data(tok, p: dict):
+    ids, man = calib_tokens(tok, "c4", p["n_graph"] + p["n_heldout"], p["seqlen"])
+    g, h = ids[:p["n_graph"]], ids[p["n_graph"]:]
+    if any(torch.equal(a, b) for a in g for b in h):
+        raise SystemExit("held-out windows overlap the graph windows")
+    return g, h, man
+
+
+def config(p: dict):
+    from secateur.cocurve import CoCurveConfig, SweepConfig
+
+    return CoCurveConfig(sweep=SweepConfig(positions_per_seq=p["positions"], top_r=p["top_r"],
+                                           unit_batch=p["unit_batch"], progress=True))
+
+
+# --- stage 1: the graph (torch.distributed over --ranks processes) --------------------------------------
+
+def _graph_worker(rank: int, world: int, preset: str) -> None:
+    from secateur.cocurve import build_graph, cocurve_inventory
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import load_model
+
+    p = PRESETS[preset]
+    model, tok = load_model("smollm2-135m")
+    adapter = get_adapter(model)
+    g_ids, _, man = data(tok, p)
+    cfg = config(p)
+    t = time.perf_counter()
+    graph = build_graph(model, adapter, g_ids, cfg, cocurve_inventory(adapter))
+    if rank == 0:
+        graph.meta["wall_s"] = time.perf_counter() - t
+        graph.meta["calibration_manifest"] = man
+        graph.meta["preset"] = preset
+        info = graph.save(graph_path(preset))
+        print(json.dumps({k: graph.meta[k] for k in ("timings", "wall_s", "n_ablated", "lambda_min")}
+                         | info, default=str), flush=True)
+
+
+def stage_graph(preset: str, ranks: int) -> None:
+    if ranks > 1:
+        from secateur.cocurve.dist import spawn_gloo
+
+        spawn_gloo(_graph_worker, ranks, (preset,), threads=1)
+    else:
+        torch.set_num_threads(1)
+        _graph_worker(0, 1, preset)
+
+
+# --- stage 2: rows --------------------------------------------------------------------------------------
+
+def _alloc(inv, removed) -> dict:
+    from secateur.cocurve.runner import allocation_by_layer
+
+    a = allocation_by_layer(inv, removed)
+    return {"attn": [a[i]["attn_removed"] for i in sorted(a)], "ffn": [a[i]["ffn_removed"] for i in sorted(a)],
+            "attn_units": a[0]["attn_units"], "ffn_units": a[0]["ffn_units"]}
+
+
+def _ppl(model, corpora_ids: dict, windows) -> dict:
+    from secateur.eval.ppl import perplexity
+
+    out = {}
+    for name, ids in corpora_ids.items():
+        r = perplexity(model, ids, seqlen=2048, stride=512, max_windows=windows, progress=False)
+        out[name] = {"ppl": r["ppl"], "windows": r["windows"], "scored": r["scored_tokens"], "s": r["seconds"]}
+    return out
+
+
+def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
+    from secateur.calib import engine
+    from secateur.cocurve import CoPruningGraph, HeldoutKL, cocurve_inventory, masked, select
+    from secateur.cocurve.graph import array_sha256
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids, token_sha256
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import load_model
+    from secateur.runinfo import machine, versions
+    from secateur.structured import allocate_global, apply_selection, flap_alam_scores, save_pruned, unit_scores
+    from secateur.structured.collect import StatsCollector
+    from secateur.structured.efficiency import count_params, measure_efficiency
+
+    torch.set_num_threads(1)
+    p = PRESETS[preset]
+    model, tok = load_model("smollm2-135m")
+    adapter = get_adapter(model)
+    g_ids, h_ids, man = data(tok, p)
+    cfg = config(p)
+    inv = cocurve_inventory(adapter)
+    graph, sweep_s = None, 0.0
+    if any(m.startswith("cocurve") for m in methods):
+        graph = CoPruningGraph.load(graph_path(preset))
+        sweep_s = graph.meta["timings"]["ablations_s"] + graph.meta["timings"]["dense_s"]
+    corpora = {c: eval_ids(eval_text(c), tok) for c in CORPORA}
+    teacher = HeldoutKL(model, h_ids)
+    base = {"preset": preset, "preset_params": p, "calibration": man, "heldout_sha256": token_sha256(h_ids),
+            "graph_H_sha256": None if graph is None else array_sha256(graph.H), "versions": versions(),
+            "machine": machine()}
+    done = {(r["method"], r["rho"]) for r in read_rows(OUT_JSON) if r.get("preset") == preset}
+    eff_kw = {"prompt_len": 256, "new_tokens": 16, "warmup": 1, "repeats": 3}
+
+    if with_dense and ("dense", 0.0) not in done:
+        t = time.perf_counter()
+        row = {**base, "method": "dense", "rho": 0.0, "realized": 0.0, "heldout_kl": teacher.evaluate()["kl"],
+               "ppl": _ppl(model, corpora, p["ppl_windows"]), "params": count_params(model),
+               "efficiency": measure_efficiency(model, **eff_kw)}
+        row["eval_s"] = time.perf_counter() - t
+        append_row(OUT_JSON, row)
+        print("dense", row["ppl"], flush=True)
+
+    stats, stats_s = None, 0.0
+    if any(m in ("wanda_sp", "flap") for m in methods):
+        t = time.perf_counter()
+        h = StatsCollector(("sumsq", "meanvar"))
+        engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
+        stats, stats_s = h.stats, time.perf_counter() - t
+
+    for rho in rhos:
+        guard = cfg.guard(rho)
+        for method in methods:
+            if (method, rho) in done:
+                continue
+            t0 = time.perf_counter()
+            extra: dict = {}
+            if method.startswith("cocurve"):
+                res = select(graph, inv, rho, adapter, teacher, cfg, diagonal=method == "cocurve-diag")
+                removed = res.removed
+                extra = {"lambda": res.lam, "candidates": res.candidates, "chosen": res.chosen,
+                         "one_se_set": res.one_se_set}
+                kl = res.candidates[res.chosen]["heldout_kl"]
+                se = res.candidates[res.chosen]["heldout_se"]
+                sel_s = time.perf_counter() - t0
+                cost_s = sweep_s + sel_s
+            else:
+                if method == "wanda_sp":
+                    scores, norm = unit_scores(inv, adapter, "wanda_sp", stats), True
+                elif method == "flap":
+                    scores, norm = flap_alam_scores(inv, adapter, stats), False
+                elif method == "magnitude":
+                    scores, norm = unit_scores(inv, adapter, "magnitude_unit"), True
+                else:
+                    scores, norm = unit_scores(inv, adapter, "random", seed=0), False
+                removed = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm).removed
+                sel_s = time.perf_counter() - t0
+                cost_s = sel_s + (stats_s if method in ("wanda_sp", "flap") else 0.0)
+                with masked(adapter, inv, removed):
+                    ev = teacher.evaluate()
+                kl, se = ev["kl"], ev["se"]
+                extra = {"cost_normalized": norm}
+            from secateur.structured.allocate import report
+            from secateur.structured.selection import Selection
+
+            rep = report(inv, removed, rho)
+            sel = Selection.from_removed(inv, removed, {"method": method})
+            pruned = copy.deepcopy(model)
+            apply_selection(pruned, get_adapter(pruned), sel)
+            t1 = time.perf_counter()
+            row = {**base, "method": method, "rho": rho, "realized": rep["realized"],
+                   "realized_minus_target_pp": 100 * (rep["realized"] - rho), "heldout_kl": kl, "heldout_se": se,
+                   "alloc": _alloc(inv, removed), "selection_s": sel_s, "selection_cost_s": cost_s,
+                   "mask_sha256": array_sha256(removed), "params": count_params(pruned), **extra}
+            row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"])
+            if method.startswith("cocurve"):
+                out = DIR / f"out-{method}-{int(round(rho * 100))}"
+                saved = save_pruned(pruned, out, tok, overwrite=True,
+                                    extra_files={"secateur_selection.json": sel.to_dict()})
+                mask_file = out / "cocurve_mask.pt"
+                torch.save({"removed": removed, "lambda": row["lambda"]}, mask_file)
+                row["export"] = {**saved, "mask_file": str(mask_file)}
+                row["efficiency"] = measure_efficiency(pruned, **eff_kw)
+            row["eval_s"] = time.perf_counter() - t1
+            append_row(OUT_JSON, row)
+            print(method, rho, f"kl={kl:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
+                  f"realized={rep['realized']:.4f}", flush=True)
+            del pruned
+
+
+# --- stage 3: CoCurve selection + COEC compensation vs each alone -----------------------------------------
+
+def stage_coec(preset: str, rhos: list[float]) -> None:
+    """Rows ``cocurve+coec`` (the CoCurve row's mask, COEC on every o_proj/down_proj that lost columns)
+    and ``coec`` (COEC's own pipeline: RCPU score, KV groups + single channels, uniform ceil allocation,
+    no layer guard; secateur.prune.structured) on the same calibration windows (dense Grams)."""
+    from secateur.cocurve import HeldoutKL, cocurve_inventory
+    from secateur.cocurve.graph import array_sha256
+    from secateur.compensate import COECOptions
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids, token_sha256
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import load_model
+    from secateur.prune.structured import (
+        SCORE_STATS,
+        StructuredConfig,
+        collect_stats,
+        compensate_selection,
+        prune_structured,
+    )
+    from secateur.runinfo import machine, versions
+    from secateur.structured import apply_selection
+    from secateur.structured.allocate import report
+    from secateur.structured.efficiency import count_params
+    from secateur.structured.selection import Selection
+
+    torch.set_num_threads(1)
+    p = PRESETS[preset]
+    model, tok = load_model("smollm2-135m")
+    adapter = get_adapter(model)
+    g_ids, h_ids, man = data(tok, p)
+    inv = cocurve_inventory(adapter)
+    corpora = {c: eval_ids(eval_text(c), tok) for c in CORPORA}
+    teacher = HeldoutKL(model, h_ids)
+    rows = read_rows(OUT_JSON)
+    done = {(r["method"], r["rho"]) for r in rows if r.get("preset") == preset}
+    t = time.perf_counter()
+    stats = collect_stats(model, adapter, g_ids, SCORE_STATS + ("gram",))
+    stats_s = time.perf_counter() - t
+    base = {"preset": preset, "preset_params": p, "calibration": man, "heldout_sha256": token_sha256(h_ids),
+            "versions": versions(), "machine": machine(), "stats_s": stats_s}
+    for rho in rhos:
+        cc = next((r for r in rows if r.get("preset") == preset and r["method"] == "cocurve" and r["rho"] == rho),
+                  None)
+        for method in ("cocurve+coec", "coec"):
+            if (method, rho) in done:
+                continue
+            pruned = copy.deepcopy(model)
+            pa = get_adapter(pruned)
+            t0 = time.perf_counter()
+            if method == "cocurve+coec":
+                if cc is None:
+                    print(f"no cocurve row at {rho}: skipping cocurve+coec")
+                    continue
+                m = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")
+                removed = m["removed"]
+                sel = Selection.from_removed(inv, removed, {"method": method})
+                cfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions())
+                reps, records, comp_s = compensate_selection(pruned, pa, sel, stats, cfg)
+                apply_selection(pruned, pa, sel, reps)
+                rep = report(inv, removed, rho)
+                extra = {"lambda": cc.get("lambda"), "alloc": cc["alloc"], "mask_sha256": array_sha256(removed),
+                         "compensation_s": comp_s, "realized": rep["realized"],
+                         "selection_cost_s": cc["selection_cost_s"] + comp_s,
+                         "recon_after_mean": sum(r["recon_after"] for r in records) / max(len(records), 1),
+                         "recon_before_mean": sum(r["recon_before"] for r in records) / max(len(records), 1)}
+            else:
+                res = prune_structured(pruned, pa, g_ids, StructuredConfig(score="rcpu", compensation="coec",
+                                                                           sparsity=rho), stats=stats)
+                d = res.details
+                extra = {"realized": d["realized"], "compensation_s": d["compensation_seconds"],
+                         "selection_cost_s": stats_s + res.timings["total_s"], "units": d["units"],
+                         "allocation": d["allocation"], "compensation_summary": d["compensation_summary"]}
+            ev = teacher.evaluate(pruned)
+            row = {**base, "method": method, "rho": rho, "heldout_kl": ev["kl"], "heldout_se": ev["se"],
+                   "params": count_params(pruned), "ppl": _ppl(pruned, corpora, p["ppl_windows"]),
+                   "wall_s": time.perf_counter() - t0, **extra}
+            append_row(OUT_JSON, row)
+            print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
+                  flush=True)
+            del pruned
+
+
+# --- render ---------------------------------------------------------------------------------------------
+
+def plot(rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rhos = sorted({r["rho"] for r in rows if r["method"] != "dense"})
+    fig, axes = plt.subplots(2, len(rhos), figsize=(4.2 * len(rhos), 6.4), sharex=True, squeeze=False)
+    styles = {"cocurve": ("C3", "-", "o"), "cocurve-diag": ("C0", "--", "s"), "wanda_sp": ("C2", ":", "^"),
+              "flap": ("C1", "-.", "v"), "magnitude": ("C4", ":", "x"), "random": ("C7", ":", ".")}
+    for j, rho in enumerate(rhos):
+        for r in rows:
+            if r["rho"] != rho or r["method"] not in styles:
+                continue
+            c, ls, mk = styles[r["method"]]
+            a = r["alloc"]
+            for i, (key, n) in enumerate((("attn", a["attn_units"]), ("ffn", a["ffn_units"]))):
+                axes[i][j].plot(range(len(a[key])), [x / n for x in a[key]], color=c, ls=ls, marker=mk, ms=3,
+                                label=r["method"])
+        axes[0][j].set_title(f"rho = {rho:.0%}")
+        axes[1][j].set_xlabel("layer")
+    axes[0][0].set_ylabel("KV groups removed (fraction)")
+    axes[1][0].set_ylabel("FFN groups removed (fraction)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(OUT_PNG, dpi=110)
+
+
+def render() -> None:
+    rows = read_rows(OUT_JSON)
+    if not rows:
+        raise SystemExit("no rows")
+    preset = rows[-1]["preset"]
+    rows = [r for r in rows if r["preset"] == preset]
+    p = PRESETS[preset]
+    dense = next((r for r in rows if r["method"] == "dense"), None)
+    graph_meta = {}
+    gp = graph_path(preset)
+    if gp.exists():
+        from secateur.cocurve import CoPruningGraph
+        from secateur.cocurve.graph import array_sha256, bytes_sha256
+
+        g = CoPruningGraph.load(gp)
+        graph_meta = {**g.meta, "file_sha256": bytes_sha256(gp.read_bytes()), "H_sha256": array_sha256(g.H)}
+    L = []
+    L.append("# CoCurve on SmolLM2-135M (structured, masks only)\n")
+    L.append(f"Preset **{preset}**: {json.dumps(p)}. Generated by `bench/cocurve_smollm2.py` "
+             "(see its docstring for the protocol); rows in `results/cocurve-smollm2.jsonl`.\n")
+    L.append("Units: 30 layers x (3 KV groups + 16 contiguous FFN groups) = 570; cost = removable parameters; "
+             "guards: layers 0, 1, 28, 29 protected, per-layer cap 1.5 rho; every method uses the same "
+             "inventory, guard and budget (shared greedy solver; CoCurve its conditional greedy). KL = "
+             "full-vocabulary teacher KL on the held-out windows (mean per token, ± SE over sequences). PPL = "
+             f"sliding 2048/512 (`perplexity(..., stride=512)`), first {p['ppl_windows']} windows of each corpus. "
+             "Selection cost: CoCurve = ablation sweep (shared by all budgets and by the diagonal control) + "
+             "lambda path + held-out KL of every candidate; baselines = statistics pass + scoring.\n")
+    if graph_meta:
+        t = graph_meta["timings"]
+        L.append("## Graph (H, built once)\n")
+        L.append(f"* ablated units: {graph_meta['n_ablated']} of {graph_meta['n_units']} (units of protected "
+                 f"layers are never eligible, so they are not ablated); positions P = {graph_meta['n_positions']}; "
+                 f"mean top-{p['top_r']} teacher mass {graph_meta['support_mass']:.3f}; "
+                 f"lambda_min(H) = {graph_meta['lambda_min']:.2e}")
+        L.append(f"* sweep: {t['n_ablations']} ablations (unit x block) in {t['ablations_s']:.0f} rank-s "
+                 f"+ dense {t['dense_s']:.1f} s over {t['world_size']} gloo ranks "
+                 f"(wall {graph_meta.get('wall_s', 0):.0f} s); "
+                 f"**time per ablation / one dense forward = {t['ablation_over_dense']:.3f}** "
+                 f"({t['per_ablation_s']:.3f} s vs {t['dense_forward_per_block_s']:.3f} s for "
+                 f"{t['tokens_per_block']} "
+                 "tokens; only layers after the unit are re-run, LM head at the sampled positions only)")
+        L.append(f"* `{gp.relative_to(WORK.parent.parent)}`: file sha256 `{graph_meta['file_sha256']}`, "
+                 f"H sha256 `{graph_meta['H_sha256']}`\n")
+    if dense:
+        L.append("Dense: held-out KL 0, PPL " + ", ".join(f"{c} {dense['ppl'][c]['ppl']:.2f}" for c in CORPORA)
+                 + f"; params {dense['params'] / 1e6:.1f} M.\n")
+    L.append("## Summary (computed from the rows)\n")
+    L.append("| rho | ΔKL vs diagonal | ΔKL vs best baseline (which) | WT2 CoCurve / best baseline WT2 |")
+    L.append("|---|---|---|---|")
+    for rho in sorted({r["rho"] for r in rows if r["method"] == "cocurve"}):
+        by = {r["method"]: r for r in rows if r["rho"] == rho}
+        cc, dg = by["cocurve"], by.get("cocurve-diag")
+        bases = [by[m] for m in ("wanda_sp", "flap", "magnitude", "random") if m in by]
+        if not bases:
+            continue
+        bk = min(bases, key=lambda r: r["heldout_kl"])
+        bw = min(bases, key=lambda r: r["ppl"]["wikitext2"]["ppl"])
+        L.append(f"| {rho:.0%} | {cc['heldout_kl'] - dg['heldout_kl']:+.3f} | "
+                 f"{cc['heldout_kl'] - bk['heldout_kl']:+.3f} ({bk['method']}) | "
+                 f"{cc['ppl']['wikitext2']['ppl']:.1f} / {bw['ppl']['wikitext2']['ppl']:.1f} ({bw['method']}) |")
+    L.append("")
+    L.append("Notes: (1) the quick preset is tiny (1024 graph tokens, 1024 held-out tokens, one 2048-token "
+             "window per corpus): differences within a few SE of the KL are not significant, and perplexities "
+             "of pruned 135M models without recovery are in the hundreds to thousands for every method. "
+             "(2) Budget granularity: a SmolLM2 KV group is 294,912 parameters = 0.28% of C, so the greedy's "
+             "guaranteed overshoot bound (< one unit) exceeds the paper's 0.2 pp acceptance window; rows "
+             "above 0.2 pp are kept and marked by their realized fraction (the 0.2 pp check is enforced in "
+             "tests on a geometry where it is attainable). (3) Selection cost of CoCurve counts the sweep's "
+             "rank-seconds (each rank's wall time, summed over both ranks; the sweep's wall time is in the graph "
+             "section), on 2 cores shared with other jobs (load 10-16): compare the ablation/dense ratio, "
+             "not the seconds. (4) Baselines rank "
+             "per parameter (score / cost) for Wanda-sp and magnitude, raw for FLAP (standardized scores) "
+             "and random. (5) The KL column of CoCurve is measured on the split that chose its lambda "
+             "(the paper's C'), so it is optimistic for CoCurve; the perplexities are independent of selection, "
+             "and the diagonal control (one candidate, nothing chosen) has an unbiased KL.\n")
+    L.append("## Quality\n")
+    L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | lambda | #cand | KV / FFN groups removed | "
+             "params (M) | selection cost (s) |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rho in sorted({r["rho"] for r in rows if r["method"] != "dense"}):
+        for m in METHODS:
+            r = next((x for x in rows if x["rho"] == rho and x["method"] == m), None)
+            if r is None:
+                continue
+            a = r["alloc"]
+            L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | "
+                     f"{r['heldout_kl']:.4f} ± {r['heldout_se']:.4f} | "
+                     + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
+                     + f" | {fmt(r.get('lambda'))} | {len(r['candidates']) if 'candidates' in r else '-'} | "
+                     f"{sum(a['attn'])} / {sum(a['ffn'])} | {r['params'] / 1e6:.1f} | {r['selection_cost_s']:.0f} |")
+    comp = [r for r in rows if r["method"] in ("cocurve+coec", "coec")]
+    if comp:
+        L.append("\n## CoCurve selection + COEC compensation vs each alone\n")
+        L.append("`cocurve+coec`: the CoCurve mask above, then COEC (paper defaults: alpha 0.9, GCV, reduced "
+                 "Stiefel, alignment on o_proj; `secateur.prune.structured.compensate_selection`, slice-only "
+                 "fallback where COEC would raise the calibration error) on every o_proj/down_proj that lost "
+                 "columns, Grams from the same graph calibration windows. `coec`: COEC's own pipeline (RCPU "
+                 "score, KV groups + single MLP channels, uniform ceil allocation per layer, **no layer guard**; "
+                 "`prune_structured(score='rcpu', compensation='coec')`).\n")
+        L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | params (M) | compensation (s) |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for rho in sorted({r["rho"] for r in comp}):
+            for m in ("cocurve", "cocurve+coec", "coec"):
+                r = next((x for x in rows if x["rho"] == rho and x["method"] == m), None)
+                if r:
+                    L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | {r['heldout_kl']:.4f} ± "
+                             f"{r['heldout_se']:.4f} | " + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
+                             + f" | {r['params'] / 1e6:.1f} | {fmt(r.get('compensation_s'), 0)} |")
+    L.append("\n## Allocation per layer (removed KV groups of 3 / FFN groups of 16, layers 0..29)\n")
+    L.append(f"![allocation]({OUT_PNG.name})\n")
+    L.append("| rho | method | KV groups removed per layer | FFN groups removed per layer |")
+    L.append("|---|---|---|---|")
+    for rho in sorted({r["rho"] for r in rows if r["method"] != "dense"}):
+        for m in METHODS:
+            r = next((x for x in rows if x["rho"] == rho and x["method"] == m), None)
+            if r:
+                L.append(f"| {rho:.0%} | {m} | `{''.join(str(x) for x in r['alloc']['attn'])}` | "
+                         f"`{' '.join(str(x) for x in r['alloc']['ffn'])}` |")
+    L.append("\n## CoCurve lambda paths (held-out KL of every distinct mask)\n")
+    for r in rows:
+        if r["method"] == "cocurve":
+            path = "; ".join(f"λ={c['lambda']:.2f}: {c['heldout_kl']:.4f}" for c in r["candidates"])
+            L.append(f"* {r['rho']:.0%}: chosen λ̂ = {r['lambda']:.2f} (one-SE set: "
+                     f"{[r['candidates'][i]['lambda'] for i in r['one_se_set']]}); {path}")
+    L.append("\n## Artifacts (CoCurve rows: sliced, exported, efficiency)\n")
+    L.append("| rho | method | export route | mask sha256 | prefill tok/s | decode tok/s |")
+    L.append("|---|---|---|---|---|---|")
+    for r in rows:
+        if "efficiency" in r:
+            e = r["efficiency"]
+            L.append(f"| {r['rho']:.0%} | {r['method']} | {r.get('export', {}).get('route', '-')} | "
+                     f"`{r.get('mask_sha256', '-')[:16]}…` | {e['prefill_tokens_per_s']:.0f} | "
+                     f"{e['decode_tokens_per_s']:.1f} |")
+    L.append("\nEfficiency: CPU, float32, prompt 256, 16 new tokens, 3 repeats on 2 shared cores — indicative only.\n")
+    OUT_MD.write_text("\n".join(L) + "\n")
+    try:
+        plot(rows)
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", choices=["graph", "rows", "coec"], default=None)
+    ap.add_argument("--preset", default="quick", choices=sorted(PRESETS))
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rhos", default=",".join(str(r) for r in RHOS))
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument("--render", action="store_true")
+    args = ap.parse_args()
+    if args.stage == "graph":
+        stage_graph(args.preset, args.ranks)
+    elif args.stage == "rows":
+        stage_rows(args.preset, [float(x) for x in args.rhos.split(",")], args.methods.split(","),
+                   not args.no_dense)
+    elif args.stage == "coec":
+        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")])
+    if args.render:
+        render()
+
+
+if __name__ == "__main__":
+    main()

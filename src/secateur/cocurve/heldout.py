@@ -1,0 +1,127 @@
+"""Held-out teacher-KL selection of the final mask (cocurve.md §6, the paper's "closing the loop").
+
+    R(S; C') = mean over every token of the held-out sequences of KL( p_0(.|x<=t) || p_S(.|x<=t) )
+
+with the full vocabulary, float32 logits and ``log_softmax`` differences (no probability underflow;
+cocurve.md §11). A mask is evaluated without slicing: forward pre-hooks zero the removed input columns
+of ``o_proj`` / ``down_proj``, which computes exactly the masked (and, by V9, the sliced) model.
+``S_hat = argmin_S R(S; C')`` over the candidate family; ties go to the smaller lambda (candidates come
+ordered by their smallest lambda and the first minimum wins). The one-standard-error set uses the
+spread of per-sequence mean KLs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory
+
+
+def column_masks(inv: Inventory, removed: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
+    """``{(layer, 'attn_out'|'mlp_out'): removed input columns}`` of a removal mask over ``inv``."""
+    out: dict[tuple[int, str], list[torch.Tensor]] = {}
+    m = inv.head_dim
+    for p in inv.pools:
+        r = removed[p.offset:p.offset + p.n]
+        if not bool(r.any()):
+            continue
+        mem = p.members[r[p.unit_of_member]]
+        if p.kind in ATTN_KINDS:
+            out.setdefault((p.layer, "attn_out"), []).append((mem[:, None] * m + torch.arange(m)).reshape(-1))
+        elif p.kind in MLP_KINDS:
+            out.setdefault((p.layer, "mlp_out"), []).append(mem)
+        else:
+            raise SecateurError("held-out masking handles head/KV-group and channel/FFN-group units only")
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+@contextmanager
+def masked(adapter: Adapter, inv: Inventory, removed: torch.Tensor) -> Iterator[None]:
+    """Within the block, the model computes as if the removed units were zeroed (weights untouched)."""
+    handles = []
+    try:
+        for (li, group), cols in column_masks(inv, removed).items():
+            mod = adapter.out_module(adapter.layers[li], group)
+            width = adapter.role_refs(adapter.layers[li])["o" if group == "attn_out" else "down"].in_features
+            keep = torch.ones(width, dtype=next(mod.parameters()).dtype, device=adapter.device)
+            keep[cols.to(adapter.device)] = 0
+
+            def pre(_m: nn.Module, args: tuple, keep=keep) -> tuple:
+                return (args[0] * keep, *args[1:])
+
+            handles.append(mod.register_forward_pre_hook(pre))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class HeldoutKL:
+    """Dense teacher on a held-out set ``ids [n, T]``; :meth:`evaluate` gives the KL of the current model.
+
+    Dense log-probabilities are cached when ``n T V <= cache_elems`` (else recomputed from the cached
+    dense final hidden states, one LM-head pass per evaluation)."""
+
+    def __init__(self, model: nn.Module, ids: torch.Tensor, chunk: int = 512, cache_elems: int = 2**28) -> None:
+        if ids.dim() != 2 or ids.shape[0] < 1:
+            raise SecateurError("held-out ids must be [n >= 1, T]")
+        self.model, self.ids, self.chunk = model, ids, chunk
+        self.head = model.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        vocab = self.head.weight.shape[0]
+        self.hidden = [self._final_hidden(ids[i:i + 1]) for i in range(ids.shape[0])]
+        self.cached = ids.numel() * vocab <= cache_elems
+        self.logp0 = [self._logp(h) for h in self.hidden] if self.cached else None
+
+    @torch.no_grad()
+    def _final_hidden(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
+        m = self.model if model is None else model
+        return m.base_model(input_ids=x.to(self.device), use_cache=False).last_hidden_state[0]
+
+    def _logp(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.log_softmax(self.head(h[s:s + self.chunk]).float(), -1)
+                          for s in range(0, h.shape[0], self.chunk)])
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module | None = None) -> dict:
+        """Mean per-token KL(p_0 || p_model) over the held-out set, its per-sequence SE, and counts.
+
+        ``model``: another model to score against the dense teacher (e.g. a sliced and compensated copy
+        sharing the vocabulary); default the teacher's own model as it currently computes (masks/hooks)."""
+        head = self.head if model is None else model.get_output_embeddings()
+        per_seq = []
+        for i in range(self.ids.shape[0]):
+            h = self._final_hidden(self.ids[i:i + 1], model)
+            h0 = self.hidden[i]
+            tot = 0.0
+            for s in range(0, h.shape[0], self.chunk):
+                logq = torch.log_softmax(head(h[s:s + self.chunk]).float(), -1)
+                logp = self.logp0[i][s:s + self.chunk] if self.cached else \
+                    torch.log_softmax(self.head(h0[s:s + self.chunk]).float(), -1)
+                tot += float((logp.exp() * (logp - logq)).sum(-1).to(torch.float64).sum())
+            per_seq.append(tot / h.shape[0])
+        n = len(per_seq)
+        mean = sum(per_seq) / n
+        se = math.sqrt(sum((x - mean) ** 2 for x in per_seq) / (n - 1) / n) if n > 1 else 0.0
+        return {"kl": mean, "se": se, "per_sequence": per_seq, "tokens": int(self.ids.numel())}
+
+
+def select_heldout(adapter: Adapter, inv: Inventory, masks: list[torch.Tensor], teacher: HeldoutKL) -> dict:
+    """Evaluate every mask by held-out teacher KL; ``chosen`` = first argmin (``masks`` ordered by lambda)."""
+    if not masks:
+        raise SecateurError("no candidate mask to select from")
+    evals = []
+    for r in masks:
+        with masked(adapter, inv, r):
+            evals.append(teacher.evaluate())
+    kls = [e["kl"] for e in evals]
+    best = min(range(len(kls)), key=lambda i: (kls[i], i))
+    one_se = [i for i, k in enumerate(kls) if k <= kls[best] + evals[best]["se"]]
+    return {"chosen": best, "kl": kls, "se": [e["se"] for e in evals], "one_se_set": one_se, "evals": evals}

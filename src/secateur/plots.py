@@ -1,0 +1,87 @@
+"""Plots for reports (matplotlib, Agg canvas; no global backend or pyplot state is touched).
+
+* :func:`plot_qk_removal` -- per-block percentages of W_Q (solid) and W_K (dashed) weights removed,
+  the layout of QK-Wanda's Fig. 3 / Figs. 4-6, with the requested sparsity as a dotted line.
+* :func:`plot_block_errors` -- a per-block metric (e.g. relative QK error, Eq. 49) for several methods.
+
+Inputs are plain dicts so results read back from JSON plot the same way. matplotlib is an optional
+dependency (extra ``plots``); importing this module without it raises ImportError.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def _removal_series(alloc: Mapping) -> tuple[list[int], list[float], list[float]]:
+    """``(blocks, % Q removed, % K removed)`` from an allocation (``{"per_block": [...]}``) or a list of
+    per-block records with ``block``, ``rho_q``, ``rho_k``."""
+    rows = alloc["per_block"] if isinstance(alloc, Mapping) else alloc
+    rows = sorted(rows, key=lambda r: r["block"])
+    return ([r["block"] for r in rows], [100 * r["rho_q"] for r in rows], [100 * r["rho_k"] for r in rows])
+
+
+def _save(fig: Figure, path: str | Path | None) -> bytes:
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig)
+    fig.savefig(buf, format="png", dpi=130)
+    data = buf.getvalue()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    return data
+
+
+def plot_qk_removal(series: Mapping[str, Mapping | Sequence[Mapping]], path: str | Path | None = None,
+                    title: str = "", target: float | None = None) -> bytes:
+    """Fig. 3: one colour per series (label -> allocation), solid = % of W_Q removed, dashed = % of W_K
+    removed, x = transformer block; a dotted line per series at its overall Q+K removal (from
+    ``qk_removed / qk_total`` when the allocation has them), or one grey line at ``target`` (a fraction).
+    Returns the PNG bytes (also written to ``path``)."""
+    fig = Figure(figsize=(7.5, 4.4))
+    ax = fig.add_subplot(1, 1, 1)
+    colors = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7"]
+    for n, (label, alloc) in enumerate(series.items()):
+        blocks, q, k = _removal_series(alloc)
+        c = colors[n % len(colors)]
+        ax.plot(blocks, q, color=c, ls="-", marker="o", ms=3, lw=1.4, label=f"{label}: W_Q")
+        ax.plot(blocks, k, color=c, ls="--", marker="s", ms=3, lw=1.4, label=f"{label}: W_K")
+        if target is None and isinstance(alloc, Mapping) and alloc.get("qk_total"):
+            ax.axhline(100 * alloc["qk_removed"] / alloc["qk_total"], color=c, ls=":", lw=1.0)
+    if target is not None:
+        ax.axhline(100 * target, color="0.4", ls=":", lw=1.0, label=f"{100 * target:.0f}% overall")
+    ax.set_xlabel("transformer block")
+    ax.set_ylabel("weights removed (%)")
+    ax.set_title(title or "Q/K removal per block (dotted: overall Q+K removal)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def qk_removal_png(series: Mapping[str, Mapping], title: str = "") -> bytes:
+    """PNG bytes of :func:`plot_qk_removal` (for ``MethodResult.extra_files``)."""
+    return plot_qk_removal(series, None, title)
+
+
+def plot_block_errors(series: Mapping[str, Sequence[float]], path: str | Path | None = None, title: str = "",
+                      ylabel: str = "relative QK error (%)", log: bool = True) -> bytes:
+    """One line per method of a per-block metric (index = block). Returns the PNG bytes."""
+    fig = Figure(figsize=(7.0, 3.6))
+    ax = fig.add_subplot(1, 1, 1)
+    for label, values in series.items():
+        ax.plot(range(len(values)), list(values), marker="o", ms=3, lw=1.4, label=label)
+    if log and all(v > 0 for vals in series.values() for v in vals):
+        ax.set_yscale("log")
+    ax.set_xlabel("transformer block")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)

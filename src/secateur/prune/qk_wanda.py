@@ -1,0 +1,408 @@
+"""QK-Wanda pruning over the sequential engine: query/key-coupled scores, row / separate / shared budgets.
+
+Paper: Ilin & Richtárik, "QK-Wanda: Coupling Queries and Keys for Unstructured Pruning" (seed 003);
+spec ``/work/shared/spec/qk-wanda.md``. Scores (Eqs. 5/7, 31-32; variants M/R/C, Eqs. 14-15, 37-38,
+62-63, 67-68) come from :mod:`secateur.scoring`; this module wires them into the calibration engine.
+
+Per block (Alg. 1):
+
+1. statistics of the q/k input ``X^(s)`` of every calibration sequence ``s`` (independent sequences:
+   with ``segment_len`` each window is cut into ``L/s`` sequences whose positions restart);
+2. scores ``S^Q = (W^Q)^2 * G_Q``, ``S^K = (W^K)^2 * G_K`` from the block's *current dense* q/k weights
+   (retained biases included);
+3. masks of both projections are selected *before* either is applied, under one budget (§3.3, E.5):
+
+   ``row``       each output row of W_Q and of W_K loses ``ceil(rho d)`` weights (Wanda's group)
+   ``separate``  one pool per projection: ``ceil(rho n_Q)`` and ``ceil(rho n_K)``
+   ``shared``    one pool over W_Q and W_K of the block: ``ceil(rho (n_Q + n_K))`` (default)
+
+   Ties: stable ascending sort; rows by increasing column, matrices row-major, the shared pool lists
+   all Q entries before all K entries (:mod:`secateur.prune.budgets`). ``floor`` rounding selectable;
+4. the selected weights are zeroed; retained weights and biases are not modified.
+
+Scope ``qk`` (default) prunes only W_Q and W_K. Scope ``all`` is the paper's full-block hybrid (Sec. 4.5):
+QK-Wanda on Q/K plus row-wise Wanda (``|W_ij| ||X_j||``, same ``rho`` and rounding) on v, o and the MLP.
+With the engine's ``dense-block`` mode every mask of a block comes from the same dense pass (spec [A4],
+Wanda's order); in ``sequential`` mode o and the MLP see the already pruned attention (Q/K masks are the
+same in both modes, since they depend only on the block input).
+
+Progressive re-scoring (App. K, an ablation): ``progressive = J > 1`` grows the masks in J simultaneous
+steps with cumulative per-pool targets ``M_r = floor(r M / J)`` (Eq. 53; ``M`` = the budget's final
+count). Step ``r`` re-scores both projections from the partially pruned pair ``(W^{Q,r-1}, W^{K,r-1})``
+on the same block inputs and adds the ``M_r - M_{r-1}`` lowest-scoring *remaining* weights of each pool;
+deleted weights stay deleted. It keeps the block's q/k inputs (one ``N x T x d`` buffer) for the re-scoring
+passes.
+
+Cost: in ``dense-block``/``dense`` mode the handler reuses the q/k projection outputs of the block's own
+dense forward (hooks on the projections), so the extra work is energies and one ``[D_K, N] x [N, d]``
+product per chunk (base variant) -- the paper's procedure. In ``sequential`` mode q/k are pruned before the
+attention runs, so the statistics recompute ``Q, K`` from ``X`` (two extra projections per chunk).
+
+Models with q/k norms (Qwen3) are refused: their QK products are not affine in the weights (paper §5).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from secateur.calib import engine
+from secateur.calib.stats import Accumulator, SumSq
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.models.linear import LinearRef
+from secateur.prune.budgets import deletion_count, prune_masks
+from secateur.prune.unstructured import UnstructuredConfig, prune_linear
+from secateur.scoring import QKStats, QKVariant, qk_wanda_scores, segment_sequences
+from secateur.scoring.qk_wanda import _Chunk
+
+QK_BUDGETS = ("shared", "separate", "row")
+SCOPES = ("qk", "all")
+WANDA_ROLES = ("v", "o", "gate", "up", "down")  # pruned row-wise by Wanda in the hybrid scope
+
+
+@dataclass
+class QKWandaConfig:
+    sparsity: float = 0.5
+    budget: str = "shared"
+    variant: str = "base"
+    scope: str = "qk"
+    rounding: str = "ceil"
+    segment_len: int | None = None
+    progressive: int = 1
+    stats_dtype: torch.dtype = torch.float64
+
+    def validate(self) -> None:
+        if self.budget == "matrix":  # Wanda's name for the separate pools
+            self.budget = "separate"
+        if self.budget not in QK_BUDGETS:
+            raise SecateurError(f"QK-Wanda budget must be one of {', '.join(QK_BUDGETS)}, got {self.budget!r}")
+        if self.scope not in SCOPES:
+            raise SecateurError(f"QK-Wanda scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.rounding not in ("ceil", "floor"):
+            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
+        if not 0.0 <= float(self.sparsity) < 1.0:
+            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if self.segment_len is not None and self.segment_len < 1:
+            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
+        if not isinstance(self.progressive, int) or self.progressive < 1:
+            raise SecateurError(f"--progressive must be a positive number of steps, got {self.progressive!r}")
+        self.variant = QKVariant.parse(self.variant).code
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stats_dtype"] = str(self.stats_dtype).replace("torch.", "")
+        return d
+
+
+def check_supported(adapter: Adapter) -> None:
+    """Refuse architectures whose QK products are not affine in W_Q, W_K (q/k norms, e.g. Qwen3)."""
+    g = adapter.geometry
+    if g.qk_norm:
+        raise SecateurError(f"qk-wanda does not support {adapter.config.model_type} models: their q/k norms make "
+                            "the query/key products non-affine in the weights (paper §5); use --method wanda")
+    refs = adapter.role_refs(adapter.layers[0])
+    if "q" not in refs or "k" not in refs:
+        raise SecateurError(f"qk-wanda needs separate query and key projections; {type(adapter).__name__} has none")
+
+
+def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: int) -> tuple[torch.Tensor, int]:
+    """Cut ``ids [N, L]`` into ``[N L / s, s]`` independent sequences (positions restart in each, App. E.1);
+    the chunk size scales by ``L / s`` so each forward still carries ``chunk_size`` windows of tokens
+    (the paper's batches of 2048/T segments). Masks do not depend on the chunking (I9)."""
+    if not segment_len or segment_len == ids.shape[1]:
+        return ids, chunk_size
+    seg = segment_sequences(ids, segment_len)
+    return seg, chunk_size * (ids.shape[1] // segment_len)
+
+
+class _QKStats(QKStats):
+    """:class:`QKStats` fed with q/k projection outputs: taken from the model's own forward
+    (:meth:`update_projected`) or recomputed in the model's dtype from ``proj = (W_q, b_q, W_k, b_k)``
+    (:meth:`update`), as the model itself computes them.
+
+    Base variant fast path (Alg. 1 steps 2-3, spec §5-6): per-sequence energies ``e_X``, ``e_K`` and grouped
+    ``e~_Q`` in float32 (or the inputs' wider dtype), summed as ``A_K += e_K e_X^T``, ``A_Q += e~_Q e_X^T``
+    in float64 -- the same factors as :class:`QKStats` (Eqs. 31-32) without its float64 token-level copies.
+    Other variants go through :class:`QKStats`'s own per-chunk code with the given projections.
+    """
+
+    def __init__(self, *args, proj: tuple | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._proj = proj
+        self._base_only = self.variants == (QKVariant(),)
+
+    def update(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        if self._proj is None or rope is not None:
+            return super().update(x, rope)
+        Wq, bq, Wk, bk = self._proj
+        with torch.no_grad():
+            self.update_projected(x, F.linear(x, Wq, bq), F.linear(x, Wk, bk))
+
+    def update_projected(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Same as ``update(x)`` with ``Q = W_q x + b_q``, ``K = W_k x + b_k`` given (``[B, T, D_Q]``,
+        ``[B, T, D_K]``, pre-RoPE). The engine has already checked ``x`` for non-finite values."""
+        B, T = x.shape[0], x.shape[1]
+        if B == 0 or T == 0:
+            return
+        if self._base_only:
+            ct = torch.promote_types(x.dtype, torch.float32)
+            ex = x.detach().to(ct).square().sum(1).to(device=self.device, dtype=self.dtype)  # ||X_j:||^2 [B, d]
+            ek = k.detach().to(ct).square().sum(1).to(device=self.device, dtype=self.dtype)  # ||K_i:||^2 [B, D_K]
+            eq = (q.detach().to(ct).square().sum(1).reshape(B, self.n_kv_heads, self.group_size, self.head_dim)
+                  .sum(2).reshape(B, -1).to(device=self.device, dtype=self.dtype))  # sum_{h in H_g} ||Q_i:||^2
+            v = self.variants[0]
+            self.A_K[v] += ek.T @ ex
+            self.A_Q[v] += eq.T @ ex
+        else:
+            conv = dict(dtype=self.dtype, device=self.device)
+            c = _Chunk(self, x.detach().to(**conv), None)
+            c.__dict__["q"] = q.detach().to(**conv).reshape(B, T, self.n_heads, self.head_dim)
+            c.__dict__["k"] = k.detach().to(**conv).reshape(B, T, self.n_kv_heads, self.head_dim)
+            for v in self.variants:
+                self.A_K[v] += self._query_factor(c, v)
+                self.A_Q[v] += self._key_factor(c, v)
+        self.n_seqs += B
+        self.n_tokens += B * T
+
+
+class _Inputs(Accumulator):
+    """Keeps references to the block's q/k input chunks (progressive re-scoring re-reads them)."""
+
+    name = "inputs"
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        self.chunks.append(x.detach())
+
+    def merge(self, other: Accumulator) -> None:
+        self.chunks += other.chunks
+
+
+def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
+    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (stable sort): ``row`` -> ``k``
+    per row of every matrix, ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over
+    all matrices concatenated row-major in the given order."""
+    if budget == "row":
+        out = []
+        for s in scores:
+            m = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
+            if k:
+                m.scatter_(1, torch.argsort(s, dim=1, stable=True)[:, :k], True)
+            out.append(m)
+        return out
+    if budget == "separate":
+        out = []
+        for s, ki in zip(scores, k):
+            m = torch.zeros(s.numel(), dtype=torch.bool, device=s.device)
+            m[torch.argsort(s.reshape(-1), stable=True)[:ki]] = True
+            out.append(m.reshape(s.shape))
+        return out
+    flat = torch.cat([s.reshape(-1) for s in scores])
+    m = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    m[torch.argsort(flat, stable=True)[:k]] = True
+    out, start = [], 0
+    for s in scores:
+        out.append(m[start:start + s.numel()].reshape(s.shape))
+        start += s.numel()
+    return out
+
+
+def final_counts(shapes: list[torch.Size], rho: float, budget: str, rounding: str) -> int | list[int]:
+    """Per-pool deletion counts ``M`` of a budget (row: per row; separate: per matrix; shared: total)."""
+    if budget == "row":
+        return deletion_count(shapes[0][1], rho, rounding)
+    if budget == "separate":
+        return [deletion_count(s.numel(), rho, rounding) for s in shapes]
+    return deletion_count(sum(s.numel() for s in shapes), rho, rounding)
+
+
+class QKWandaHandler(engine.Handler):
+    """Engine handler: QK-Wanda masks for q/k (and row-wise Wanda for v/o/MLP in the hybrid scope).
+
+    ``reuse_projections``: take Q/K from the dense forward of the block (hooks on the projections); only
+    valid when the engine runs the dense block before calling ``on_group`` (``dense-block``/``dense``).
+    """
+
+    def __init__(self, cfg: QKWandaConfig, reuse_projections: bool = False) -> None:
+        self.cfg = cfg
+        self.variant = QKVariant.parse(cfg.variant)
+        self.reuse = reuse_projections and cfg.progressive == 1
+        self.masks: dict[str, torch.Tensor] = {}
+        self.blocks: list[dict] = []
+        self.timings: dict[str, float] = {}
+        self._hooks: list = []
+        self._hook_stats: _QKStats | None = None
+        self._wanda = UnstructuredConfig(method="wanda", sparsity=cfg.sparsity, budget="row", rounding=cfg.rounding)
+
+    # --- helpers ------------------------------------------------------------------------------------
+    @staticmethod
+    def _qk(ctx: engine.BlockContext) -> tuple[LinearRef, LinearRef]:
+        refs = ctx.adapter.role_refs(ctx.layer)
+        return refs["q"], refs["k"]
+
+    def _wanda_refs(self, ctx: engine.BlockContext, names: list[str]) -> list[LinearRef]:
+        """Hybrid-scope Wanda targets whose module is in ``names`` (a group)."""
+        if self.cfg.scope != "all":
+            return []
+        mods = {id(ctx.refs[n].module) for n in names}
+        refs = ctx.adapter.role_refs(ctx.layer)
+        return [refs[r] for r in WANDA_ROLES if r in refs and id(refs[r].module) in mods]
+
+    def _new_stats(self, ctx: engine.BlockContext, Wq: torch.Tensor, Wk: torch.Tensor) -> _QKStats:
+        """Statistics for the weights ``Wq, Wk`` (model dtype, ``[out, in]``) with the block's biases."""
+        q, k = self._qk(ctx)
+        rope = ctx.kwargs.get("position_embeddings") if self.variant.rope else None
+        bq = None if q.bias is None else q.bias.detach()
+        bk = None if k.bias is None else k.bias.detach()
+        return _QKStats(Wq, Wk, bq, bk, ctx.adapter.geometry, self.variant, rope=rope, dtype=self.cfg.stats_dtype,
+                        proj=(Wq.detach(), bq, Wk.detach(), bk))
+
+    def _store(self, ctx: engine.BlockContext, ref: LinearRef, mask: torch.Tensor) -> None:
+        """Record ``mask`` ([out, in] of ``ref``) under its module's full name, merging fused row slices."""
+        name = next(n for n, r in ctx.refs.items() if r.module is ref.module)
+        key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
+        if ref.rows is None:
+            self.masks[key] = mask.cpu()
+            return
+        full = self.masks.get(key)
+        if full is None:
+            full = torch.zeros(ctx.refs[name].weight.shape, dtype=torch.bool)
+        full[ref.rows] = mask.cpu()
+        self.masks[key] = full
+
+    def _install_hooks(self, ctx: engine.BlockContext) -> None:
+        q, k = self._qk(ctx)
+        stats = self._new_stats(ctx, q.weight, k.weight)
+        modules = list({id(r.module): r.module for r in (q, k)}.values())
+        pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def rows(out: torch.Tensor, ref: LinearRef) -> torch.Tensor:
+            return out[..., ref.rows] if ref.rows is not None else out
+
+        def hook(mod: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            pending[id(mod)] = (args[0], out)
+            if len(pending) == len(modules):
+                x = pending[id(q.module)][0]
+                if pending[id(k.module)][0] is not x:
+                    raise RuntimeError("q and k projections received different inputs")
+                stats.update_projected(x, rows(pending[id(q.module)][1], q), rows(pending[id(k.module)][1], k))
+                pending.clear()
+
+        self._hook_stats = stats
+        self._hooks = [m.register_forward_hook(hook) for m in modules]
+
+    def _remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # --- engine interface ---------------------------------------------------------------------------
+    def accumulators(self, ctx, group, names) -> dict[str, Accumulator]:
+        accs: dict[str, Accumulator] = {}
+        if group == "attn_in":
+            q, k = self._qk(ctx)
+            if self.reuse:
+                self._install_hooks(ctx)
+            else:
+                accs["qk"] = self._new_stats(ctx, q.weight, k.weight)
+            if self.cfg.progressive > 1:
+                accs["inputs"] = _Inputs()
+        tg = self._wanda_refs(ctx, names)
+        if tg:
+            accs["sumsq"] = SumSq(tg[0].in_features)
+        return accs
+
+    def on_group(self, ctx, group, names, accs) -> None:
+        if group == "attn_in":
+            t = time.perf_counter()
+            self._remove_hooks()
+            stats = self._hook_stats if self.reuse else accs["qk"]
+            self._hook_stats = None
+            self._prune_qk(ctx, stats, accs.get("inputs"))
+            self.timings["qk_select"] = self.timings.get("qk_select", 0.0) + time.perf_counter() - t
+        for ref in self._wanda_refs(ctx, names):
+            self._store(ctx, ref, prune_linear(ref.weight, self._wanda, accs, ref))
+
+    def on_block_end(self, ctx) -> None:
+        self._remove_hooks()  # defensive: never leave hooks on a block
+
+    # --- Q/K selection ------------------------------------------------------------------------------
+    def _prune_qk(self, ctx: engine.BlockContext, stats: QKStats, inputs: _Inputs | None) -> None:
+        q, k = self._qk(ctx)
+        cfg = self.cfg
+        Sq, Sk = qk_wanda_scores(q.weight, k.weight, q.bias, k.bias, stats, ctx.adapter.geometry, self.variant)
+        if cfg.progressive == 1:
+            mq, mk = prune_masks([Sq, Sk], cfg.sparsity, budget=cfg.budget, rounding=cfg.rounding)
+        else:
+            mq, mk = self._progressive(ctx, Sq, Sk, inputs)
+        with torch.no_grad():  # both masks are selected before either is applied
+            q.weight.masked_fill_(mq.to(q.weight.device), 0)
+            k.weight.masked_fill_(mk.to(k.weight.device), 0)
+        self._store(ctx, q, mq)
+        self._store(ctx, k, mk)
+        nq, nk = int(mq.sum()), int(mk.sum())
+        self.blocks.append({"block": ctx.index, "q_removed": nq, "k_removed": nk, "q_total": mq.numel(),
+                            "k_total": mk.numel(), "rho_q": nq / mq.numel(), "rho_k": nk / mk.numel()})
+
+    def _progressive(self, ctx, Sq, Sk, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """App. K: J simultaneous re-scoring steps, cumulative targets ``M_r = floor(r M / J)`` (Eq. 53)."""
+        cfg, J = self.cfg, self.cfg.progressive
+        q, k = self._qk(ctx)
+        Wq0, Wk0 = q.weight.detach().clone(), k.weight.detach().clone()
+        M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
+        masks = [torch.zeros(Sq.shape, dtype=torch.bool), torch.zeros(Sk.shape, dtype=torch.bool)]
+        for r in range(1, J + 1):
+            if r > 1:  # re-score from the current sparse pair on the same block inputs
+                stats = self._new_stats(ctx, Wq0.masked_fill(masks[0].to(Wq0.device), 0),
+                                        Wk0.masked_fill(masks[1].to(Wk0.device), 0))
+                for x in inputs.chunks:
+                    stats.update(x)
+                Sq, Sk = stats.scores(self.variant)
+            target = [m * r // J for m in M] if isinstance(M, list) else M * r // J
+            scores = [s.to("cpu").masked_fill(m, -torch.inf) for s, m in zip((Sq, Sk), masks)]
+            masks = [a | b for a, b in zip(lowest_k_masks(scores, cfg.budget, target), masks)]
+        inputs.chunks.clear()
+        return masks[0], masks[1]
+
+
+@dataclass
+class QKWandaResult:
+    masks: dict[str, torch.Tensor]
+    timings: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+
+def allocation_summary(blocks: list[dict]) -> dict:
+    """Per-block Q/K removal fractions (paper Fig. 3) and their means."""
+    blocks = sorted(blocks, key=lambda b: b["block"])
+    n = max(len(blocks), 1)
+    return {"per_block": blocks,
+            "mean_rho_q": sum(b["rho_q"] for b in blocks) / n, "mean_rho_k": sum(b["rho_k"] for b in blocks) / n,
+            "qk_removed": sum(b["q_removed"] + b["k_removed"] for b in blocks),
+            "qk_total": sum(b["q_total"] + b["k_total"] for b in blocks)}
+
+
+def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, cfg: QKWandaConfig,
+                   mode: str = "sequential", chunk_size: int = 8, device: str | None = None,
+                   progress: bool = True) -> QKWandaResult:
+    """Prune ``model`` in place with QK-Wanda; masks keyed like the other unstructured methods
+    (``model.layers.3.self_attn.q_proj``), details hold the configuration and the Q/K allocation."""
+    cfg.validate()
+    check_supported(adapter)
+    if calib_ids is None:
+        raise SecateurError("qk-wanda needs calibration data")
+    ids, chunk = segment_calibration(calib_ids, cfg.segment_len, chunk_size)
+    handler = QKWandaHandler(cfg, reuse_projections=mode != "sequential")
+    rep = engine.run(model, adapter, ids, handler, mode=mode, chunk_size=chunk, device=device, progress=progress)
+    timings = dict(rep.timings) | handler.timings
+    details = {"method": QKVariant.parse(cfg.variant).method_name, "config": cfg.to_dict(), "mode": mode,
+               "calibration_sequences": list(ids.shape), "projections_reused": handler.reuse,
+               "allocation": allocation_summary(handler.blocks)}
+    return QKWandaResult(handler.masks, timings, details)
