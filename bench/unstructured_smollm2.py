@@ -102,7 +102,11 @@ def render() -> None:
         if dense and wanda:
             lines += ["", f"Speed ratio (Wanda 50% prune time) / (one dense forward of the calibration set, "
                           f"blocks only): {wanda['prune_s']:.1f} / {dense['dense_forward_s']:.1f} = "
-                          f"**{wanda['prune_s'] / dense['dense_forward_s']:.2f}** (target <= 1.5)."]
+                          f"**{wanda['prune_s'] / dense['dense_forward_s']:.2f}** (target <= 1.5). "
+                          "Caveat: these rows ran at different times on a 2-core machine shared with other "
+                          "benchmarks (load average 8-15), dense with 2 torch threads and the pruned rows with 1 "
+                          "(`BENCH_THREADS`), so wall times are indicative only; `bench/speed_ratio.py` "
+                          "measures the ratio in one process with alternating repeats."]
         lines.append("")
     v = rows[0]["versions"] if rows else {}
     m = rows[0]["machine"] if rows else {}

@@ -81,8 +81,9 @@ def generate_windows(model, tokenizer, n: int, seqlen: int, seed: int, batch_siz
     for start in range(0, n, batch_size):
         b = min(batch_size, n - start)
         prompt = torch.full((b, 1), bos, dtype=torch.long, device=device)
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seqlen,
-                             min_new_tokens=seqlen, pad_token_id=bos, eos_token_id=None)
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=50,
+                             temperature=1.0, max_new_tokens=seqlen, min_new_tokens=seqlen,
+                             pad_token_id=bos, eos_token_id=None)
         rows.append(out[:, 1:seqlen + 1].cpu())
     return torch.cat(rows)
 
