@@ -237,7 +237,10 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
 
 # --- stage 3: CoCurve selection + COEC compensation vs each alone -----------------------------------------
 
-def stage_coec(preset: str, rhos: list[float]) -> None:
+COEC_OPTS = {"max_rounds": 1}  # as bench/compensation_smollm2.py: 50 rounds x 30 layers is out of CPU reach
+
+
+def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = ("cocurve+coec", "coec")) -> None:
     """Rows ``cocurve+coec`` (the CoCurve row's mask, COEC on every o_proj/down_proj that lost columns)
     and ``coec`` (COEC's own pipeline: RCPU score, KV groups + single channels, uniform ceil allocation,
     no layer guard; secateur.prune.structured) on the same calibration windows (dense Grams)."""
@@ -279,7 +282,7 @@ def stage_coec(preset: str, rhos: list[float]) -> None:
     for rho in rhos:
         cc = next((r for r in rows if r.get("preset") == preset and r["method"] == "cocurve" and r["rho"] == rho),
                   None)
-        for method in ("cocurve+coec", "coec"):
+        for method in methods:
             if (method, rho) in done:
                 continue
             pruned = copy.deepcopy(model)
@@ -292,7 +295,7 @@ def stage_coec(preset: str, rhos: list[float]) -> None:
                 m = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")
                 removed = m["removed"]
                 sel = Selection.from_removed(inv, removed, {"method": method})
-                cfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions())
+                cfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS))
                 reps, records, comp_s = compensate_selection(pruned, pa, sel, stats, cfg)
                 apply_selection(pruned, pa, sel, reps)
                 rep = report(inv, removed, rho)
@@ -302,8 +305,8 @@ def stage_coec(preset: str, rhos: list[float]) -> None:
                          "recon_after_mean": sum(r["recon_after"] for r in records) / max(len(records), 1),
                          "recon_before_mean": sum(r["recon_before"] for r in records) / max(len(records), 1)}
             else:
-                res = prune_structured(pruned, pa, g_ids, StructuredConfig(score="rcpu", compensation="coec",
-                                                                           sparsity=rho), stats=stats)
+                res = prune_structured(pruned, pa, g_ids, StructuredConfig(
+                    score="rcpu", compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS)), stats=stats)
                 d = res.details
                 extra = {"realized": d["realized"], "compensation_s": d["compensation_seconds"],
                          "selection_cost_s": stats_s + res.timings["total_s"], "units": d["units"],
@@ -441,8 +444,10 @@ def render() -> None:
     comp = [r for r in rows if r["method"] in ("cocurve+coec", "coec")]
     if comp:
         L.append("\n## CoCurve selection + COEC compensation vs each alone\n")
-        L.append("`cocurve+coec`: the CoCurve mask above, then COEC (paper defaults: alpha 0.9, GCV, reduced "
-                 "Stiefel, alignment on o_proj; `secateur.prune.structured.compensate_selection`, slice-only "
+        L.append("`cocurve+coec`: the CoCurve mask above, then COEC (paper defaults - alpha 0.9, GCV, reduced "
+                 "Stiefel, alignment on o_proj - except **1 alternation round** instead of <= 50, as in "
+                 "results/compensation-smollm2.md, for CPU time; "
+                 "`secateur.prune.structured.compensate_selection`, slice-only "
                  "fallback where COEC would raise the calibration error) on every o_proj/down_proj that lost "
                  "columns, Grams from the same graph calibration windows. `coec`: COEC's own pipeline (RCPU "
                  "score, KV groups + single MLP channels, uniform ceil allocation per layer, **no layer guard**; "
@@ -505,7 +510,8 @@ def main() -> None:
         stage_rows(args.preset, [float(x) for x in args.rhos.split(",")], args.methods.split(","),
                    not args.no_dense)
     elif args.stage == "coec":
-        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")])
+        ms = tuple(m for m in args.methods.split(",") if m in ("cocurve+coec", "coec")) or ("cocurve+coec", "coec")
+        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")], ms)
     if args.render:
         render()
 

@@ -107,12 +107,15 @@ def render() -> None:
              f"weights restored outside the timer, one warm-up each; {res['repeats']} repeats, median. A run = "
              "embedding + calibration forwards + statistics + scores + stable sorts + zeroing + propagation "
              "through the pruned blocks.", "",
-             "| engine mode | Wanda median (s) | QK-Wanda median (s) | ratio (target <= 1.05) | per-repeat ratios |",
-             "|---|---:|---:|---:|---|"]
+             "| engine mode | Wanda median (s) | QK-Wanda median (s) | ratio of medians (target <= 1.05) | "
+             "median of paired per-repeat ratios | per-repeat ratios | QK selection / Wanda selection (median s) |",
+             "|---|---:|---:|---:|---:|---|---|"]
     for mode, r in res["modes"].items():
         per = ", ".join(f"{x:.3f}" for x in r["per_repeat_ratio"])
+        sel = {n: statistics.median(p.get("prune", 0.0) for p in r["engine_phases"][n]) for n in ("wanda", "qk-wanda")}
         lines.append(f"| {mode} | {fmt(r['median_s']['wanda'], 2)} | {fmt(r['median_s']['qk-wanda'], 2)} | "
-                     f"**{r['ratio']:.3f}** | {per} |")
+                     f"**{r['ratio']:.3f}** | {statistics.median(r['per_repeat_ratio']):.3f} | {per} | "
+                     f"{sel['qk-wanda']:.2f} / {sel['wanda']:.2f} |")
     lines += ["", "Paper (A100/H200, Llama 3, 8192 x 64 tokens): ratios 1.004-1.081, means 1.013 (A100) and 1.031 "
               "(H200), in the dense-block procedure (dense forward, select, prune, pruned re-run).", "",
               "`dense-block` is the paper's procedure for both methods (QK-Wanda reuses the q/k projection outputs "

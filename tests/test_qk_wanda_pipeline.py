@@ -249,12 +249,21 @@ def test_hybrid_wanda_part_uses_wanda_scores_in_sequential_mode():
 # --- progressive re-scoring (App. K) -------------------------------------------------------------------
 
 def test_lowest_k_masks_match_budget_module():
+    """The handler's linear-time selection equals budgets.prune_masks (stable argsort) exactly, heavy ties,
+    -inf entries (progressive re-scoring) and the edge counts included."""
     g = torch.Generator().manual_seed(0)
-    S = [torch.randint(0, 5, (6, 10), generator=g).double(), torch.randint(0, 5, (3, 10), generator=g).double()]
-    for budget in ("row", "separate", "shared"):
-        k = final_counts([s.shape for s in S], 0.45, budget, "ceil")
-        got = lowest_k_masks(S, budget, k)
-        assert all(torch.equal(a, b) for a, b in zip(got, prune_masks(S, 0.45, budget=budget)))
+    for trial in range(30):
+        S = [torch.randint(0, 4, (6, 10), generator=g).double(), torch.randint(0, 4, (3, 10), generator=g).double()]
+        if trial % 3 == 0:
+            S[0][torch.rand(6, 10, generator=g) < 0.2] = -torch.inf
+        for rho in (0.0, 0.05, 0.45, 0.5, 0.8, 0.99):
+            for budget in ("row", "separate", "shared"):
+                k = final_counts([s.shape for s in S], rho, budget, "ceil")
+                got = lowest_k_masks(S, budget, k)
+                ref = prune_masks(S, rho, budget=budget)
+                assert all(torch.equal(a, b) for a, b in zip(got, ref)), (trial, rho, budget)
+    with pytest.raises(SecateurError, match="NaN"):
+        lowest_k_masks([torch.tensor([[0.0, float("nan")]])], "shared", 1)
 
 
 @pytest.mark.parametrize("budget", ["shared", "separate", "row"])

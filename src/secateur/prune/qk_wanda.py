@@ -55,9 +55,9 @@ from secateur.calib.stats import Accumulator, SumSq
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
-from secateur.prune.budgets import deletion_count, prune_masks
+from secateur.prune.budgets import deletion_count
 from secateur.prune.unstructured import UnstructuredConfig, prune_linear
-from secateur.scoring import QKStats, QKVariant, qk_wanda_scores, segment_sequences
+from secateur.scoring import QKStats, QKVariant, segment_sequences
 from secateur.scoring.qk_wanda import _Chunk
 
 QK_BUDGETS = ("shared", "separate", "row")
@@ -151,10 +151,15 @@ class _QKStats(QKStats):
             return
         if self._base_only:
             ct = torch.promote_types(x.dtype, torch.float32)
-            ex = x.detach().to(ct).square().sum(1).to(device=self.device, dtype=self.dtype)  # ||X_j:||^2 [B, d]
-            ek = k.detach().to(ct).square().sum(1).to(device=self.device, dtype=self.dtype)  # ||K_i:||^2 [B, D_K]
-            eq = (q.detach().to(ct).square().sum(1).reshape(B, self.n_kv_heads, self.group_size, self.head_dim)
-                  .sum(2).reshape(B, -1).to(device=self.device, dtype=self.dtype))  # sum_{h in H_g} ||Q_i:||^2
+
+            def energy(t: torch.Tensor) -> torch.Tensor:  # per-sequence squared row norms over tokens, [B, D]
+                return t.detach().to(ct).square().sum(1)
+
+            conv = dict(device=self.device, dtype=self.dtype)
+            ex = energy(x).to(**conv)  # ||X_j:||^2, [B, d]
+            ek = energy(k).to(**conv)  # ||K_i:||^2, [B, D_K]
+            eq = (energy(q).reshape(B, self.n_kv_heads, self.group_size, self.head_dim).sum(2)
+                  .reshape(B, -1).to(**conv))  # sum_{h in H_g} ||Q_i:||^2, [B, D_K]
             v = self.variants[0]
             self.A_K[v] += ek.T @ ex
             self.A_Q[v] += eq.T @ ex
@@ -185,10 +190,31 @@ class _Inputs(Accumulator):
         self.chunks += other.chunks
 
 
+def _k_lowest(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask of the ``k`` lowest entries of a 1-D tensor, ties to the lower index -- exactly the first ``k`` of a
+    stable ascending argsort, found in linear time: everything below the ``k``-th smallest value, then the
+    entries equal to it in index order."""
+    n = flat.numel()
+    if k <= 0:
+        return torch.zeros(n, dtype=torch.bool, device=flat.device)
+    if k >= n:
+        return torch.ones(n, dtype=torch.bool, device=flat.device)
+    thr = torch.kthvalue(flat, k).values
+    mask = flat < thr
+    need = k - int(torch.count_nonzero(mask))
+    if need > 0:
+        mask[torch.nonzero(flat == thr).flatten()[:need]] = True  # nonzero lists indices in increasing order
+    return mask
+
+
 def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
-    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (stable sort): ``row`` -> ``k``
-    per row of every matrix, ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over
-    all matrices concatenated row-major in the given order."""
+    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort,
+    :mod:`secateur.prune.budgets`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
+    ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over all matrices concatenated
+    row-major in the given order (all Q entries before all K entries)."""
+    for i, s in enumerate(scores):
+        if s.is_floating_point() and bool(torch.isnan(s).any()):
+            raise SecateurError(f"scores[{i}] contain NaN; cannot rank them")
     if budget == "row":
         out = []
         for s in scores:
@@ -198,15 +224,8 @@ def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) 
             out.append(m)
         return out
     if budget == "separate":
-        out = []
-        for s, ki in zip(scores, k):
-            m = torch.zeros(s.numel(), dtype=torch.bool, device=s.device)
-            m[torch.argsort(s.reshape(-1), stable=True)[:ki]] = True
-            out.append(m.reshape(s.shape))
-        return out
-    flat = torch.cat([s.reshape(-1) for s in scores])
-    m = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
-    m[torch.argsort(flat, stable=True)[:k]] = True
+        return [_k_lowest(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
+    m = _k_lowest(torch.cat([s.reshape(-1) for s in scores]), k)
     out, start = [], 0
     for s in scores:
         out.append(m[start:start + s.numel()].reshape(s.shape))
@@ -337,9 +356,10 @@ class QKWandaHandler(engine.Handler):
     def _prune_qk(self, ctx: engine.BlockContext, stats: QKStats, inputs: _Inputs | None) -> None:
         q, k = self._qk(ctx)
         cfg = self.cfg
-        Sq, Sk = qk_wanda_scores(q.weight, k.weight, q.bias, k.bias, stats, ctx.adapter.geometry, self.variant)
-        if cfg.progressive == 1:
-            mq, mk = prune_masks([Sq, Sk], cfg.sparsity, budget=cfg.budget, rounding=cfg.rounding)
+        Sq, Sk = stats.scores(self.variant)  # the statistics hold exactly this block's current q/k weights
+        if cfg.progressive == 1:  # same masks as budgets.prune_masks (tested), in linear time for pooled budgets
+            M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
+            mq, mk = lowest_k_masks([Sq, Sk], cfg.budget, M)
         else:
             mq, mk = self._progressive(ctx, Sq, Sk, inputs)
         with torch.no_grad():  # both masks are selected before either is applied
@@ -347,7 +367,7 @@ class QKWandaHandler(engine.Handler):
             k.weight.masked_fill_(mk.to(k.weight.device), 0)
         self._store(ctx, q, mq)
         self._store(ctx, k, mk)
-        nq, nk = int(mq.sum()), int(mk.sum())
+        nq, nk = int(torch.count_nonzero(mq)), int(torch.count_nonzero(mk))
         self.blocks.append({"block": ctx.index, "q_removed": nq, "k_removed": nk, "q_total": mq.numel(),
                             "k_total": mk.numel(), "rho_q": nq / mq.numel(), "rho_k": nk / mk.numel()})
 
