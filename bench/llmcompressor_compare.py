@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import append_row, fmt, read_rows  # bench/common.py: stdlib + torch only at import
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "_work"
 RESULTS = ROOT / "results"
@@ -260,26 +262,6 @@ def compress_seconds(log_path: Path) -> float | None:
     pat = r"(?:compress|SGPT) \| METRIC - time ([0-9.]+)s"
     vals = [float(m.group(1)) for m in re.finditer(pat, log_path.read_text())]
     return sum(vals) if vals else None
-
-
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def append_row(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-
-
-def fmt(x, nd=2) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 def latest(rows: list[dict], preset: str, row: str) -> dict | None:
