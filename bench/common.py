@@ -62,3 +62,32 @@ def fmt(x, nd=2) -> str:
     if isinstance(x, float):
         return f"{x:.{nd}f}"
     return str(x)
+
+
+# Zero-shot column of every results table: the first ZS_LIMIT documents of each of the seven tasks, so
+# rows are comparable; the full splits are in results/zeroshot-smollm2.md (dense only: ~3.4M tokens).
+ZS_LIMIT = int(os.environ.get("BENCH_ZS_LIMIT", "100"))
+
+
+def zeroshot_cell(model, tokenizer, limit: int = ZS_LIMIT) -> dict:
+    """Seven-task zero-shot mean (with its task-stratified SE) of an in-memory model, first ``limit`` docs."""
+    from secateur.eval.zeroshot import evaluate_zeroshot
+
+    res = evaluate_zeroshot(model, tokenizer, limit=limit, progress=False)
+    return {"limit": limit, "mean": res["summary"]["mean"], "se": res["summary"]["se"],
+            "tasks": {t: m["score"] for t, m in res["tasks"].items()}, "seconds": res["speed"]["seconds"]}
+
+
+def fmt_zs(cell: dict | None) -> str:
+    return "-" if not cell else f"{cell['mean']:.2f} +- {cell['se']:.2f}"
+
+
+def merge_row_field(path: Path, match: dict, field: str, value) -> None:
+    """Set ``field`` on the rows of a JSONL file whose keys equal ``match`` (atomic rewrite)."""
+    rows = read_rows(path)
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            r[field] = value
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    os.replace(tmp, path)

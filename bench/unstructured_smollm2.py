@@ -20,7 +20,19 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, RESULTS, append_row, calib_tokens, fmt, read_rows, run_child
+from common import (
+    PRESETS,
+    RESULTS,
+    ZS_LIMIT,
+    append_row,
+    calib_tokens,
+    fmt,
+    fmt_zs,
+    merge_row_field,
+    read_rows,
+    run_child,
+    zeroshot_cell,
+)
 
 ROWS = {
     "dense": None,
@@ -34,7 +46,7 @@ ROWS = {
 OUT_JSON = RESULTS / "unstructured-smollm2.jsonl"
 
 
-def one_row(row: str, preset: str) -> dict:
+def one_row(row: str, preset: str, ppl: bool = True) -> dict:
     from secateur import api
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
@@ -48,13 +60,13 @@ def one_row(row: str, preset: str) -> dict:
     adapter = get_adapter(model)
     ids, manifest = calib_tokens(tok, "c4", p["nsamples"], p["seqlen"])
     rec = {"row": row, "preset": preset, "calibration": manifest, "versions": versions(), "machine": machine()}
-    if ROWS[row] is None:
+    if ROWS[row] is None and ppl:
         with torch.no_grad():
             t = time.perf_counter()
             for c in ids.split(8):
                 model.base_model(input_ids=c, use_cache=False)
             rec["dense_forward_s"] = time.perf_counter() - t
-    else:
+    elif ROWS[row] is not None:
         method, sparsity, pattern = ROWS[row]
         from secateur.prune.unstructured import parse_pattern
 
@@ -65,6 +77,9 @@ def one_row(row: str, preset: str) -> dict:
         rec["engine_timings"] = res.timings
         rec["realized_sparsity"] = api.realized_sparsity(model, res.masks)["targeted"]
     rec["peak_rss_mb_after_prune"] = peak_rss_mb()
+    rec["zeroshot"] = zeroshot_cell(model, tok)
+    if not ppl:
+        return rec
     ppl = api.eval_ppl(model, "wikitext2", seqlen=2048, max_windows=p["max_windows"], tokenizer=tok,
                        progress=False)
     rec["wikitext2"] = {k: ppl[k] for k in ("ppl", "legacy_ppl", "protocol", "windows", "windows_total",
@@ -90,12 +105,13 @@ def render() -> None:
         sha = sel[0]["calibration"]["sha256"][:16]
         lines += [f"## Preset `{preset}`: calibration {p['nsamples']}x{p['seqlen']} tokens (sha256 {sha}...), "
                   f"WikiText-2 {'all' if p['max_windows'] is None else 'first ' + str(p['max_windows'])} windows",
-                  "", "| row | WikiText-2 ppl | windows | prune time (s) | peak RSS (MiB) | realized sparsity |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "", f"| row | WikiText-2 ppl | windows | zero-shot mean (7 tasks, first {ZS_LIMIT}) "
+                  "| prune time (s) | peak RSS (MiB) | realized sparsity |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for r in sel:
             w = r["wikitext2"]
             lines.append(f"| {r['row']} | {fmt(w['ppl'], 3)} | {w['windows']}/{w['windows_total']} | "
-                         f"{fmt(r.get('prune_s'), 1)} | {fmt(r['peak_rss_mb'], 0)} | "
+                         f"{fmt_zs(r.get('zeroshot'))} | {fmt(r.get('prune_s'), 1)} | {fmt(r['peak_rss_mb'], 0)} | "
                          f"{fmt(r.get('realized_sparsity'), 4)} |")
         dense = next((r for r in sel if r["row"] == "dense"), None)
         wanda = next((r for r in sel if r["row"] == "wanda-50"), None)
@@ -121,11 +137,26 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--zs-backfill", action="store_true",
+                    help="re-prune rows already in the JSONL that lack a zero-shot cell and add it")
+    ap.add_argument("--zs-one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.render:
         return render()
     if a.one:
         append_row(OUT_JSON, one_row(a.one, a.preset))
+        return
+    if a.zs_one:
+        rec = one_row(a.zs_one, a.preset, ppl=False)
+        merge_row_field(OUT_JSON, {"row": a.zs_one, "preset": a.preset}, "zeroshot", rec["zeroshot"])
+        return
+    if a.zs_backfill:
+        todo = [r["row"] for r in read_rows(OUT_JSON) if r["preset"] == a.preset and not r.get("zeroshot")]
+        for row in [r for r in a.rows.split(",") if r in todo]:
+            rc = run_child(Path(__file__), ["--zs-one", row, "--preset", a.preset],
+                           Path(__file__).parent / "_work" / "logs" / f"unstructured-zs-{a.preset}-{row}.log")
+            print(f"{row} zero-shot: exit {rc}", flush=True)
+            render()
         return
     for row in a.rows.split(","):
         rc = run_child(Path(__file__), ["--one", row, "--preset", a.preset],

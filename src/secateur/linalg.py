@@ -25,7 +25,7 @@ import torch
 
 __all__ = [
     "sym", "safe_svd", "safe_eigh", "polar", "orth", "newton_schulz_polar", "newton_schulz_inverse",
-    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of",
+    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite",
 ]
 
 
@@ -38,8 +38,13 @@ def sym(a: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a + a.mT)
 
 
-def _finite(*ts: torch.Tensor) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in ts)
+def all_finite(*ts: torch.Tensor) -> bool:
+    """All entries of every tensor finite. A NaN/Inf entry makes the sum non-finite, so a finite sum settles it with one
+    reduction; only a non-finite sum (a bad entry, or overflow of finite ones) needs the elementwise test."""
+    return all(bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()) for t in ts)
+
+
+_finite = all_finite
 
 
 def _run_with_timeout(fn, timeout_s: float | None):
@@ -197,7 +202,8 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
         z = 1.5 * z - 0.5 * (zzt @ z)
     if info is not None:
         info["ns_polar_iters"] = it
-        info["ns_polar_err"] = err
+        info["ns_polar_err"] = err  # = ||Z Z^T - I||_F of the returned Z when converged (Z^T Z if transposed)
+        info["ns_polar_converged"] = err <= tol and not transpose
     return z.mT if transpose else z
 
 

@@ -42,12 +42,34 @@ wins and the choice is marked **[paper>spec]**; choices neither document fixes a
   rescale never increases the reconstruction term - invariant C5), so this only matters with
   ``lambda_a > 0``, where the rescale may reorder modes and move the leading right subspace.
 * Non-finite results fall back to the RCPU solution and then to the plain slice (coec.md Sec. 7.5).
+
+Speed (**[impl]**, same algorithm and results up to round-off; tested against a straightforward reference
+implementation in ``tests/test_compensate_coec.py``, agreement ~1e-13 relative; timings in
+``results/coec-speed.md``):
+
+* **eigenbasis of G_xx**: :func:`coec` diagonalizes ``G_xx = E diag(mu) E^T`` once per call (the eigh that
+  the step size needs for ``lmax(G_xx)`` anyway) and runs Alg. 1 on ``W E``, ``G_yx E``, ``diag(mu)``,
+  ``E^T U_v``, returning ``W~ E^T``. This is an exact change of variables: every quantity is invariant or
+  equivariant under ``W -> W E`` (Procrustes, global scale, GCV mode statistics, the Stiefel objective,
+  gradient, step cap, both retractions and their Newton-Schulz iterations, the alignment term), and every
+  product with ``G_xx`` becomes a column scaling (``_gmul``).
+* **factored iterate**: W is carried as a thin SVD ``U diag(s) Vh`` with ``P = U^T G_yx`` (``_Fact``), because
+  each step maps an SVD to an SVD: the rescale changes only ``s`` (re-sorted, rank cut as before); the right
+  solve returns ``U diag(s' S) R`` with ``R`` row-orthonormal (Newton-Schulz tolerance); the left rotation
+  returns ``(Q_l U) diag(s) Vh`` with ``Q_l U = polar(G_yx Vh^T diag(s))`` (thin SVD of a ``d_out x b``
+  matrix; equals ``procrustes_left`` on span(U), the rest of Q_l never acts on W). The mode statistics,
+  ``s*`` and ``L`` follow from ``P``, ``Vh`` and ``mu`` in O(b k) (``tr(W G W^T) = sum s_i^2 e_i``,
+  ``<W, G_yx> = sum s_i rho_i``), so a round needs one SVD (the left polar) instead of four to five, and
+  the right solver gets ``A^T G_yx = diag(s) P`` for free.
+* the right solver's final ``||R R^T - I||`` drift check reuses the last convergence check of a converged
+  Newton-Schulz polar retraction (the same number) instead of recomputing it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,10 +77,11 @@ from typing import Any, Literal
 import torch
 
 from secateur.calib.stats import Gram
-from secateur.compensate.base import Compensation, InputStats, finish, output_energy, prepare
-from secateur.compensate.rcpu import global_scale, procrustes_left
+from secateur.compensate.base import Compensation, InputStats, finish, prepare
+from secateur.compensate.rcpu import procrustes_left
 from secateur.errors import SecateurError
 from secateur.linalg import (
+    all_finite,
     cayley_retract,
     eps_of,
     newton_schulz_polar,
@@ -271,9 +294,24 @@ def build_alignment(w0: torch.Tensor, kept: torch.Tensor, value: ValueProjection
 # objective pieces
 
 
+def _gmul(x: torch.Tensor, gxx: torch.Tensor) -> torch.Tensor:
+    """``X G_xx`` for a dense ``G_xx`` or a diagonal one given as its 1-D eigenvalues (the eigenbasis
+    :func:`coec` works in)."""
+    return x * gxx if gxx.dim() == 1 else x @ gxx
+
+
+def _global_scale(gyx: torch.Tensor, gxx: torch.Tensor, w: torch.Tensor) -> tuple[float, bool]:
+    """:func:`secateur.compensate.rcpu.global_scale` (``s* = <G_yx, W>/<W, W G_xx>``) for dense or diagonal G_xx."""
+    num = float((gyx * w).sum())
+    den = float((_gmul(w, gxx) * w).sum())
+    if not den > 0:
+        return 1.0, False
+    return num / den, True
+
+
 @dataclass
 class _Problem:
-    gxx: torch.Tensor
+    gxx: torch.Tensor  # dense k x k, or 1-D: its eigenvalues when everything lives in its eigenbasis
     gyx: torch.Tensor
     ynorm: float
     lmax_gxx: float
@@ -283,7 +321,7 @@ class _Problem:
 
     def recon(self, w: torch.Tensor) -> float:
         """Relative reconstruction term in the (tempered) metric."""
-        q = float(((w @ self.gxx) * w).sum())
+        q = float((_gmul(w, self.gxx) * w).sum())
         lin = float((w * self.gyx).sum())
         return (q - 2 * lin + self.ynorm) / self.ynorm
 
@@ -308,7 +346,7 @@ def _modes(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor):
     u, s, vh = u[:, keep], s[keep], vh[keep]
     v = vh.mT
     rho = (u * (gyx @ v)).sum(0)
-    e = (v * (gxx @ v)).sum(0)
+    e = (vh * _gmul(vh, gxx)).sum(1)
     return u, s, vh, rho, e
 
 
@@ -343,7 +381,7 @@ def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa:
     and are left out of the GCV sum. The loss is separable in the mode values, so the result never has a
     larger reconstruction term than ``s* W`` (invariant C5).
     """
-    s_star, ok = global_scale(gyx, gxx, w)
+    s_star, ok = _global_scale(gyx, gxx, w)
     if info is not None:
         info.update(gcv_scale=s_star, gcv_skipped=False)
     if not ok or s_star <= 0:
@@ -353,6 +391,14 @@ def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa:
             info["gcv_skipped"] = True
         return s_star * w if ok else w
     u, sig, vh, rho, e = _modes(w, gyx, gxx)
+    return (u * _gcv_values(sig, rho, e, s_star, kappa=kappa, points=points, grid_range=grid_range, lam=lam,
+                            info=info)) @ vh
+
+
+def _gcv_values(sig: torch.Tensor, rho: torch.Tensor, e: torch.Tensor, s_star: float, *, kappa: float,
+                points: int, grid_range: tuple[float, float], lam: float | None,
+                info: dict[str, Any] | None) -> torch.Tensor:
+    """The clamped per-mode values of :func:`gcv_rescale` from the mode statistics (``s* > 0``)."""
     prior = s_star * sig
     active = e > 1e-10 * e.max() if e.numel() else e.bool()
     vals = prior.clone()
@@ -362,7 +408,7 @@ def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa:
         if lam is None:
             lo, hi = grid_range
             grid = float(ea.median()) * torch.logspace(math.log10(lo), math.log10(hi), points,
-                                                       dtype=w.dtype, device=w.device)
+                                                       dtype=sig.dtype, device=sig.device)
             curve = gcv_curve(ra, ea, pa, grid)
             chosen = float(grid[int(torch.argmin(curve))]) if bool(torch.isfinite(curve).any()) else float("inf")
         else:
@@ -377,20 +423,7 @@ def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa:
         info.update(gcv_lambda=chosen, gcv_modes=int(active.sum()),
                     gcv_clamped=int((clamped != vals).sum()),
                     gcv_lambda_rel=chosen / float(e[active].median()) if int(active.sum()) else float("nan"))
-    return (u * clamped) @ vh
-
-
-def _rescale(w: torch.Tensor, prob: _Problem, opts: COECOptions, info: dict[str, Any]) -> torch.Tensor:
-    if opts.rescale == "none":
-        return w
-    if opts.rescale == "global":
-        s, ok = global_scale(prob.gyx, prob.gxx, w)
-        info["scale"] = s
-        return s * w if ok else w
-    out = gcv_rescale(w, prob.gyx, prob.gxx, kappa=opts.kappa, points=opts.gcv_points,
-                      grid_range=opts.gcv_range, info=info)
-    info.setdefault("gcv_lambda_history", []).append(info.get("gcv_lambda") if not info["gcv_skipped"] else None)
-    return out
+    return clamped
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,7 +445,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
                           align: Alignment | None = None, lam_a: float = 0.0, frame: torch.Tensor | None = None,
                           delta: float = 7e-4, max_iter: int = 500, update_scale: bool = True,
                           retraction: str = "auto", ns_dtype: torch.dtype | None = None,
-                          y_const: float | None = None) -> StiefelResult:
+                          y_const: float | None = None, atg: torch.Tensor | None = None) -> StiefelResult:
     """Minimize ``F(R) = f(R; s(R)) / ||Y||^2 + lambda_a A(frame R)`` over row-orthonormal ``R`` (``b x k``).
 
     ``f(R; s) = y_const - 2 s <A^T G_yx, R> + s^2 <R, A^T A R G_xx>`` is the reconstruction of
@@ -428,15 +461,17 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
 
     ``a_sq``: the diagonal of ``A^T A`` when A has orthogonal columns (reduced case, ``S^2``), which
     avoids a ``b x b`` product per step. ``frame``: ``r x b`` map from R to the alignment frame
-    ``R_1 = frame R`` (default: the first r rows).
+    ``R_1 = frame R`` (default: the first r rows). ``gxx`` may be 1-D: a diagonal G_xx (its eigenvalues,
+    the caller working in its eigenbasis), which makes ``R G_xx`` a column scaling. ``atg``: ``A^T G_yx``
+    when the caller has it.
     """
     b, k = r0.shape
     ata = None if a_sq is not None else a.mT @ a
-    atg = a.mT @ gyx
+    atg = a.mT @ gyx if atg is None else atg
     y_c = ynorm if y_const is None else y_const
     lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
     if lmax_gxx is None:
-        lmax_gxx = float(torch.linalg.eigvalsh(sym(gxx)).max())
+        lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
     eta = ynorm / (2 * lmax_a * lmax_gxx) if lmax_a > 0 and lmax_gxx > 0 else 1.0
     use_align = align is not None and lam_a > 0
     if use_align and frame is None:
@@ -446,7 +481,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         return a_sq[:, None] * r if a_sq is not None else ata @ r
 
     def terms(r: torch.Tensor, s_prev: float) -> tuple[float, float, torch.Tensor]:
-        rg = r @ gxx
+        rg = _gmul(r, gxx)
         quad = float((apply_ata(r) * rg).sum())
         lin = float((atg * r).sum())
         s = (lin / quad if quad > 0 else s_prev) if update_scale else 1.0
@@ -461,6 +496,10 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     f0, s, rg = terms(r, 1.0)
     f = f0
     it, stop = 0, "max_iter"
+    # ||R R^T - I||_F of the current iterate when a converged Newton-Schulz polar retraction produced it
+    # (its last convergence check is that very number), so the final drift check needs no b x b x k product
+    drift_known: float | None = None
+    rinfo: dict[str, Any] = {}
     for it in range(1, max_iter + 1):  # noqa: B007
         egrad = (-2 * s * atg + 2 * s * s * apply_ata(rg)) / ynorm
         if use_align:
@@ -475,7 +514,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         accepted = False
         for _ in range(30):
             r_new = (cayley_retract(r, gam, tau, ns_dtype=ns_dtype) if use_cayley
-                     else polar_retract(r, tau * gam))
+                     else polar_retract(r, tau * gam, info=rinfo))
             f_new, s_new, rg_new = terms(r_new, s)
             if f_new <= f:
                 accepted = True
@@ -486,11 +525,13 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
             break
         step = float((r_new - r).norm()) / math.sqrt(b)
         r, s, f, rg = r_new, s_new, f_new, rg_new
+        drift_known = rinfo["ns_polar_err"] if (not use_cayley and rinfo.get("ns_polar_converged")) else None
         if step < delta:
             stop = "delta"
             break
     # re-orthonormalize when Cayley/Newton-Schulz round-off has accumulated; keep only if not worse
-    drift = float((r @ r.mT - torch.eye(b, dtype=r.dtype, device=r.device)).norm())
+    drift = drift_known if drift_known is not None else float(
+        (r @ r.mT - torch.eye(b, dtype=r.dtype, device=r.device)).norm())
     if drift > math.sqrt(eps_of(r.dtype)):
         r_c = newton_schulz_polar(r, prescaled=True)
         f_c, s_c, _ = terms(r_c, s)
@@ -545,32 +586,152 @@ def _right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COEC
 # the full algorithm (COEC Alg. 1)
 
 
-def _coec_core(w0: torch.Tensor, kept: torch.Tensor, prob: _Problem, opts: COECOptions,
+@dataclass
+class _Fact:
+    """The iterate in factored form ``W = U diag(s) Vh`` (a thin SVD: orthonormal columns U ``d x b``,
+    ``s > 0`` descending with modes ``s_i <= 1e-12 s_1`` dropped, orthonormal rows Vh ``b x k``) and the
+    cached ``P = U^T G_yx`` (``b x k``). Every COEC step maps an SVD to an SVD (see the module docstring),
+    so no step needs a fresh SVD of W."""
+
+    u: torch.Tensor
+    s: torch.Tensor
+    vh: torch.Tensor
+    p: torch.Tensor
+
+    @property
+    def b(self) -> int:
+        return self.s.numel()
+
+    def weight(self) -> torch.Tensor:
+        return (self.u * self.s) @ self.vh
+
+    def finite(self) -> bool:
+        return all_finite(self.u, self.s, self.vh, self.p)
+
+    def trimmed(self) -> _Fact:
+        """Sort the modes descending (stable) and drop ``s_i <= 1e-12 s_1``: what a fresh SVD followed by
+        the rank cut of :func:`_modes` / :func:`_right_rotate` returns."""
+        order = torch.argsort(self.s, descending=True, stable=True)
+        s = self.s[order]
+        keep = s > 1e-12 * s[0] if s.numel() and s[0] > 0 else torch.zeros_like(s, dtype=torch.bool)
+        idx = order[keep]
+        return _Fact(self.u[:, idx], self.s[idx], self.vh[idx], self.p[idx])
+
+    def scaled(self, c: float) -> _Fact:
+        """Factors of ``c W`` (a negative c flips U, zero empties the factorization)."""
+        if c > 0:
+            return _Fact(self.u, c * self.s, self.vh, self.p)
+        if c < 0:
+            return _Fact(-self.u, -c * self.s, self.vh, -self.p)
+        return _Fact(self.u[:, :0], self.s[:0], self.vh[:0], self.p[:0])
+
+
+def _fact_of(w: torch.Tensor, prob: _Problem, info: dict[str, Any] | None = None) -> _Fact:
+    u, s, vh = safe_svd(w, info=info)
+    return _Fact(u, s, vh, u.mT @ prob.gyx).trimmed()
+
+
+def _mode_stats(f: _Fact, prob: _Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mode responses ``rho_i = u_i^T G_yx v_i`` and energies ``e_i = v_i^T G_xx v_i``."""
+    return (f.p * f.vh).sum(1), (f.vh * _gmul(f.vh, prob.gxx)).sum(1)
+
+
+def _objective_f(f: _Fact, prob: _Problem) -> tuple[float, float, float]:
+    """``L`` of ``W = U diag(s) Vh``: ``tr(W G_xx W^T) = sum s_i^2 e_i``, ``<W, G_yx> = sum s_i rho_i``;
+    the alignment term reads the leading right singular vectors (= :meth:`_Problem.objective`)."""
+    rho, e = _mode_stats(f, prob)
+    rec = (float((f.s * f.s * e).sum()) - 2 * float((f.s * rho).sum()) + prob.ynorm) / prob.ynorm
+    al = 0.0
+    if prob.align is not None and prob.lam_a > 0:
+        al = prob.align.value(f.vh[: min(prob.align.r, f.b)])
+    return rec + prob.lam_a * al, rec, al
+
+
+def _rescale_f(f: _Fact, prob: _Problem, opts: COECOptions, info: dict[str, Any]) -> _Fact:
+    """:func:`gcv_rescale` / global scale on the factors (same formulas, mode statistics from P and Vh)."""
+    if opts.rescale == "none":
+        return f
+    rho, e = _mode_stats(f, prob)
+    den = float((f.s * f.s * e).sum())
+    ok = den > 0
+    s_star = float((f.s * rho).sum()) / den if ok else 1.0
+    if opts.rescale == "global":
+        info["scale"] = s_star
+        return f.scaled(s_star) if ok else f
+    info.update(gcv_scale=s_star, gcv_skipped=False)
+    if not ok or s_star <= 0:
+        info["gcv_skipped"] = True
+        out = f.scaled(s_star) if ok else f
+    else:
+        vals = _gcv_values(f.s, rho, e, s_star, kappa=opts.kappa, points=opts.gcv_points,
+                           grid_range=opts.gcv_range, lam=None, info=info)
+        out = _Fact(f.u, vals, f.vh, f.p).trimmed()
+    info.setdefault("gcv_lambda_history", []).append(info.get("gcv_lambda") if not info["gcv_skipped"] else None)
+    return out
+
+
+def _left_f(f: _Fact, prob: _Problem, info: dict[str, Any] | None = None) -> _Fact:
+    """``Q_l W`` with ``Q_l = polar(G_yx W^T)`` (:func:`procrustes_left`), as factors: ``G_yx W^T = N U^T``
+    with ``N = G_yx Vh^T diag(s)`` (``d x b``), and ``Q_l U = polar(N)`` (thin SVD of N; when ``b < d`` the
+    part of Q_l outside span(U) is arbitrary and never acts on W)."""
+    if f.b == 0:
+        return f
+    x, _, yh = safe_svd((prob.gyx @ f.vh.mT) * f.s, info=info)
+    u = x @ yh
+    return _Fact(u, f.s, f.vh, u.mT @ prob.gyx)
+
+
+def _right_f(f: _Fact, w0: torch.Tensor, prob: _Problem, opts: COECOptions, info: dict[str, Any]) -> _Fact:
+    """One ``Q_r -> s`` block (:func:`_right_rotate`) on the factors: the single-slice reduced solve starts
+    from ``R = Vh`` and returns ``s U diag(S) R`` = factors ``(U, s S, R)``."""
+    if opts.right_solver == "full" or opts.slice_rows is not None:  # ablation paths: dense, then refactor
+        return _fact_of(_right_rotate(f.weight(), w0, prob, opts, info), prob)
+    if f.b == 0:
+        info.setdefault("right_iters", []).append([])
+        return f
+    res = reduced_stiefel_solve(f.u * f.s, prob.gyx, prob.gxx, prob.ynorm, f.vh, a_sq=f.s * f.s,
+                                atg=f.s[:, None] * f.p, lmax_gxx=prob.lmax_gxx, align=prob.align,
+                                lam_a=prob.lam_a, delta=opts.delta, max_iter=opts.max_inner,
+                                update_scale=opts.rescale != "none", retraction=opts.retraction,
+                                ns_dtype=opts.ns_dtype)
+    info.setdefault("right_iters", []).append(res.iters)
+    return _Fact(f.u, f.s, res.r, f.p).scaled(res.s)
+
+
+def _coec_core(w_k: torch.Tensor, w0: torch.Tensor, prob: _Problem, opts: COECOptions,
                info: dict[str, Any]) -> torch.Tensor:
-    w_k = w0[:, kept]
-    l_slice, rec_slice, al_slice = prob.objective(w_k)
+    """Alg. 1 from the kept slice ``w_k`` on the factored iterate (``w0`` only feeds the per-slice ablation)."""
+    tm = info.setdefault("timings", {})
+    t0 = time.perf_counter()
+    f_k = _fact_of(w_k, prob, info=info)
+    l_slice, rec_slice, al_slice = _objective_f(f_k, prob)
     info.update(objective_before=l_slice, recon_tempered_before=rec_slice, align_before=al_slice)
-    w = w_k
+    f = f_k
     if opts.left_rotation:
-        w = procrustes_left(prob.gyx, w, info=info) @ w
-    w = _rescale(w, prob, opts, info)
-    l_prev = prob.objective(w)[0]
+        f = _left_f(f, prob, info=info)
+    f = _rescale_f(f, prob, opts, info)
+    l_prev = _objective_f(f, prob)[0]
     history = [l_slice, l_prev]
-    best_l, best_w = (l_slice, w_k) if l_slice < l_prev else (l_prev, w)
+    best_l, best_f = (l_slice, None) if l_slice < l_prev else (l_prev, f)  # None = the slice itself
+    tm["init_s"] = time.perf_counter() - t0
+    tm["right_s"], tm["rounds_s"] = [], []
     rounds = 0
     for rounds in range(1, opts.max_rounds + 1):  # noqa: B007
+        t0 = time.perf_counter()
         if opts.right_solver != "none":
-            w = _right_rotate(w, w0, prob, opts, info)
-            w = _rescale(w, prob, opts, info)
+            f = _right_f(f, w0, prob, opts, info)
+            tm["right_s"].append(time.perf_counter() - t0)
+            f = _rescale_f(f, prob, opts, info)
         if opts.left_rotation:
-            w = procrustes_left(prob.gyx, w) @ w
-            w = _rescale(w, prob, opts, info)
-        if not bool(torch.isfinite(w).all()):
+            f = _left_f(f, prob)
+            f = _rescale_f(f, prob, opts, info)
+        if not f.finite():
             raise FloatingPointError("COEC produced a non-finite weight")
-        l_cur = prob.objective(w)[0]
+        l_cur = _objective_f(f, prob)[0]
+        tm["rounds_s"].append(time.perf_counter() - t0)
         history.append(l_cur)
         if l_cur < best_l:
-            best_l, best_w = l_cur, w
+            best_l, best_f = l_cur, f
         change = abs(l_cur - l_prev)
         thresh = opts.tol * abs(l_prev) if opts.tol_mode == "relative" else opts.tol
         l_prev = l_cur
@@ -578,11 +739,16 @@ def _coec_core(w0: torch.Tensor, kept: torch.Tensor, prob: _Problem, opts: COECO
             break
     info["rounds"] = rounds
     info["history"] = history
-    final = best_w if opts.keep_best else w
-    l_fin, rec_fin, al_fin = prob.objective(final)
+    final = best_f if opts.keep_best else f
+    if final is None:
+        l_fin, rec_fin, al_fin = l_slice, rec_slice, al_slice
+        w_fin = w_k
+    else:
+        l_fin, rec_fin, al_fin = _objective_f(final, prob)
+        w_fin = final.weight()
     info.update(objective_after=l_fin, recon_tempered_after=rec_fin, align_after=al_fin,
-                returned_best=opts.keep_best and final is not w)
-    return final
+                returned_best=opts.keep_best and final is not f)
+    return w_fin
 
 
 def coec(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequence[int], *,
@@ -599,7 +765,9 @@ def coec(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequen
     the tempered metric incl. alignment), ``recon_tempered_before/after``, ``align_before/after``,
     ``rounds``, ``history`` (L per round), ``gcv_lambda`` (last GCV choice; ``inf`` = global scale),
     ``gcv_lambda_rel`` (its ratio to the median mode energy), ``gcv_lambda_history`` (every rescale, None
-    when skipped), ``gcv_clamped``, ``right_iters``, ``fallback``.
+    when skipped), ``gcv_clamped``, ``right_iters``, ``fallback``, ``timings`` (seconds: ``tempering_s``,
+    ``setup_s`` (G_xx eigendecomposition, alignment), ``init_s`` (left rotation + rescale), per round
+    ``right_s`` / ``rounds_s``).
     """
     opts = options or COECOptions()
     if overrides:
@@ -608,29 +776,38 @@ def coec(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequen
     dt = opts.dtype
     w = w0.to(dt)
     info: dict[str, Any] = {"method": "coec", "alpha": opts.alpha, "fallback": None}
+    t0 = time.perf_counter()
     g = psd_power(st.second_moment, opts.alpha, info=info).to(dt)
+    info["timings"] = {"tempering_s": time.perf_counter() - t0}
     gxx = g[k][:, k]
-    gyx = w @ g[:, k]
-    ynorm = float(output_energy(w, g))
+    wg = w @ g  # one product gives both ||Y||^2 = tr(W0 G W0^T) (= output_energy) and G_yx = (W0 G)[:, K]
+    ynorm = float((wg * w).sum())
+    gyx = wg[:, k]
+    del wg
     if not ynorm > 0:
         info["fallback"] = "zero_output_energy"
         return finish(w0, st, k, w0[:, k].to(torch.float64), None, bias, info)
-    lmax_gxx = float(safe_eigh(gxx)[0].max())
+    # [impl] work in the eigenbasis of G_xx (module docstring): G_xx = E diag(mu) E^T, W -> W E
+    mu, evec = safe_eigh(gxx)
+    mu, evec = mu.to(dt), evec.to(dt)
+    lmax_gxx = float(mu.max())
     align = None
     lam_a = opts.lambda_align if value is not None else 0.0
     if value is not None and lam_a > 0:
-        align = build_alignment(w, k, value, opts.r_p, dt)
+        al = build_alignment(w, k, value, opts.r_p, dt)
+        align = Alignment(u_v=evec.mT @ al.u_v, n_anchor=al.n_anchor, r_norm=al.r_norm)
     info["lambda_align"] = lam_a
-    prob = _Problem(gxx=gxx, gyx=gyx, ynorm=ynorm, lmax_gxx=lmax_gxx, align=align, lam_a=lam_a,
+    prob = _Problem(gxx=mu, gyx=gyx @ evec, ynorm=ynorm, lmax_gxx=lmax_gxx, align=align, lam_a=lam_a,
                     gfull=g if opts.slice_rows is not None else None)
     del g  # d_in x d_in (f^2 for down_proj): keep only the kept-column blocks alive
+    info["timings"]["setup_s"] = time.perf_counter() - t0 - info["timings"]["tempering_s"]
     try:
-        w_new = _coec_core(w, k, prob, opts, info)
+        w_new = _coec_core(w[:, k] @ evec, w, prob, opts, info) @ evec.mT
     except (RuntimeError, FloatingPointError, ValueError) as e:
         info["fallback"] = f"rcpu ({type(e).__name__}: {e})"
         try:
             w_new = procrustes_left(gyx, w[:, k]) @ w[:, k]
-            s, ok = global_scale(gyx, gxx, w_new)
+            s, ok = _global_scale(gyx, gxx, w_new)
             w_new = s * w_new if ok else w_new
             if not bool(torch.isfinite(w_new).all()):
                 raise FloatingPointError("non-finite RCPU fallback")
