@@ -84,10 +84,14 @@ def fmt_zs(cell: dict | None) -> str:
 
 def merge_row_field(path: Path, match: dict, field: str, value) -> None:
     """Set ``field`` on the rows of a JSONL file whose keys equal ``match`` (atomic rewrite)."""
-    rows = read_rows(path)
-    for r in rows:
-        if all(r.get(k) == v for k, v in match.items()):
-            r[field] = value
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
-    os.replace(tmp, path)
+    import fcntl
+
+    with open(path.with_suffix(".lock"), "w") as lock:  # two benchmark lanes may merge at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = read_rows(path)
+        for r in rows:
+            if all(r.get(k) == v for k, v in match.items()):
+                r[field] = value
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        os.replace(tmp, path)

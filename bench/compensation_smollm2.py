@@ -39,7 +39,7 @@ STAGES = ("rcpu", "gcv", "two_sided", "reduced_stiefel", "tempering", "align")
 LABEL = {"none": "-", "bias": "bias", "rcpu": "RCPU", "coec": "COEC", "ls": "LS/ridge", "corp": "CORP"}
 
 
-COEC_ROUNDS = 1  # alternation rounds in the sweep (paper: <= 50); see the md for why
+COEC_ROUNDS = 50  # alternation rounds (the paper's cap); results/coec-speed.md: ~17 s per layer on this CPU
 
 
 def coec_opts(stage: str | None = None):
@@ -110,14 +110,11 @@ def render() -> None:
              "ceil(0.8*3) = ceil(0.7*3) = 3`), so only MLP channels are pruned (the realized fraction of the "
              "removable parameters is below target, 22.5% at 30%); at 40% 2 of 3 groups are kept (realized "
              "38.3%)** - o_proj compensation acts at 40% only.", "",
-             f"**COEC here runs {COEC_ROUNDS} alternation round(s)** (`max_rounds={COEC_ROUNDS}`, every other "
-             "setting the paper's): on this shared CPU one COEC round of one down_proj (SVDs/eigh of 576 x 1075 "
-             "and 1536 x 1536 float64 matrices) took ~10 s and the initial left rotation + GCV block plus the "
-             "tempering eigh ~15-25 s, so 50 rounds x 30 layers per row was out of reach. On layer 15 at 30% "
-             "the tempered objective went 0.1249 (slice) -> 0.0974 (left rotation + GCV) -> 0.0964 / 0.0958 / "
-             "0.0954 after 1 / 2 / 3 rounds, i.e. most of the gain is in the first block; more rounds would "
-             "help COEC a little. The tempered Gram `C^0.9` is computed once per layer and reused across rows "
-             "(identical result, tested).", "",
+             f"COEC rows run at most {COEC_ROUNDS} alternation rounds (`max_rounds={COEC_ROUNDS}`, relative "
+             "tolerance 1e-4, every setting the paper's); rows keyed `rounds: 1` in the JSONL come from an earlier "
+             "run capped at one round, before the solver was made ~4x cheaper per round (`coec-speed.md`). The "
+             "tempered Gram `C^0.9` is computed once per layer and reused across rows (identical result, tested).",
+             "",
              "Native compensation: Wanda-sp none, FLAP bias (`b + W[:, P] mu_P`), RCPU left rotation + global "
              "scale. COEC: paper defaults (alpha 0.9, GCV per-mode rescale, reduced-Stiefel right rotation, "
              "anchored alignment lambda_a = 50 on o_proj, <= 50 rounds, tol 1e-4). LS: ridge refit "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -25,7 +26,9 @@ def main() -> None:
     ap.add_argument("--nsamples", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: other jobs may share the cores)")
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
 
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
@@ -37,6 +40,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {"dense_forward": [], "wanda_sequential": [], "wanda_dense_block": [],
                                     "sparsegpt_sequential": []}
     engine_split: dict[str, dict] = {}
+    load_before = os.getloadavg()
     for _ in range(a.repeats):
         model, _tok = load_model("smollm2-135m")
         with torch.no_grad():
@@ -56,13 +60,16 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratios = {k: med[k] / med["dense_forward"] for k in med if k != "dense_forward"}
     out = {"calibration": manifest, "repeats": a.repeats, "seconds": runs, "median_s": med,
-           "ratio_to_dense_forward": ratios, "engine_split_last": engine_split, "versions": versions(),
+           "ratio_to_dense_forward": ratios,
+           "loadavg_before_after": [load_before, os.getloadavg()],
+           "engine_split_last": engine_split, "versions": versions(),
            "machine": machine()}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "speed-ratio.json").write_text(json.dumps(out, indent=2, default=str))
     lines = ["# Pruning time against one dense forward of the calibration set", "",
              "Made by `python bench/speed_ratio.py "
-             f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats}` (SmolLM2-135M, float32, CPU).",
+             f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads}` "
+             "(SmolLM2-135M, float32, CPU).",
              f"Calibration: C4 {a.nsamples}x{a.seqlen} (sha256 {manifest['sha256'][:16]}...), seed 0. "
              "Dense forward = the decoder blocks over the calibration set (no LM head). Medians of "
              f"{a.repeats} alternating repeats.", "",
@@ -70,6 +77,9 @@ def main() -> None:
              f"| dense forward | {med['dense_forward']:.1f} | 1.00 |"]
     for k, r in ratios.items():
         lines.append(f"| {k.replace('_', ' ')} | {med[k]:.1f} | {r:.2f} |")
+    lb, la = out["loadavg_before_after"]
+    lines += ["", f"1-min load average before / after: {lb[0]:.1f} / {la[0]:.1f} (2 cores; other jobs ran beside "
+              "this one, which is why the repeats alternate)."]
     lines += ["", f"Target for Wanda: <= 1.5. Machine: {out['machine']['cpu']}, {out['machine']['cores']} cores; "
               f"versions {json.dumps(out['versions'])}.", ""]
     (RESULTS / "speed-ratio.md").write_text("\n".join(lines))

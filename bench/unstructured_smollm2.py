@@ -44,6 +44,24 @@ ROWS = {
     "sparsegpt-2:4": ("sparsegpt", 0.0, "2:4"),
 }
 OUT_JSON = RESULTS / "unstructured-smollm2.jsonl"
+# How each preset's rows were run (the row files cannot say it): wall-time comparability of the speed ratio.
+CAVEATS = {
+    "full": "Both rows ran one after the other in their own processes with 1 torch thread each, while one other "
+            "single-thread benchmark (the zero-shot run) used the second core (load average ~2 on 2 cores; a "
+            "nice-19 single-thread job also ran during parts of both), so "
+            "the two times were taken under the same conditions.",
+    "quick": "Caveat: these rows ran at different times on a 2-core machine shared with other benchmarks (load "
+             "average 8-15), dense with 2 torch threads and the pruned rows with 1 (`BENCH_THREADS`), so wall "
+             "times are indicative only; the `full` section measures it under equal conditions.",
+    "smoke": "Smoke rows: timings meaningless.",
+}
+# Zero-shot cells added after the perplexity rows ran (`--zs-backfill`): say how they were made.
+ZS_NOTES = {
+    "quick": "Zero-shot cells of this section were added later by `--zs-backfill`: each row was pruned again with "
+             "the same calibration tokens and seed, by a version whose streaming sums of squares add float32 "
+             "chunk sums into the float64 state (before: float64 throughout), so a few near-tied weights may "
+             "differ from the masks the perplexity column was measured on.",
+}
 
 
 def one_row(row: str, preset: str, ppl: bool = True) -> dict:
@@ -119,10 +137,9 @@ def render() -> None:
             lines += ["", f"Speed ratio (Wanda 50% prune time) / (one dense forward of the calibration set, "
                           f"blocks only): {wanda['prune_s']:.1f} / {dense['dense_forward_s']:.1f} = "
                           f"**{wanda['prune_s'] / dense['dense_forward_s']:.2f}** (target <= 1.5). "
-                          "Caveat: these rows ran at different times on a 2-core machine shared with other "
-                          "benchmarks (load average 8-15), dense with 2 torch threads and the pruned rows with 1 "
-                          "(`BENCH_THREADS`), so wall times are indicative only; `bench/speed_ratio.py` "
-                          "measures the ratio in one process with alternating repeats."]
+                          + CAVEATS[preset]]
+        if preset in ZS_NOTES and any(r.get("zeroshot") for r in sel):
+            lines += ["", ZS_NOTES[preset]]
         lines.append("")
     v = rows[0]["versions"] if rows else {}
     m = rows[0]["machine"] if rows else {}

@@ -14,7 +14,9 @@ from secateur.errors import SecateurError
 
 
 def _check_finite(x: torch.Tensor, where: str) -> None:
-    if not torch.isfinite(x).all():
+    # a sum is finite only if every term is (an overflowing sum of finite terms falls through to the full
+    # test): one reduction instead of a bool tensor the size of x, ~25x cheaper on a CPU
+    if not torch.isfinite(x.sum()) and not torch.isfinite(x).all():
         raise SecateurError(f"non-finite (NaN/Inf) activations reached {where}; check the model and dtype")
 
 
@@ -32,19 +34,25 @@ class Accumulator:
 
 class SumSq(Accumulator):
     """Per-feature energy. ``sumsq[j] = sum_t x_tj^2``; ``seq_mean_sumsq`` = mean over sequences of the
-    per-sequence energy (Wanda's ||X_j||^2 with a scale that does not grow with the sample count)."""
+    per-sequence energy (Wanda's ||X_j||^2 with a scale that does not grow with the sample count).
+
+    As in :class:`Gram`, each chunk's sum is computed in ``compute_dtype`` (float32 by default: casting a
+    ``[B, T, 1536]`` chunk to float64 costs as much as the layer's matmul on a CPU; torch's reduction is
+    pairwise, so the chunk's relative error stays ~1e-7) and added to the float64 state."""
 
     name = "sumsq"
 
-    def __init__(self, d: int, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, d: int, dtype: torch.dtype = torch.float64,
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         self.sumsq = torch.zeros(d, dtype=dtype)
         self.n_tokens = 0
         self.n_seqs = 0
+        self.compute_dtype = compute_dtype
 
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-2], x.shape[-1]) if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
-        xf = x.to(self.sumsq.dtype)
-        self.sumsq += (xf * xf).sum(dim=(0, 1))
+        xf = x.to(self.compute_dtype)
+        self.sumsq += (xf * xf).sum(dim=(0, 1)).to(self.sumsq.dtype)
         self.n_tokens += x.shape[0] * x.shape[1]
         self.n_seqs += x.shape[0]
 
@@ -124,7 +132,7 @@ class Gram(Accumulator):
     def update(self, x: torch.Tensor) -> None:
         xf = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
         self.G += (xf.T @ xf).to(self.G.dtype)
-        self.s += xf.sum(0, dtype=torch.float64)
+        self.s += xf.sum(0).to(torch.float64)  # float32 chunk sum, float64 state (a float64 cast is costly)
         self.n += xf.shape[0]
 
     def merge(self, other: Gram) -> None:
