@@ -6,7 +6,7 @@ In one process, alternating so that machine load affects every measurement alike
 the calibration set through the blocks (no LM head: pruning never needs it), then Wanda in the engine's
 ``sequential`` mode (one forward) and ``dense-block`` mode (the original Wanda order: two forwards),
 then SparseGPT. Medians over repeats; the model is reloaded (untimed) before each prune.
-Writes results/speed-ratio.{json,md}.
+Writes results/speed-ratio-{N}x{L}.{json,md}.
 """
 
 from __future__ import annotations
@@ -21,11 +21,22 @@ import torch
 from common import RESULTS, calib_tokens
 
 
+def commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nsamples", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--runs", default="wanda_sequential,wanda_dense_block,sparsegpt_sequential",
+                    help="which prunes to time against the dense forward")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: other jobs may share the cores)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -37,8 +48,7 @@ def main() -> None:
 
     model, tok = load_model("smollm2-135m")
     ids, manifest = calib_tokens(tok, "c4", a.nsamples, a.seqlen)
-    runs: dict[str, list[float]] = {"dense_forward": [], "wanda_sequential": [], "wanda_dense_block": [],
-                                    "sparsegpt_sequential": []}
+    runs: dict[str, list[float]] = {"dense_forward": [], **{k: [] for k in a.runs.split(",")}}
     engine_split: dict[str, dict] = {}
     load_before = os.getloadavg()
     for _ in range(a.repeats):
@@ -48,9 +58,10 @@ def main() -> None:
             for c in ids.split(8):
                 model.base_model(input_ids=c, use_cache=False)
             runs["dense_forward"].append(time.perf_counter() - t)
-        for key, method, mode in (("wanda_sequential", "wanda", "sequential"),
-                                  ("wanda_dense_block", "wanda", "dense-block"),
-                                  ("sparsegpt_sequential", "sparsegpt", "sequential")):
+        for key, method, mode in [r for r in (("wanda_sequential", "wanda", "sequential"),
+                                              ("wanda_dense_block", "wanda", "dense-block"),
+                                              ("sparsegpt_sequential", "sparsegpt", "sequential"))
+                                  if r[0] in a.runs.split(",")]:
             model, _tok = load_model("smollm2-135m")
             t = time.perf_counter()
             res = prune_unstructured(model, get_adapter(model), ids, UnstructuredConfig(method=method, sparsity=0.5),
@@ -65,11 +76,11 @@ def main() -> None:
            "engine_split_last": engine_split, "versions": versions(),
            "machine": machine()}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "speed-ratio.json").write_text(json.dumps(out, indent=2, default=str))
+    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(json.dumps(out, indent=2, default=str))
     lines = ["# Pruning time against one dense forward of the calibration set", "",
              "Made by `python bench/speed_ratio.py "
-             f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads}` "
-             "(SmolLM2-135M, float32, CPU).",
+             f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads} "
+             f"--runs {a.runs}` at commit {commit()} (SmolLM2-135M, float32, CPU).",
              f"Calibration: C4 {a.nsamples}x{a.seqlen} (sha256 {manifest['sha256'][:16]}...), seed 0. "
              "Dense forward = the decoder blocks over the calibration set (no LM head). Medians of "
              f"{a.repeats} alternating repeats.", "",
@@ -82,7 +93,7 @@ def main() -> None:
               "this one, which is why the repeats alternate)."]
     lines += ["", f"Target for Wanda: <= 1.5. Machine: {out['machine']['cpu']}, {out['machine']['cores']} cores; "
               f"versions {json.dumps(out['versions'])}.", ""]
-    (RESULTS / "speed-ratio.md").write_text("\n".join(lines))
+    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -72,12 +72,28 @@ def _check_scores(s: torch.Tensor, what: str) -> None:
         raise SecateurError(f"{what} contain NaN; cannot rank them")
 
 
+def _lowest_k_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the ``k`` lowest entries of every row of ``scores [r, n]``, ties to the lower index.
+
+    Exactly the first ``k`` of a stable ascending sort, without sorting: the k-th smallest value ``v``
+    (selection, O(n)) takes every entry ``< v``, then the first ``k - #(< v)`` entries ``== v`` in index
+    order. About 2x faster than a stable argsort on a CPU. Scores must not contain NaN (checked by callers).
+    """
+    mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    if k <= 0:
+        return mask
+    if k >= scores.shape[1]:
+        return mask.fill_(True)
+    v = torch.kthvalue(scores, k, dim=1, keepdim=True).values
+    less = scores < v
+    eq = scores == v
+    need = k - less.sum(1, keepdim=True)
+    return less | (eq & (eq.cumsum(1) <= need))
+
+
 def _lowest_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` lowest entries of a 1-D tensor, ties to the lower index."""
-    mask = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
-    if k > 0:
-        mask[torch.argsort(flat, stable=True)[:k]] = True
-    return mask
+    return _lowest_k_rows(flat.reshape(1, -1), k).reshape(flat.shape)
 
 
 def row_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
@@ -85,11 +101,7 @@ def row_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.
     _check_scores(scores, "scores")
     if scores.dim() != 2:
         raise SecateurError(f"row budgets need [out, in] scores, got shape {tuple(scores.shape)}")
-    k = deletion_count(scores.shape[1], rho, rounding)
-    mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-    if k > 0:
-        mask.scatter_(1, torch.argsort(scores, dim=1, stable=True)[:, :k], True)
-    return mask
+    return _lowest_k_rows(scores, deletion_count(scores.shape[1], rho, rounding))
 
 
 def matrix_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
