@@ -69,13 +69,14 @@ NOTES: list[str] = [
     "layer twice (a hooked calibration pass, then a propagation pass through the pruned layer) and through "
     "norm + lm_head at the end; its SparseGPT is the reference per-column Python loop, which dominates at small "
     "calibration sizes (smoke sparsegpt-2:4: 849 s of 890 s in `SGPT` pruning on a loaded machine).",
-    "Coverage of this run (2026-12-01, machine load average 10-15 on 2 cores throughout): preset quick ran for "
-    "wanda-50 only (oneshot 5522 s); quick sparsegpt-50 was started and stopped by hand at decoder layer 6/30 "
-    "when the session's time ran out (its partial run is not recorded); quick wanda-2:4 / sparsegpt-2:4 and "
-    "preset full were not run. All four configurations ran end to end at preset smoke. To finish: "
-    "`nice -n 10 bench/_work/llmc-venv/bin/python bench/llmcompressor_compare.py --preset quick "
-    "--rows sparsegpt-50,wanda-2:4,sparsegpt-2:4` (about 1-1.5 h each on this machine when loaded), then "
-    "`--preset full --rows wanda-50`.",
+    "Coverage: preset quick wanda-50 ran in session 1 (2026-12-01, machine load average 10-15 on 2 cores, "
+    "both sides under load, so its time ratio is indicative); quick sparsegpt-50 ran in session 2 with one "
+    "torch thread (`--threads 1`) beside three other single-thread benchmarks (load average ~3-4), while "
+    "secateur's sparsegpt-50 quick row ran in session 1 under load 8-15 (its time is therefore pessimistic). "
+    "Quick wanda-2:4 / sparsegpt-2:4 and preset full were not run on the llm-compressor side (about 0.5 h "
+    "each at quick on this machine); all four configurations ran end to end at preset smoke. To finish: "
+    "`bench/_work/llmc-venv/bin/python bench/llmcompressor_compare.py --preset quick --threads 1 "
+    "--rows wanda-2:4,sparsegpt-2:4`.",
 ]  # "on par": our perplexity at most 2% above theirs
 
 
@@ -304,18 +305,30 @@ def render() -> None:
                   "prune s llm-compressor | time ratio | peak RSS MiB secateur | peak RSS MiB llm-compressor | "
                   "sparsity secateur | sparsity llm-compressor |",
                   "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
+        retimed_rows: list[str] = []
         for row, t in zip(ROWS, theirs):
             o = latest(ours_all, preset, row)
             t = t or {}
             tp = (t.get("wikitext2") or {}).get("ppl")
             op = (o or {}).get("wikitext2", {}).get("ppl")
             ok = "-" if tp is None or op is None else ("yes" if op <= tp * (1 + PPL_TOLERANCE) else "NO")
-            ts, os_ = t.get("prune_s"), (o or {}).get("prune_s")
+            # a row re-timed under the llm-compressor run's conditions (`--retime`) replaces the original time
+            retimed = (o or {}).get("retimed")
+            ts, os_ = t.get("prune_s"), (retimed or {}).get("prune_s", (o or {}).get("prune_s"))
+            if retimed:
+                retimed_rows.append(f"{row} ({retimed['date']}, {retimed['threads']} thread, 1-min load "
+                                    f"{retimed['loadavg_1min_before_after'][0]:.1f} / "
+                                    f"{retimed['loadavg_1min_before_after'][1]:.1f}; original row "
+                                    f"{fmt(o.get('prune_s'), 1)} s under load 8-15)")
             ratio = None if not ts or os_ is None else os_ / ts
             lines.append(f"| {row} | {fmt(op, 3)} | {fmt(tp, 3)} | {ok} | {fmt(os_, 1)} | {fmt(ts, 1)} | "
                          f"{fmt(ratio, 2)} | {fmt((o or {}).get('peak_rss_mb_after_prune'), 0)} | "
                          f"{fmt(t.get('peak_rss_mb_after_prune'), 0)} | {fmt((o or {}).get('realized_sparsity'), 4)}"
                          f" | {fmt(t.get('realized_sparsity'), 4)} |")
+        if retimed_rows:
+            lines += ["", "secateur prune times re-measured with `bench/unstructured_smollm2.py --preset "
+                          f"{preset} --retime ROW` beside the llm-compressor run (same calibration, fresh process): "
+                      + "; ".join(retimed_rows) + "."]
         lines += ["", "llm-compressor details: `oneshot` wall time, of it the per-module pruning proper (sum of its "
                       "`compress`/`SGPT` METRIC times; the rest is calibration and propagation forwards), CPU seconds "
                       "of the call, 1-minute load average before/after (2 cores, shared).", "",

@@ -82,6 +82,10 @@ def render(limit: int | None) -> None:
     lines += ["", f"**{label}: {summary['mean']:.2f} +- {summary['se']:.2f}** (SE)."]
     if missing:
         lines += ["", f"Not yet run: {', '.join(missing)}."]
+    if "boolq" in per_task and per_task["boolq"]["score"] < 0.5:
+        lines += ["", "BoolQ is below its majority-class rate (62.2% of validation answers are \"yes\"): the model "
+                      "answers \"no\" to most questions. This is the model, not the scorer: on the sample in "
+                      "`zeroshot-speed.md` lm-eval 0.4.13 itself makes the same prediction on every item."]
     secs = sum(s["seconds"] for s in speed.values())
     toks = sum(s["request_tokens"] for s in speed.values())
     m = first["machine"]
