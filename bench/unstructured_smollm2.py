@@ -98,7 +98,7 @@ def one_row(row: str, preset: str, ppl: bool = True, zeroshot: bool = True) -> d
         rec["engine_timings"] = res.timings
         rec["realized_sparsity"] = api.realized_sparsity(model, res.masks)["targeted"]
     rec["peak_rss_mb_after_prune"] = peak_rss_mb()
-    if zeroshot:
+    if zeroshot and ZS_LIMIT > 0:  # BENCH_ZS_LIMIT=0: no zero-shot column (smoke runs)
         rec["zeroshot"] = zeroshot_cell(model, tok)
     if not ppl:
         return rec
