@@ -56,7 +56,8 @@ CAVEATS = {
     "quick": "Caveat: these rows ran at different times on a 2-core machine shared with other benchmarks (load "
              "average 8-15), dense with 2 torch threads and the pruned rows with 1 (`BENCH_THREADS`), so wall "
              "times are indicative only; the `full` section measures it under equal conditions.",
-    "smoke": "Smoke rows: timings meaningless.",
+    "smoke": "Smoke rows (for the llm-compressor side by side): timings meaningless; no zero-shot cells "
+             "(run with `BENCH_ZS_LIMIT=0`).",
 }
 # Zero-shot cells added after the perplexity rows ran (`--zs-backfill`): say how they were made.
 ZS_NOTES = {
