@@ -22,3 +22,14 @@ def smollm2():
     from secateur.models.loading import load_model
 
     return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny GEMMs: a second OpenMP thread only adds barrier waits on a shared machine.
+
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -13,14 +13,7 @@ from secateur.testing import random_ids, tiny_model
 
 VOCAB = 128
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny GEMMs: a second OpenMP thread only adds barrier waits on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fisher(p: torch.Tensor) -> torch.Tensor:

@@ -14,13 +14,7 @@ from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
 from secateur.structured import Guard, allocate_global
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def meta_inventory(cfg: LlamaConfig):

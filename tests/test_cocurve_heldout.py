@@ -12,13 +12,7 @@ from secateur.models.adapters import get_adapter
 from secateur.structured import Selection, apply_selection, mask_selection
 from secateur.testing import random_ids, tiny_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _random_mask(n: int, k: int, seed: int) -> torch.Tensor:

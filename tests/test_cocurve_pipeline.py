@@ -20,13 +20,7 @@ from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 CFG = CoCurveConfig(sweep=SweepConfig(positions_per_seq=8, top_r=32, unit_batch=16), n_ffn_groups=16,
                     lambdas=(0.0, 0.25, 0.5, 1.0))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def logits(model, ids):

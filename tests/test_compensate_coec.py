@@ -31,13 +31,7 @@ from secateur.linalg import psd_power, sym
 F64 = torch.float64
 coec_mod = importlib.import_module("secateur.compensate.coec")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(d_out: int = 20, d_in: int = 36, n: int = 800, seed: int = 0, keep: float = 2 / 3):

@@ -25,13 +25,7 @@ from secateur.errors import SecateurError
 
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mlp_case(d: int = 16, f: int = 40, n: int = 900, seed: int = 0):

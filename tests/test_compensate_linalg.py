@@ -20,13 +20,7 @@ from secateur.linalg import (
 
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gen(seed: int = 0) -> torch.Generator:

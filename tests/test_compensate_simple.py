@@ -13,13 +13,7 @@ from secateur.errors import SecateurError
 
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(d_out: int = 24, d_in: int = 40, n: int = 600, seed: int = 0):

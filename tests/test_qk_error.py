@@ -18,13 +18,7 @@ from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
 from secateur.scoring import model_rope_tables
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_masks(model, rho=0.5, seed=0, roles=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")):

@@ -23,14 +23,7 @@ from secateur.testing import random_ids, tiny_model
 
 D = 5  # input width of the synthetic blocks
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add overhead on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def geom(hq: int, hk: int, m: int, rope: bool = True, qk_norm: bool = False) -> Geometry:

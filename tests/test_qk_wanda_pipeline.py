@@ -29,13 +29,7 @@ from secateur.testing import random_ids, save_tiny, tiny_model
 
 QK = ("self_attn.q_proj", "self_attn.k_proj")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(family, ids, seed=0, mode="sequential", chunk_size=8, double=False, **cfg):
