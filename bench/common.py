@@ -95,3 +95,18 @@ def merge_row_field(path: Path, match: dict, field: str, value) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
         os.replace(tmp, path)
+
+
+def row_sink(path: Path, on_new, describe):
+    """``emit(rec)``: append ``rec`` to ``path`` unless its ``key`` is already there (resumable sweeps),
+    call ``on_new()`` (re-render) after each new row, and print ``describe(rec)``."""
+    done = {r["key"] for r in read_rows(path)}
+
+    def emit(rec: dict) -> None:
+        if rec["key"] not in done:
+            append_row(path, rec)
+            done.add(rec["key"])
+            on_new()
+        print(describe(rec), flush=True)
+
+    return emit

@@ -19,7 +19,7 @@ import dataclasses
 import json
 
 import structured_smollm2 as s5
-from common import RESULTS, WORK, append_row, fmt, read_rows
+from common import RESULTS, WORK, fmt, read_rows, row_sink
 from structured_smollm2 import (
     PRESET,
     SPARSITIES,
@@ -239,15 +239,8 @@ def main() -> None:
     s5.CACHE_FILE[0] = WORK / f"structured-rows-{PRESET['name']}-compensation.jsonl"
     b = Bench()
     _ = b.stats
-    done = {r["key"] for r in read_rows(OUT_JSON)}
-
-    def emit(rec):
-        if rec["key"] not in done:
-            append_row(OUT_JSON, rec)
-            done.add(rec["key"])
-            render()
-        print(f"{rec['key']}: " + ", ".join(f"{d} {v['ppl']:.2f}" for d, v in rec["ppl"].items()) +
-              f" comp {rec.get('compensation_s')}", flush=True)
+    emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: " + ", ".join(
+        f"{d} {v['ppl']:.2f}" for d, v in rec["ppl"].items()) + f" comp {rec.get('compensation_s')}")
 
     emit(dense_row(b, DATASETS, efficiency=False))
     only = None if a.only is None else {float(x) for x in a.only.split(",")}
@@ -255,7 +248,7 @@ def main() -> None:
         if only is not None and rho not in only:
             continue
         emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra))
-    print(json.dumps({"rows": len(done)}))
+    print(json.dumps({"rows": len(read_rows(OUT_JSON))}))
 
 
 if __name__ == "__main__":

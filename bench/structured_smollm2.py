@@ -25,7 +25,7 @@ import math
 import time
 
 import torch
-from common import RESULTS, WORK, append_row, fmt, read_rows
+from common import RESULTS, WORK, append_row, fmt, read_rows, row_sink
 
 PRESET = {"name": "quick-wt2v16-w2", "calib": "wikitext2", "nsamples": 16, "seqlen": 2048, "seed": 0,
           "eval_seqlen": 2048, "windows": 2}
@@ -315,14 +315,7 @@ def main() -> None:
     _ = b.stats
     if a.stats_only:
         return
-    done = {r["key"] for r in read_rows(OUT_JSON)}
-
-    def emit(rec):
-        if rec["key"] not in done:
-            append_row(OUT_JSON, rec)
-            done.add(rec["key"])
-            render()
-        print(f"{rec['key']}: wt2 {rec['ppl']['wikitext2']['ppl']:.2f}", flush=True)
+    emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: wt2 {rec['ppl']['wikitext2']['ppl']:.2f}")
 
     emit(dense_row(b, efficiency=True))
     # rows unique to this table first; wanda-sp/none and flap/bias are shared with compensation_smollm2.py
