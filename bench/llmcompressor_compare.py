@@ -73,10 +73,10 @@ NOTES: list[str] = [
     "both sides under load, so its time ratio is indicative); quick sparsegpt-50 ran in session 2 with one "
     "torch thread (`--threads 1`) beside three other single-thread benchmarks (load average ~3-4), while "
     "secateur's sparsegpt-50 quick row ran in session 1 under load 8-15 (its time is therefore pessimistic). "
-    "Quick wanda-2:4 / sparsegpt-2:4 and preset full were not run on the llm-compressor side (about 0.5 h "
-    "each at quick on this machine); all four configurations ran end to end at preset smoke. To finish: "
-    "`bench/_work/llmc-venv/bin/python bench/llmcompressor_compare.py --preset quick --threads 1 "
-    "--rows wanda-2:4,sparsegpt-2:4`.",
+    "Quick wanda-2:4 and sparsegpt-2:4 ran in session 3 on both sides with one torch thread, each beside one "
+    "other single-thread benchmark (load average ~2); secateur's 2:4 rows were re-timed under the same "
+    "conditions (`--retime`). Preset full was not run on the llm-compressor side (its Wanda-50 alone would be "
+    "about 3 h on this machine); all four configurations also ran end to end at preset smoke.",
 ]  # "on par": our perplexity at most 2% above theirs
 
 

@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import time
 
 import torch
@@ -49,7 +50,7 @@ class Bench:
         from secateur.models.adapters import get_adapter
         from secateur.models.loading import load_model
 
-        torch.set_num_threads(2)
+        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))  # 1 when two benches share 2 cores
         self.model, self.tok = load_model("smollm2-135m")
         self.model.eval()
         self.adapter = get_adapter(self.model)
