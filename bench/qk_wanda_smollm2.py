@@ -140,7 +140,7 @@ def one_row(row: str, preset: str) -> dict:
         np.savez_compressed(path, **pack_masks(qk))
         rec["qk_masks"] = str(path.relative_to(WORK.parent.parent))
     for dataset in ("wikitext2", "c4"):
-        reused = _reuse_dense_eval(dataset, p) if spec is None else None
+        reused = _reuse_dense_eval(dataset, p, tok) if spec is None else None
         if reused is not None:  # the dense model does not depend on the preset's calibration: same tokens, same ppl
             rec[dataset] = reused
             continue
@@ -149,22 +149,27 @@ def one_row(row: str, preset: str) -> dict:
         rec[dataset] = {k: r[k] for k in ("ppl", "legacy_ppl", "protocol", "windows", "windows_total",
                                          "scored_tokens", "tokens_sha256", "seconds")}
     if ZS_LIMIT:
-        reused = _reuse_dense_eval("zeroshot", p) if spec is None else None
+        reused = _reuse_dense_eval("zeroshot", p, tok) if spec is None else None
         rec["zeroshot"] = reused or zeroshot_cell(model, tok)
     rec["peak_rss_mb"] = peak_rss_mb()
     rec["loadavg_end"] = os.getloadavg()
     return rec
 
 
-def _reuse_dense_eval(dataset: str, p: dict) -> dict | None:
-    """A dense perplexity already measured on the same protocol and windows by another bench (the dense model is
-    the same whatever the calibration), with its source; None when there is none."""
+def _reuse_dense_eval(dataset: str, p: dict, tok) -> dict | None:
+    """A dense evaluation another bench already made (the dense model is the same whatever the calibration), with
+    its source: perplexity on the same protocol, windows and corpus token hash; zero-shot on the same documents
+    per task. None when there is none."""
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids, token_sha256
+
     want = p["ppl_windows"]
+    sha = None if dataset == "zeroshot" else token_sha256(eval_ids(eval_text(dataset), tok))
 
     def same(e: dict) -> bool:
         if dataset == "zeroshot":
             return e.get("limit") == ZS_LIMIT
-        return (e.get("protocol") == f"nonoverlap-{p.get('ppl_seqlen', 2048)}"
+        return (e.get("protocol") == f"nonoverlap-{p.get('ppl_seqlen', 2048)}" and e.get("tokens_sha256") == sha
                 and (e["windows"] == e["windows_total"] if want is None else e["windows"] == want))
 
     for path in sorted(RESULTS.glob("*.jsonl")):
@@ -303,8 +308,9 @@ def render() -> None:
         reused = sorted({f"{k}: {e['reused_from']}" for r in res.values() for k, e in r.items()
                          if isinstance(e, dict) and "reused_from" in e})
         if reused:
-            lines += ["", "Dense evaluations reused from another bench (same protocol and token hash; the dense model "
-                      "does not depend on calibration): " + "; ".join(reused) + "."]
+            lines += ["", "Dense evaluations reused from another bench (perplexity: same protocol, windows and token "
+                      "hash; zero-shot: same documents; the dense model does not depend on calibration): "
+                      + "; ".join(reused) + "."]
         if NOTES.get(preset):
             lines += ["", "Run notes: " + NOTES[preset]]
         lines.append("")
