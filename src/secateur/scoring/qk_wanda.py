@@ -355,12 +355,16 @@ class QKStats(Accumulator):
             if not v.causal:
                 return _outer(c.q2g.sum(1).reshape(c.B, -1), _centered_energy(c.x, prefix=False))
             return _contract(c.q2g, _centered_energy(c.x, prefix=True))
-        a11, a12, a22 = c.qr_pairs
         if not v.centered:
-            acc = _suffix_sum if v.causal else (lambda t: t.sum(1, keepdim=True))
-            f = rotated_diag(acc(a11), acc(a12), acc(a22), *c.tables)  # [R_u^T V_Q(u) R_u]_bb, Eq. 45
-            return _contract(f, c.x2)
+            return self._key_factor_rope(c, v.causal)
         return self._key_factor_rope_centered(c, v.causal)
+
+    @staticmethod
+    def _key_factor_rope(c: _Chunk, causal: bool) -> torch.Tensor:
+        """Eq. 45: ``sum_u X_ju^2 [R_u^T V_Q(u) R_u]_bb`` with ``V_Q(u)`` the suffix (M) or total sum of ``A_t``."""
+        a11, a12, a22 = c.qr_pairs
+        acc = _suffix_sum if causal else (lambda t: t.sum(1, keepdim=True))
+        return _contract(rotated_diag(acc(a11), acc(a12), acc(a22), *c.tables), c.x2)
 
     def _key_factor_rope_centered(self, c: _Chunk, causal: bool) -> torch.Tensor:
         """Eq. 68: ``sum_t <A_t, V_t(y)>`` with ``A_t = sum_h q~_t q~_t^T`` (pair block) and ``V_t(y)`` the
@@ -382,8 +386,7 @@ class QKStats(Accumulator):
         B, T, d = c.x.shape
         hk, h = self.n_kv_heads, self.head_dim // 2
         a11, a12, a22 = c.qr_pairs  # [B, T, Hk, h]
-        acc = _suffix_sum if causal else (lambda t: t.sum(1, keepdim=True))
-        first = _contract(rotated_diag(acc(a11), acc(a12), acc(a22), *c.tables), c.x2)  # [Hk*m, d]
+        first = self._key_factor_rope(c, causal)  # [Hk*m, d]
         cos, sin = c.tables
         cols = pair_columns(cos, sin)  # ((r0x, r0y), (r1x, r1y)), each [B or 1, T, h]
         turned = bool(torch.equal(cos[..., :h], cos[..., h:]) and torch.equal(sin[..., :h], sin[..., h:]))
