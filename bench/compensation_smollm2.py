@@ -22,9 +22,12 @@ import structured_smollm2 as s5
 from common import RESULTS, WORK, fmt, read_rows, row_sink
 from structured_smollm2 import (
     PRESET,
+    PRESETS,
+    QUICK,
     SPARSITIES,
     Bench,
     dense_row,
+    full_section,
     machine_line,
     preset_line,
     row_key,
@@ -83,19 +86,24 @@ def row_list() -> list[tuple]:
     return uniq
 
 
-def _key(sel, comp, rho, extra):
-    return row_key(sel, comp, rho, extra)
+def _key(sel, comp, rho, extra, preset: str | None = None):
+    return row_key(sel, comp, rho, extra, preset=preset)
 
 
-def key_of(sel: str, comp: str, rho: float, stage: str | None = None) -> str:
+def key_of(sel: str, comp: str, rho: float, stage: str | None = None, preset: str = QUICK) -> str:
+    """The row key of a (quick-preset, unless named) row, as the tables look it up."""
     r = spec(sel, comp, rho, stage)
-    return _key(r[0], r[1], r[2], r[3])
+    return _key(r[0], r[1], r[2], r[3], preset)
+
+
+# STRUCT_PRESET=full: the main row; its native counterpart (wanda-sp, none) is structured_smollm2.py's full row
+FULL_ROWS = (spec("wanda-sp", "coec", 0.3),)
 
 
 def render() -> None:
     rows = read_rows(OUT_JSON)
     by = {r["key"]: r for r in rows}
-    dense = by.get(row_key("dense", "none", 0.0))
+    dense = by.get(row_key("dense", "none", 0.0, preset=QUICK))
 
     def cell(r, d):
         return fmt(r["ppl"][d]["ppl"], 2) if r and d in r["ppl"] else "-"
@@ -175,9 +183,9 @@ def render() -> None:
               "cannot act and the `align` stage equals `tempering` up to solver noise.", ""]
     # speed
     if dense:
-        fw = dense["dense_forward_s"]
+        fw, q = dense["dense_forward_s"], PRESETS[QUICK]
         lines += ["## Compensation time relative to one dense forward of the calibration set", "",
-                  f"One dense forward of the {PRESET['nsamples']} x {PRESET['seqlen']} calibration tokens through the "
+                  f"One dense forward of the {q['nsamples']} x {q['seqlen']} calibration tokens through the "
                   f"decoder: {fw:.1f} s (timed on 4 of the 16 sequences and scaled; same process and machine). "
                   f"Statistics pass (dense engine pass with "
                   f"sumsq, mean/var and the full Grams of o_proj/down_proj inputs): "
@@ -194,6 +202,9 @@ def render() -> None:
                                  f"{r['compensation_s'] / fw:.2f} |")
                     break
         lines.append("")
+    keys = {r["key"] for r in rows}
+    shared = [r for r in read_rows(s5.OUT_JSON) if r["preset"]["name"] == "full" and r["key"] not in keys]
+    lines += full_section(rows + shared, DATASETS)[1:] + [""]
     lines += ["## Claims checked", "", *claims(by), "", machine_line(rows), ""]
     OUT_MD.write_text("\n".join(lines))
 
@@ -243,6 +254,10 @@ def main() -> None:
         f"{d} {v['ppl']:.2f}" for d, v in rec["ppl"].items()) + f" comp {rec.get('compensation_s')}")
 
     emit(dense_row(b, DATASETS, efficiency=False))
+    if PRESET["name"] == "full":  # the main rows at the paper's protocol: native and COEC on one selection
+        for sel, comp, rho, key_extra, cfg_extra in FULL_ROWS:
+            emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra))
+        return
     only = None if a.only is None else {float(x) for x in a.only.split(",")}
     for sel, comp, rho, key_extra, cfg_extra in row_list():
         if only is not None and rho not in only:

@@ -30,7 +30,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import RESULTS, WORK, ZS_LIMIT, append_row, calib_tokens, fmt, fmt_zs, read_rows, run_child, zeroshot_cell
+from common import (
+    RESULTS,
+    WORK,
+    ZS_LIMIT,
+    append_row,
+    calib_tokens,
+    find_dense_ppl,
+    fmt,
+    fmt_zs,
+    read_rows,
+    run_child,
+    zeroshot_cell,
+)
 
 PRESETS = {  # the table names the preset; every row of a preset sees identical tokens
     # the paper's protocol (spec section 8): 256 C4 windows x 2048 = 8192 sequences of 64; every eval window
@@ -163,19 +175,14 @@ def _reuse_dense_eval(dataset: str, p: dict, tok) -> dict | None:
     from secateur.data.sources import eval_text
     from secateur.data.windows import eval_ids, token_sha256
 
-    want = p["ppl_windows"]
-    sha = None if dataset == "zeroshot" else token_sha256(eval_ids(eval_text(dataset), tok))
-
-    def same(e: dict) -> bool:
-        if dataset == "zeroshot":
-            return e.get("limit") == ZS_LIMIT
-        return (e.get("protocol") == f"nonoverlap-{p.get('ppl_seqlen', 2048)}" and e.get("tokens_sha256") == sha
-                and (e["windows"] == e["windows_total"] if want is None else e["windows"] == want))
-
+    if dataset != "zeroshot":
+        sha = token_sha256(eval_ids(eval_text(dataset), tok))
+        return find_dense_ppl(dataset, f"nonoverlap-{p.get('ppl_seqlen', 2048)}", p["ppl_windows"], sha)
     for path in sorted(RESULTS.glob("*.jsonl")):
         for r in read_rows(path):
             e = r.get(dataset)
-            if r.get("row") == "dense" and isinstance(e, dict) and "reused_from" not in e and same(e):
+            if (r.get("row") == "dense" and isinstance(e, dict) and "reused_from" not in e
+                    and e.get("limit") == ZS_LIMIT):
                 return e | {"reused_from": f"results/{path.name} (dense, preset {r.get('preset')})"}
     return None
 

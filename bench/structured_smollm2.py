@@ -26,10 +26,18 @@ import os
 import time
 
 import torch
-from common import RESULTS, WORK, append_row, fmt, read_rows, row_sink
+from common import RESULTS, WORK, append_row, find_dense_ppl, fmt, read_rows, row_sink
 
-PRESET = {"name": "quick-wt2v16-w2", "calib": "wikitext2", "nsamples": 16, "seqlen": 2048, "seed": 0,
-          "eval_seqlen": 2048, "windows": 2}
+# Named protocols; STRUCT_PRESET picks one (the sweep tables use the quick one, the main rows the full one).
+QUICK = "quick-wt2v16-w2"
+PRESETS = {
+    QUICK: {"name": QUICK, "calib": "wikitext2", "nsamples": 16, "seqlen": 2048, "seed": 0, "eval_seqlen": 2048,
+            "windows": 2},
+    # COEC's protocol: 128 x 2048 WikiText-2 calibration (validation text here), every test window
+    "full": {"name": "full", "calib": "wikitext2", "nsamples": 128, "seqlen": 2048, "seed": 0, "eval_seqlen": 2048,
+             "windows": None},
+}
+PRESET = PRESETS[os.environ.get("STRUCT_PRESET", QUICK)]
 SPARSITIES = (0.1, 0.2, 0.3, 0.4)
 # one row cache file per writing script (two scripts may run at once); every script reads all of them
 ROW_CACHE = WORK / f"structured-rows-{PRESET['name']}-structured.jsonl"
@@ -38,6 +46,8 @@ STATS_PATH = WORK / (f"structured-stats-{PRESET['calib']}-{PRESET['nsamples']}x{
 OUT_JSON = RESULTS / "structured-smollm2.jsonl"
 OUT_MD = RESULTS / "structured-smollm2.md"
 SELECTIONS_5 = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt")
+FULL_ROWS = (("wanda-sp", "none", 0.3),)  # the main row at the full protocol (COEC's headline sparsity)
+FULL_DATASETS = ("wikitext2", "c4")
 EFF = {"prompt_len": 256, "new_tokens": 32, "warmup": 1, "repeats": 3}
 
 
@@ -123,9 +133,12 @@ def dense_forward_seconds(b: Bench, n: int = 4) -> float:
 CACHE_FILE = [ROW_CACHE]  # compensation_smollm2.py points this at its own file
 
 
-def row_key(method: str, comp: str, rho: float, extra: dict | None = None) -> str:
+def row_key(method: str, comp: str, rho: float, extra: dict | None = None, preset: str | None = None) -> str:
+    """Row identity; rows of a preset other than the quick one carry its name (they share the results files)."""
     tail = ",".join(f"{k}={v}" for k, v in sorted((extra or {}).items()))
-    return f"{method}|{comp}|{rho:.2f}" + (f"|{tail}" if tail else "")
+    preset = preset or PRESET["name"]
+    suffix = "" if preset == QUICK else f"|preset={preset}"
+    return f"{method}|{comp}|{rho:.2f}" + (f"|{tail}" if tail else "") + suffix
 
 
 def ppl(b: Bench, model, dataset: str) -> dict:
@@ -187,8 +200,10 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
                                                    "fallback")} for r in d["per_layer"]])
     for d in datasets:
         if d not in rec["ppl"]:
-            rec["ppl"][d] = ppl(b, model, d)
-            rec["ppl"][d]["tokens_sha256"] = token_sha256(b.eval_ids(d))
+            sha = token_sha256(b.eval_ids(d))
+            reused = find_dense_ppl(d, f"nonoverlap-{PRESET['eval_seqlen']}", PRESET["windows"], sha) if (
+                method == "dense") else None
+            rec["ppl"][d] = reused or (ppl(b, model, d) | {"tokens_sha256": sha})
     if efficiency and not rec.get("efficiency"):
         rec["efficiency"] = measure_efficiency(model, None, **EFF)
     rec["versions"], rec["machine"] = versions(), machine()
@@ -207,13 +222,40 @@ def dense_row(b: Bench, datasets=("wikitext2",), efficiency=False) -> dict:
 
 
 def preset_line(rows: list[dict]) -> str:
-    p = PRESET
+    p = PRESETS[QUICK]
+    rows = [r for r in rows if r["preset"]["name"] == QUICK]
     sha = rows[0]["calibration"]["sha256"][:16] if rows else "?"
     ev = rows[0]["ppl"].get("wikitext2", {}) if rows else {}
     return (f"Preset `{p['name']}`: calibration WikiText-2 validation, {p['nsamples']} x {p['seqlen']} tokens, "
             f"seed {p['seed']} (token sha256 {sha}...); perplexity {ev.get('protocol', 'nonoverlap-2048')}, the "
             f"first {p['windows']} windows ({ev.get('scored_tokens', '?')} scored tokens) of WikiText-2 test"
             f" (and of C4 validation where shown). Every row below uses this preset.")
+
+
+def full_section(rows: list[dict], datasets: tuple[str, ...]) -> list[str]:
+    """The rows made at the full protocol (STRUCT_PRESET=full), as their own table."""
+    full = [r for r in rows if r["preset"]["name"] == "full"]
+    if not full:
+        return []
+    p = PRESETS["full"]
+    ev = next((r["ppl"][d] for r in full for d in datasets if d in r["ppl"] and "reused_from" not in r["ppl"][d]),
+              {})
+    calib = next((r["calibration"] for r in full), {})
+    out = ["", "## Main rows at the full protocol", "",
+           f"Preset `full` (`STRUCT_PRESET=full`): calibration WikiText-2 validation, {p['nsamples']} x "
+           f"{p['seqlen']} tokens, seed {p['seed']} (token sha256 {calib.get('sha256', '?')[:16]}...); perplexity "
+           f"{ev.get('protocol', 'nonoverlap-2048')} over every window of each corpus "
+           f"({ev.get('windows_total', '?')} windows of WikiText-2 test / C4 validation as recorded per row). "
+           "Dense evaluations are reused from another bench when protocol, windows and corpus token hash match "
+           "(the source is named in the JSONL, `reused_from`).", "",
+           "| sparsity | selection | compensation | realized | params (M) | " + " | ".join(
+               {"wikitext2": "WikiText-2", "c4": "C4"}[d] for d in datasets) + " | prune + comp. s |",
+           "|---:|---|---|---:|---:|" + "---:|" * len(datasets) + "---:|"]
+    for r in sorted(full, key=lambda r: (r["sparsity"], r["method"] != "dense", r["method"], r["compensation"])):
+        cells = " | ".join(fmt(r["ppl"][d]["ppl"], 2) if d in r["ppl"] else "-" for d in datasets)
+        out.append(f"| {r['sparsity']:.0%} | {r['method']} | {r['compensation']} | {r.get('realized', 0):.1%} | "
+                   f"{r['params'] / 1e6:.2f} | {cells} | {fmt(r.get('prune_s'), 1)} |")
+    return out
 
 
 def machine_line(rows: list[dict]) -> str:
@@ -239,7 +281,7 @@ def rows_5() -> list[tuple[str, str, float, bool]]:
 def render() -> None:
     rows = read_rows(OUT_JSON)
     by = {r["key"]: r for r in rows}
-    dense = by.get(row_key("dense", "none", 0.0))
+    dense = by.get(row_key("dense", "none", 0.0, preset=QUICK))
     lines = ["# Structured pruning on SmolLM2-135M: selection scores without compensation", "",
              "Made by `nice -n 5 python bench/structured_smollm2.py` (rows in `structured-smollm2.jsonl`).", "",
              preset_line(rows), "",
@@ -260,7 +302,7 @@ def render() -> None:
                      f"{dense['params'] / 1e6:.2f} | 0 | 0 | 0 | 0 | - |")
     for rho in SPARSITIES:
         for m, c, _rho, _eff in [r for r in rows_5() if r[2] == rho]:
-            r = by.get(row_key(m, c, rho))
+            r = by.get(row_key(m, c, rho, preset=QUICK))
             if r is None:
                 lines.append(f"| {rho:.0%} | {m} | {c} | (not run) | | | | | | |")
                 continue
@@ -295,6 +337,7 @@ def render() -> None:
                 f"{e['peak_memory_bytes'] / de['peak_memory_bytes']:.3f} | {e['prefill_tokens_per_s']:.0f} | "
                 f"{e['prefill_tokens_per_s'] / de['prefill_tokens_per_s']:.2f}x | {e['decode_tokens_per_s']:.1f} | "
                 f"{e['decode_tokens_per_s'] / de['decode_tokens_per_s']:.2f}x |")
+    lines += full_section(rows, ("wikitext2", "c4"))
     lines += ["", "Notes: all scores are computed from the same dense statistics; `random` uses seed 0; FLAP uses "
               "its WIFV score with the uniform (COEC) allocation here (FLAP's own global AL-AM allocation is "
               "`--allocation flap-global`); `flap | bias` adds FLAP's mean-replacement bias `W[:, P] mu_P` to "
@@ -318,6 +361,11 @@ def main() -> None:
         return
     emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: wt2 {rec['ppl']['wikitext2']['ppl']:.2f}")
 
+    if PRESET["name"] == "full":  # the main row (and dense) at the paper's protocol
+        emit(dense_row(b, FULL_DATASETS))
+        for m, c, rho in FULL_ROWS:
+            emit(run_row(b, m, c, rho, FULL_DATASETS))
+        return
     emit(dense_row(b, efficiency=True))
     # rows unique to this table first; wanda-sp/none and flap/bias are shared with compensation_smollm2.py
     shared = {("wanda-sp", "none"), ("flap", "bias")}
