@@ -82,28 +82,38 @@ def fmt_zs(cell: dict | None) -> str:
     return "-" if not cell else f"{cell['mean']:.2f} +- {cell['se']:.2f}"
 
 
-def find_dense_ppl(dataset: str, protocol: str, windows: int | None, tokens_sha256: str) -> dict | None:
-    """A dense perplexity some bench already recorded in ``results/*.jsonl`` on the same protocol, window count
-    (None = every window) and corpus token hash, with ``reused_from`` naming it; None when there is none. The
-    dense model does not depend on any calibration, so any bench's dense evaluation is valid for another."""
-
-    def same(e) -> bool:
-        return (isinstance(e, dict) and "reused_from" not in e and e.get("protocol") == protocol
-                and e.get("tokens_sha256") == tokens_sha256
-                and (e.get("windows") == e.get("windows_total") if windows is None else e.get("windows") == windows))
-
+def _dense_evals(field: str):
+    """(record, source) for every dense row's ``field`` in ``results/*.jsonl``, in the layout of any bench."""
     for path in sorted(RESULTS.glob("*.jsonl")):
         for r in read_rows(path):
             if r.get("row") == "dense":  # QK-Wanda bench layout
-                e = r.get(dataset)
-            elif r.get("method") == "dense":  # structured / compensation layout
-                e = (r.get("ppl") or {}).get(dataset)
+                e = r.get(field)
+            elif r.get("method") == "dense":  # structured / compensation / CoCurve layout
+                e = r.get(field) if field == "zeroshot" else (r.get("ppl") or {}).get(field)
             else:
                 continue
-            if same(e):
+            if isinstance(e, dict) and "reused_from" not in e:
                 preset = r.get("preset")
                 name = preset.get("name") if isinstance(preset, dict) else preset
-                return e | {"reused_from": f"results/{path.name} (dense, preset {name})"}
+                yield e, f"results/{path.name} (dense, preset {name})"
+
+
+def find_dense_ppl(dataset: str, protocol: str, windows: int | None, tokens_sha256: str) -> dict | None:
+    """A dense perplexity some bench already recorded on the same protocol, window count (None = every window)
+    and corpus token hash, with ``reused_from`` naming it; None when there is none. The dense model does not
+    depend on any calibration, so any bench's dense evaluation is valid for another."""
+    for e, src in _dense_evals(dataset):
+        if (e.get("protocol") == protocol and e.get("tokens_sha256") == tokens_sha256
+                and (e.get("windows") == e.get("windows_total") if windows is None else e.get("windows") == windows)):
+            return e | {"reused_from": src}
+    return None
+
+
+def find_dense_zeroshot(limit: int = ZS_LIMIT) -> dict | None:
+    """A dense zero-shot cell some bench already recorded on the same first ``limit`` documents per task."""
+    for e, src in _dense_evals("zeroshot"):
+        if e.get("limit") == limit and "mean" in e:
+            return e | {"reused_from": src}
     return None
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import json
 
 import structured_smollm2 as s5
-from common import RESULTS, WORK, fmt, read_rows, row_sink
+from common import RESULTS, WORK, find_dense_zeroshot, fmt, fmt_zs, merge_row_field, read_rows, row_sink
 from structured_smollm2 import (
     PRESET,
     PRESETS,
@@ -131,14 +131,17 @@ def render() -> None:
              "and replaced by the plain slice if it would raise the layer's reconstruction error (column "
              "'guard': layers where that happened).", ""]
     if dense:
-        lines.append(f"Dense: WikiText-2 {cell(dense, 'wikitext2')}, C4 {cell(dense, 'c4')}, "
+        zs = dense.get("zeroshot") or find_dense_zeroshot()
+        lines.append(f"Dense: WikiText-2 {cell(dense, 'wikitext2')}, C4 {cell(dense, 'c4')}, zero-shot mean "
+                     f"{fmt_zs(zs)} (first {zs['limit'] if zs else '-'} docs/task), "
                      f"{dense['params'] / 1e6:.2f} M params. One dense forward of the calibration set (decoder "
                      f"only): {dense['dense_forward_s']:.1f} s.")
         lines.append("")
     lines += ["## Table 1 layout: perplexity by selection x compensation", "",
-              "| sparsity | realized | params (M) | selection | compensation | WikiText-2 | C4 | rel. recon. error "
-              "o_proj / down_proj (before -> after) | guard | comp. time (s) |",
-              "|---:|---:|---:|---|---|---:|---:|---|---:|---:|"]
+              "| sparsity | realized | params (M) | selection | compensation | WikiText-2 | C4 | zero-shot mean "
+              "(first 100 docs/task) | rel. recon. error o_proj / down_proj (before -> after) | guard | "
+              "comp. time (s) |",
+              "|---:|---:|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for rho in SPARSITIES:
         for sel in ("wanda-sp", "flap", "rcpu"):
             for comp in (NATIVE[sel], "ls", "corp", "coec"):
@@ -153,6 +156,7 @@ def render() -> None:
                 guard = sum(s.get("guard_fired", 0) for s in cs.values())
                 lines.append(f"| {rho:.0%} | {r['realized']:.1%} | {r['params'] / 1e6:.2f} | {sel} | "
                              f"{LABEL[comp]} | {cell(r, 'wikitext2')} | {cell(r, 'c4')} | "
+                             f"{fmt_zs(r.get('zeroshot'))} | "
                              f"{rec('attn_out')} / {rec('mlp_out')} | {guard if cs else '-'} | "
                              f"{fmt(r.get('compensation_s'), 1)} |")
     lines += ["", "Reconstruction errors are layer means of `E||W0 x + b - W~ x_K - b~||^2 / E||W0 x||^2` on the "
@@ -244,6 +248,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--only", default=None, help="comma list of sparsities to run (e.g. 0.3)")
+    ap.add_argument("--zs", action="store_true",
+                    help="add the zero-shot column to the Table 1 rows run (rebuilds rows that lack it)")
     a = ap.parse_args()
     if a.render:
         return render()
@@ -256,13 +262,18 @@ def main() -> None:
     emit(dense_row(b, DATASETS, efficiency=False))
     if PRESET["name"] == "full":  # the main rows at the paper's protocol: native and COEC on one selection
         for sel, comp, rho, key_extra, cfg_extra in FULL_ROWS:
-            emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra))
+            emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=True))
         return
     only = None if a.only is None else {float(x) for x in a.only.split(",")}
     for sel, comp, rho, key_extra, cfg_extra in row_list():
         if only is not None and rho not in only:
             continue
-        emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra))
+        zs = a.zs and not (key_extra or {}).get("stage")
+        rec = run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=zs)
+        emit(rec)
+        if zs:  # the results row predates the column: merge it in (emit keeps the first row of a key)
+            merge_row_field(OUT_JSON, {"key": rec["key"]}, "zeroshot", rec["zeroshot"])
+            render()
     print(json.dumps({"rows": len(read_rows(OUT_JSON))}))
 
 

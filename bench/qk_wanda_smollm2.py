@@ -37,6 +37,7 @@ from common import (
     append_row,
     calib_tokens,
     find_dense_ppl,
+    find_dense_zeroshot,
     fmt,
     fmt_zs,
     read_rows,
@@ -175,16 +176,10 @@ def _reuse_dense_eval(dataset: str, p: dict, tok) -> dict | None:
     from secateur.data.sources import eval_text
     from secateur.data.windows import eval_ids, token_sha256
 
-    if dataset != "zeroshot":
-        sha = token_sha256(eval_ids(eval_text(dataset), tok))
-        return find_dense_ppl(dataset, f"nonoverlap-{p.get('ppl_seqlen', 2048)}", p["ppl_windows"], sha)
-    for path in sorted(RESULTS.glob("*.jsonl")):
-        for r in read_rows(path):
-            e = r.get(dataset)
-            if (r.get("row") == "dense" and isinstance(e, dict) and "reused_from" not in e
-                    and e.get("limit") == ZS_LIMIT):
-                return e | {"reused_from": f"results/{path.name} (dense, preset {r.get('preset')})"}
-    return None
+    if dataset == "zeroshot":
+        return find_dense_zeroshot()
+    sha = token_sha256(eval_ids(eval_text(dataset), tok))
+    return find_dense_ppl(dataset, f"nonoverlap-{p.get('ppl_seqlen', 2048)}", p["ppl_windows"], sha)
 
 
 def qk_error_pass(preset: str) -> list[dict]:

@@ -26,7 +26,18 @@ import os
 import time
 
 import torch
-from common import RESULTS, WORK, append_row, find_dense_ppl, fmt, read_rows, row_sink
+from common import (
+    RESULTS,
+    WORK,
+    append_row,
+    find_dense_ppl,
+    find_dense_zeroshot,
+    fmt,
+    fmt_zs,
+    read_rows,
+    row_sink,
+    zeroshot_cell,
+)
 
 # Named protocols; STRUCT_PRESET picks one (the sweep tables use the quick one, the main rows the full one).
 QUICK = "quick-wt2v16-w2"
@@ -162,7 +173,7 @@ def cached_rows() -> dict[str, dict]:
 
 def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, ...] = ("wikitext2",),
             extra: dict | None = None, efficiency: bool = False, key_extra: dict | None = None,
-            cfg_extra: dict | None = None) -> dict:
+            cfg_extra: dict | None = None, zeroshot: bool = False) -> dict:
     """Prune a fresh dense copy with the structured pipeline, evaluate, cache the row (by key).
 
     ``extra``: StructuredConfig fields that also name the row; ``key_extra`` / ``cfg_extra`` separate the
@@ -176,7 +187,8 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
 
     key = row_key(method, comp, rho, key_extra)
     have = cached_rows().get(key)
-    if have and all(d in have["ppl"] for d in datasets) and (not efficiency or have.get("efficiency")):
+    if have and all(d in have["ppl"] for d in datasets) and (not efficiency or have.get("efficiency")) and (
+            not zeroshot or have.get("zeroshot")):
         return have
     rec = have or {"key": key, "method": method, "compensation": comp, "sparsity": rho, "extra": key_extra or {},
                    "preset": PRESET, "calibration": b.manifest, "ppl": {}}
@@ -204,6 +216,8 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
             reused = find_dense_ppl(d, f"nonoverlap-{PRESET['eval_seqlen']}", PRESET["windows"], sha) if (
                 method == "dense") else None
             rec["ppl"][d] = reused or (ppl(b, model, d) | {"tokens_sha256": sha})
+    if zeroshot and not rec.get("zeroshot"):  # the seven-task mean on the first ZS_LIMIT documents per task
+        rec["zeroshot"] = (find_dense_zeroshot() if method == "dense" else None) or zeroshot_cell(model, b.tok)
     if efficiency and not rec.get("efficiency"):
         rec["efficiency"] = measure_efficiency(model, None, **EFF)
     rec["versions"], rec["machine"] = versions(), machine()
@@ -212,8 +226,8 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
     return rec
 
 
-def dense_row(b: Bench, datasets=("wikitext2",), efficiency=False) -> dict:
-    rec = run_row(b, "dense", "none", 0.0, datasets, efficiency=efficiency)
+def dense_row(b: Bench, datasets=("wikitext2",), efficiency=False, zeroshot=False) -> dict:
+    rec = run_row(b, "dense", "none", 0.0, datasets, efficiency=efficiency, zeroshot=zeroshot)
     if "dense_forward_s" not in rec:
         rec["dense_forward_s"] = dense_forward_seconds(b)
         rec["stats_timings"] = b.stats.timings
@@ -249,12 +263,13 @@ def full_section(rows: list[dict], datasets: tuple[str, ...]) -> list[str]:
            "Dense evaluations are reused from another bench when protocol, windows and corpus token hash match "
            "(the source is named in the JSONL, `reused_from`).", "",
            "| sparsity | selection | compensation | realized | params (M) | " + " | ".join(
-               {"wikitext2": "WikiText-2", "c4": "C4"}[d] for d in datasets) + " | prune + comp. s |",
-           "|---:|---|---|---:|---:|" + "---:|" * len(datasets) + "---:|"]
+               {"wikitext2": "WikiText-2", "c4": "C4"}[d] for d in datasets) + " | zero-shot mean (first "
+           "100 docs/task) | prune + comp. s |",
+           "|---:|---|---|---:|---:|" + "---:|" * len(datasets) + "---:|---:|"]
     for r in sorted(full, key=lambda r: (r["sparsity"], r["method"] != "dense", r["method"], r["compensation"])):
         cells = " | ".join(fmt(r["ppl"][d]["ppl"], 2) if d in r["ppl"] else "-" for d in datasets)
         out.append(f"| {r['sparsity']:.0%} | {r['method']} | {r['compensation']} | {r.get('realized', 0):.1%} | "
-                   f"{r['params'] / 1e6:.2f} | {cells} | {fmt(r.get('prune_s'), 1)} |")
+                   f"{r['params'] / 1e6:.2f} | {cells} | {fmt_zs(r.get('zeroshot'))} | {fmt(r.get('prune_s'), 1)} |")
     return out
 
 
@@ -362,9 +377,9 @@ def main() -> None:
     emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: wt2 {rec['ppl']['wikitext2']['ppl']:.2f}")
 
     if PRESET["name"] == "full":  # the main row (and dense) at the paper's protocol
-        emit(dense_row(b, FULL_DATASETS))
+        emit(dense_row(b, FULL_DATASETS, zeroshot=True))
         for m, c, rho in FULL_ROWS:
-            emit(run_row(b, m, c, rho, FULL_DATASETS))
+            emit(run_row(b, m, c, rho, FULL_DATASETS, zeroshot=True))
         return
     emit(dense_row(b, efficiency=True))
     # rows unique to this table first; wanda-sp/none and flap/bias are shared with compensation_smollm2.py
