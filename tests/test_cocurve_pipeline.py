@@ -93,3 +93,35 @@ def test_registry_method_runs_through_api(tmp_path):
     with pytest.raises(Exception, match="holds out"):
         api.prune(model=str(path), method="cocurve-diag", sparsity=0.3, calib=str(calib), nsamples=2, seqlen=32,
                   quiet=True, extra={"heldout": 2})
+
+
+def test_any_compensator_follows_cocurve_selection(tmp_path):
+    """--method cocurve --compensation X: the same selection as without, compensated on the dense Grams of the
+    graph windows (never worse than the slice on them), sliced, exported, reloaded with equal logits."""
+    path = tmp_path / "m"
+    tiny_model("llama", layers=16, vocab=128).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    calib = tmp_path / "calib.txt"
+    calib.write_text("The quick brown fox jumps over the lazy dog, again and again. " * 60)
+    kw = dict(model=str(path), method="cocurve", sparsity=0.3, calib=str(calib), nsamples=5, seqlen=32, quiet=True)
+    knobs = {"heldout": 2, "positions": 8, "top_r": 16}
+    plain = api.prune(**kw, extra=knobs)
+    for comp in ("ls", "coec"):
+        rep = api.prune(**kw, out=str(tmp_path / comp), extra=knobs | {"compensation": comp, "coec_rounds": 2})
+        d = rep["details"]
+        assert d["hashes"]["mask_sha256"] == plain["details"]["hashes"]["mask_sha256"]
+        assert d["compensation"] == comp and d["per_layer"]
+        assert all(r["recon_after"] <= r["recon_before"] + 1e-12 for r in d["per_layer"])
+        ids = random_ids(1, 16, seed=9)
+        assert not torch.allclose(logits(rep["_model"], ids), logits(plain["_model"], ids), atol=1e-4)
+        loaded, _ = load_model(str(tmp_path / comp))
+        assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
+
+
+def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
+    with pytest.raises(Exception, match="selects its own units"):
+        api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"units": "channel"})
+    with pytest.raises(Exception, match="only apply to"):
+        api.prune(model=str(tmp_path / "absent"), method="wanda", sparsity=0.3, extra={"heldout": 4})
+    with pytest.raises(Exception, match="compensation"):
+        api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"compensation": "nope"})

@@ -110,6 +110,14 @@ def _structured_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coec-rounds", type=int, default=None, help="COEC alternation rounds (default 50)")
     g.add_argument("--ls-lambda", type=float, default=None,
                    help="ridge lambda relative to mean(diag G_xx) for --compensation ls (default 0.01)")
+    c = p.add_argument_group("CoCurve (--method cocurve|cocurve-diag; the last --heldout calibration windows choose "
+                             "lambda, the others build the graph)")
+    c.add_argument("--heldout", type=int, default=None, help="held-out windows for the lambda choice (default 16)")
+    c.add_argument("--positions", type=int, default=None,
+                   help="sampled positions per graph window (default 128)")
+    c.add_argument("--top-r", type=int, default=None, help="teacher top-r support of the features (default 256)")
+    c.add_argument("--ffn-groups", dest="n_ffn_groups", type=int, default=None,
+                   help="FFN channel groups per layer (default 16)")
 
 
 def _cmd_prune(args) -> int:

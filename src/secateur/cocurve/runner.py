@@ -14,7 +14,10 @@ Registered methods (``secateur prune --method cocurve|cocurve-diag``): the last 
 of the calibration set are the disjoint held-out split C', the others build ``H`` - pass
 ``--nsamples 144`` for the paper's 128 + 16. Method knobs come from ``PruneOptions.extra``:
 ``heldout``, ``positions`` (P_tok, 128), ``top_r`` (256), ``unit_batch``, ``seqs_per_block``,
-``n_ffn_groups`` (16), ``bisect_depth`` (0), ``ablate_protected``. The output folder gets
+``n_ffn_groups`` (16), ``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``,
+``--top-r``, ``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
+after the selection on the dense Grams of the graph windows, then the model is sliced
+(:func:`secateur.prune.structured.materialize_selection`). The output folder gets
 ``cocurve_graph.npz`` (H, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its lambda and
 every candidate) and ``secateur_selection.json``; their sha256 are in the report.
 """
@@ -222,7 +225,7 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
 # --- registry entry point ----------------------------------------------------------------------------
 
 def config_from_options(opts) -> CoCurveConfig:
-    extra = getattr(opts, "extra", {}) or {}
+    extra = {k: v for k, v in (getattr(opts, "extra", {}) or {}).items() if v is not None}  # None = CLI unset
     sweep = SweepConfig(positions_per_seq=int(extra.get("positions", 128)), top_r=int(extra.get("top_r", 256)),
                         unit_batch=int(extra.get("unit_batch", 8)),
                         seqs_per_block=int(extra.get("seqs_per_block", 1)),
@@ -239,6 +242,12 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
     :mod:`secateur.structured.export`) so that the generic saver writes a folder that one
     ``from_pretrained`` reloads."""
     from secateur.methods.registry import MethodResult
+    from secateur.prune.structured import (
+        collect_stats,
+        compensation_config,
+        compensation_details,
+        materialize_selection,
+    )
     from secateur.structured import hetero
     from secateur.structured.export import export_config
 
@@ -248,9 +257,21 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
         raise SecateurError(f"{name} holds out the last {cfg.heldout} calibration sequences for the lambda choice: "
                             f"pass --nsamples > {cfg.heldout} (the paper: {128 + cfg.heldout})")
     graph_ids, held = calib_ids[:n - cfg.heldout], calib_ids[n - cfg.heldout:]
-    rep = prune(model, adapter, graph_ids, held, opts.sparsity, cfg, diagonal=name == "cocurve-diag")
-    rep.pop("_result"), rep.pop("_graph")
+    ccfg = compensation_config(opts)
+    compensate = ccfg.compensation != "none"
+    rep = prune(model, adapter, graph_ids, held, opts.sparsity, cfg, diagonal=name == "cocurve-diag",
+                materialize="none" if compensate else "slice")
+    result = rep.pop("_result")
+    rep.pop("_graph")
     files: dict[str, bytes] = rep.pop("_files")
+    comp_timings: dict[str, float] = {}
+    if compensate:  # any compensator after CoCurve's selection: dense Grams of the graph windows, then slice
+        t = time.perf_counter()
+        stats = collect_stats(model, adapter, graph_ids, ("gram",), chunk_size=getattr(opts, "chunk_size", 8),
+                              progress=not getattr(opts, "quiet", True))
+        records, comp_timings = materialize_selection(model, adapter, result.selection, ccfg, stats)
+        comp_timings["comp_stats_s"] = time.perf_counter() - t - sum(comp_timings.values())
+        rep.update(compensation_details(ccfg, records))
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":
@@ -258,5 +279,5 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
     rep["export_route"] = route
     rep["heldout_sha256"] = token_sha256(held)
     timings = {"graph_s": rep["graph_s"], **{f"sweep_{k}": v for k, v in rep["graph"]["timings"].items()
-                                             if isinstance(v, (int, float))}}
+                                             if isinstance(v, (int, float))}, **comp_timings}
     return MethodResult(masks={}, timings=timings, details=rep, extra_files=files)

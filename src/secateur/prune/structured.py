@@ -73,9 +73,15 @@ UNIT_CHOICES = ("kv_group", "head", "channel")
 GROUP_ROLE = {"attn_out": "o", "mlp_out": "down"}
 SCORE_STATS = ("sumsq", "meanvar")
 
-#: knobs only structured methods read (CLI ``extra``); any of them set on another method is an error
-STRUCTURED_KNOBS = ("compensation", "units", "allocation", "coec_alpha", "coec_no_left", "coec_rescale",
-                    "coec_right", "coec_align", "coec_rounds", "coec_stage", "ls_lambda", "no_worse")
+#: compensation knobs (CLI ``extra``): read by every structured selection, including CoCurve's
+COMPENSATION_KNOBS = ("compensation", "coec_alpha", "coec_no_left", "coec_rescale", "coec_right", "coec_align",
+                      "coec_rounds", "coec_stage", "ls_lambda", "no_worse")
+#: knobs only the score-based structured methods read; any of them set on another method is an error
+STRUCTURED_KNOBS = ("units", "allocation", *COMPENSATION_KNOBS)
+#: structured selections with their own runner (secateur.cocurve) that still take ``--compensation``
+OWN_SELECTION = ("cocurve", "cocurve-diag")
+#: CoCurve's own knobs (secateur.cocurve.runner.config_from_options)
+COCURVE_KNOBS = ("heldout", "positions", "top_r", "n_ffn_groups")
 
 
 @dataclass
@@ -341,12 +347,41 @@ def _aggregate(records: list[dict]) -> dict:
     return out
 
 
+def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: StructuredConfig,
+                          stats: StructuredStats | None) -> tuple[list[dict], dict[str, float]]:
+    """Compensate (``cfg.compensation``, from the dense ``stats``) and slice ``sel`` out of ``model`` in place:
+    the last two stages of every structured method, whatever made the selection. Returns the per-layer
+    compensation records and the timings."""
+    from secateur.structured import apply_selection
+
+    reps, records, comp_s = ({}, [], 0.0)
+    if cfg.compensation != "none":
+        if stats is None:
+            raise SecateurError(f"compensation {cfg.compensation!r} needs dense calibration statistics")
+        reps, records, comp_s = compensate_selection(model, adapter, sel, stats, cfg)
+    t = time.perf_counter()
+    apply_selection(model, adapter, sel, reps)
+    return records, {"compensation_s": comp_s, "slice_s": time.perf_counter() - t}
+
+
+def compensation_details(cfg: StructuredConfig, records: list[dict]) -> dict:
+    """The report fields of a compensation stage (shared by every structured method)."""
+    return {
+        "compensation": cfg.compensation, "compensation_seconds": sum(r.get("seconds", 0.0) for r in records),
+        "compensation_summary": _aggregate(records), "per_layer": records,
+        "coec_options": None if cfg.compensation != "coec" else _summary(
+            {k: str(v) if isinstance(v, torch.dtype) else v for k, v in dataclasses.asdict(cfg.coec).items()}),
+        "coec_align": cfg.coec_align if cfg.compensation == "coec" else None,
+        "no_worse_guard": cfg.no_worse,
+    }
+
+
 def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
                      stats: StructuredStats | None = None, chunk_size: int = 8, device=None,
                      progress: bool = False) -> StructuredResult:
     """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
     reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
-    from secateur.structured import apply_selection, count_params, select_units
+    from secateur.structured import count_params, select_units
 
     cfg.validate()
     if cfg.compensation == "coec" and cfg.coec is None:
@@ -374,13 +409,9 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
                        allocation="blocks" if need_bi else ALLOCATIONS[cfg.allocation], rounding=cfg.rounding,
                        seed=cfg.seed, **cfg.score_opts)
     timings["select_s"] = time.perf_counter() - t
-    reps, records, comp_s = ({}, [], 0.0)
-    if cfg.compensation != "none":
-        reps, records, comp_s = compensate_selection(model, adapter, sel, stats, cfg)
-    timings["compensation_s"] = comp_s
-    t = time.perf_counter()
-    apply_selection(model, adapter, sel, reps)
-    timings["slice_s"] = time.perf_counter() - t
+    records, mt = materialize_selection(model, adapter, sel, cfg, stats)
+    timings.update(mt)
+    comp_s = mt["compensation_s"]
     timings["total_s"] = time.perf_counter() - t_all
     params_after = count_params(model)
     info = sel.info
@@ -392,12 +423,8 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
         "removed_blocks": list(sel.removed_blocks),
         "params_before": params_before, "params_after": params_after,
         "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
-        "calibration_tokens": stats.n_tokens, "compensation_seconds": comp_s,
-        "compensation_summary": _aggregate(records), "per_layer": records,
-        "coec_options": None if cfg.compensation != "coec" else _summary(
-            {k: str(v) if isinstance(v, torch.dtype) else v for k, v in dataclasses.asdict(cfg.coec).items()}),
-        "coec_align": cfg.coec_align if cfg.compensation == "coec" else None,
-        "no_worse_guard": cfg.no_worse,
+        "calibration_tokens": stats.n_tokens, **compensation_details(cfg, records),
+        "compensation_seconds": comp_s,
     }
     return StructuredResult(sel, details, timings)
 
@@ -425,6 +452,16 @@ def check_options(method: str, opts) -> None:
 
     extra = getattr(opts, "extra", {}) or {}
     given = [k for k in STRUCTURED_KNOBS if extra.get(k) is not None]
+    cocurve_given = [k for k in COCURVE_KNOBS if extra.get(k) is not None]
+    if cocurve_given and method not in OWN_SELECTION:
+        raise SecateurError(f"{', '.join('--' + k.replace('_', '-') for k in cocurve_given)} only apply to "
+                            f"--method {' / '.join(OWN_SELECTION)}")
+    if method in OWN_SELECTION:  # its own selection; any compensator may follow it
+        if bad := [k for k in given if k not in COMPENSATION_KNOBS]:
+            raise SecateurError(f"{', '.join('--' + k.replace('_', '-') for k in bad)} choose units or allocation "
+                                f"of the score-based structured methods; {method} selects its own units")
+        compensation_config(opts).validate()
+        return
     if method not in SELECTIONS:
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
@@ -447,12 +484,12 @@ def _units(value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def config_from_options(method: str, opts) -> StructuredConfig:
-    """Build the :class:`StructuredConfig` of a registry method from ``PruneOptions`` (+ its ``extra``)."""
+def compensation_config(opts, **fields) -> StructuredConfig:
+    """The compensation part of a :class:`StructuredConfig` from ``PruneOptions.extra`` (``--compensation``,
+    the COEC knobs, ``--ls-lambda``); ``fields`` set the selection part."""
     from secateur.compensate import COECOptions, coec_ablation_options
 
     extra = getattr(opts, "extra", {}) or {}
-    score = SELECTIONS[method]
     coec = coec_ablation_options(extra["coec_stage"]) if extra.get("coec_stage") else COECOptions()
     over: dict[str, Any] = {}
     if extra.get("coec_alpha") is not None:
@@ -470,16 +507,22 @@ def config_from_options(method: str, opts) -> StructuredConfig:
     if over:
         coec = dataclasses.replace(coec, **over)
     align = extra.get("coec_align")
+    return StructuredConfig(
+        compensation=extra.get("compensation") or "none", coec=coec, coec_align=True if align is None else bool(align),
+        ls_lambda_rel=0.01 if extra.get("ls_lambda") is None else float(extra["ls_lambda"]),
+        no_worse=True if extra.get("no_worse") is None else bool(extra["no_worse"]),
+        sparsity=float(opts.sparsity), seed=int(getattr(opts, "seed", 0) or 0), **fields)
+
+
+def config_from_options(method: str, opts) -> StructuredConfig:
+    """Build the :class:`StructuredConfig` of a registry method from ``PruneOptions`` (+ its ``extra``)."""
+    extra = getattr(opts, "extra", {}) or {}
     units = _units(extra.get("units"))
     if extra.get("units") is None and method == "corp":
         units = ("channel",)
-    return StructuredConfig(
-        score=score, sparsity=float(opts.sparsity), units=units,
-        allocation=extra.get("allocation") or "uniform",
-        compensation=extra.get("compensation") or "none", rounding=getattr(opts, "rounding", "ceil") or "ceil",
-        seed=int(getattr(opts, "seed", 0) or 0), coec=coec, coec_align=True if align is None else bool(align),
-        ls_lambda_rel=0.01 if extra.get("ls_lambda") is None else float(extra["ls_lambda"]),
-        no_worse=True if extra.get("no_worse") is None else bool(extra["no_worse"]))
+    return compensation_config(opts, score=SELECTIONS[method], units=units,
+                               allocation=extra.get("allocation") or "uniform",
+                               rounding=getattr(opts, "rounding", "ceil") or "ceil")
 
 
 def run_method(method: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts):
