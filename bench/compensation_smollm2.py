@@ -259,7 +259,7 @@ def main() -> None:
     emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: " + ", ".join(
         f"{d} {v['ppl']:.2f}" for d, v in rec["ppl"].items()) + f" comp {rec.get('compensation_s')}")
 
-    emit(dense_row(b, DATASETS, efficiency=False))
+    emit(dense_row(b, DATASETS))
     if PRESET["name"] == "full":  # the main rows at the paper's protocol: native and COEC on one selection
         for sel, comp, rho, key_extra, cfg_extra in FULL_ROWS:
             emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=True))

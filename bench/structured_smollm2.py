@@ -59,7 +59,6 @@ OUT_MD = RESULTS / "structured-smollm2.md"
 SELECTIONS_5 = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt")
 FULL_ROWS = (("wanda-sp", "none", 0.3),)  # the main row at the full protocol (COEC's headline sparsity)
 FULL_DATASETS = ("wikitext2", "c4")
-EFF = {"prompt_len": 256, "new_tokens": 32, "warmup": 1, "repeats": 3}
 
 
 # --- shared machinery -----------------------------------------------------------------------------------
@@ -165,14 +164,14 @@ def cached_rows() -> dict[str, dict]:
     for f in sorted(WORK.glob(f"structured-rows-{PRESET['name']}-*.jsonl")):
         for r in read_rows(f):
             old = out.get(r["key"])
-            if old is None or len(r["ppl"]) + bool(r.get("efficiency")) >= len(old["ppl"]) + bool(
-                    old.get("efficiency")):
+            if old is None or len(r["ppl"]) + bool(r.get("zeroshot")) >= len(old["ppl"]) + bool(
+                    old.get("zeroshot")):
                 out[r["key"]] = r
     return out
 
 
 def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, ...] = ("wikitext2",),
-            extra: dict | None = None, efficiency: bool = False, key_extra: dict | None = None,
+            extra: dict | None = None, key_extra: dict | None = None,
             cfg_extra: dict | None = None, zeroshot: bool = False) -> dict:
     """Prune a fresh dense copy with the structured pipeline, evaluate, cache the row (by key).
 
@@ -183,12 +182,11 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
     from secateur.data.windows import token_sha256
     from secateur.prune.structured import SELECTIONS, StructuredConfig, prune_structured
     from secateur.runinfo import machine, versions
-    from secateur.structured.efficiency import count_params, measure_efficiency
+    from secateur.structured.efficiency import count_params
 
     key = row_key(method, comp, rho, key_extra)
     have = cached_rows().get(key)
-    if have and all(d in have["ppl"] for d in datasets) and (not efficiency or have.get("efficiency")) and (
-            not zeroshot or have.get("zeroshot")):
+    if have and all(d in have["ppl"] for d in datasets) and (not zeroshot or have.get("zeroshot")):
         return have
     rec = have or {"key": key, "method": method, "compensation": comp, "sparsity": rho, "extra": key_extra or {},
                    "preset": PRESET, "calibration": b.manifest, "ppl": {}}
@@ -218,16 +216,14 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
             rec["ppl"][d] = reused or (ppl(b, model, d) | {"tokens_sha256": sha})
     if zeroshot and not rec.get("zeroshot"):  # the seven-task mean on the first ZS_LIMIT documents per task
         rec["zeroshot"] = (find_dense_zeroshot() if method == "dense" else None) or zeroshot_cell(model, b.tok)
-    if efficiency and not rec.get("efficiency"):
-        rec["efficiency"] = measure_efficiency(model, None, **EFF)
     rec["versions"], rec["machine"] = versions(), machine()
     append_row(CACHE_FILE[0], rec)
     del model
     return rec
 
 
-def dense_row(b: Bench, datasets=("wikitext2",), efficiency=False, zeroshot=False) -> dict:
-    rec = run_row(b, "dense", "none", 0.0, datasets, efficiency=efficiency, zeroshot=zeroshot)
+def dense_row(b: Bench, datasets=("wikitext2",), zeroshot=False) -> dict:
+    rec = run_row(b, "dense", "none", 0.0, datasets, zeroshot=zeroshot)
     if "dense_forward_s" not in rec:
         rec["dense_forward_s"] = dense_forward_seconds(b)
         rec["stats_timings"] = b.stats.timings
@@ -284,12 +280,12 @@ def machine_line(rows: list[dict]) -> str:
 
 # --- issue 5 -----------------------------------------------------------------------------------------------
 
-def rows_5() -> list[tuple[str, str, float, bool]]:
+def rows_5() -> list[tuple[str, str, float]]:
     out = []
     for rho in SPARSITIES:
         for m in SELECTIONS_5:
-            out.append((m, "none", rho, m == "wanda-sp"))
-        out.append(("flap", "bias", rho, False))
+            out.append((m, "none", rho))
+        out.append(("flap", "bias", rho))
     return out
 
 
@@ -316,7 +312,7 @@ def render() -> None:
         lines.append(f"| 0% | dense | - | {fmt(dense['ppl']['wikitext2']['ppl'], 2)} | "
                      f"{dense['params'] / 1e6:.2f} | 0 | 0 | 0 | 0 | - |")
     for rho in SPARSITIES:
-        for m, c, _rho, _eff in [r for r in rows_5() if r[2] == rho]:
+        for m, c, _rho in [r for r in rows_5() if r[2] == rho]:
             r = by.get(row_key(m, c, rho, preset=QUICK))
             if r is None:
                 lines.append(f"| {rho:.0%} | {m} | {c} | (not run) | | | | | | |")
@@ -330,28 +326,9 @@ def render() -> None:
                 f"{r['params_removed_fraction']:.1%} | {r['realized']:.1%} | "
                 f"{kv.get('removed_units', '-')}/{kv.get('units', '-')} | "
                 f"{ch.get('removed_units', '-')}/{ch.get('units', '-')} | {fmt(r.get('prune_s'), 1)} |")
-    eff = [r for r in rows if r.get("efficiency")]
-    if eff and dense and dense.get("efficiency"):
-        de = dense["efficiency"]
-        s = de["settings"]
-        lines += ["", "## Efficiency of the sliced model (Wanda-sp rows; COEC Table 4 / CoCurve Table 5 layout)",
-                  "", f"`measure_efficiency`: batch {s['batch_size']}, prompt {s['prompt_len']} tokens, "
-                  f"{s['new_tokens']} greedy decode tokens with KV cache, {s['warmup']} warm-up + median of "
-                  f"{s['repeats']} runs, {s['device']}, {s['dtype']}, attention `{s['attn_implementation']}`. "
-                  "Peak memory = resident-set high-water mark of the process during one prefill+decode "
-                  f"(`{de['peak_memory_kind']}`; includes the weights and the Python process). FLOPs/token = "
-                  "2 x params (COEC's convention). The machine is shared: speeds carry a few % noise.", "",
-                  "| model | params (M) | ratio | GFLOPs/token | peak memory (MiB) | ratio | prefill tok/s | "
-                  "speed-up | decode tok/s | speed-up |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in [dense] + sorted((r for r in eff if r["method"] != "dense"), key=lambda r: r["sparsity"]):
-            e = r["efficiency"]
-            name = "dense" if r["method"] == "dense" else f"{r['method']} {r['sparsity']:.0%}"
-            lines.append(
-                f"| {name} | {e['params'] / 1e6:.2f} | {e['params'] / de['params']:.3f} | "
-                f"{e['flops_per_token'] / 1e9:.3f} | {e['peak_memory_bytes'] / 2**20:.0f} | "
-                f"{e['peak_memory_bytes'] / de['peak_memory_bytes']:.3f} | {e['prefill_tokens_per_s']:.0f} | "
-                f"{e['prefill_tokens_per_s'] / de['prefill_tokens_per_s']:.2f}x | {e['decode_tokens_per_s']:.1f} | "
-                f"{e['decode_tokens_per_s'] / de['decode_tokens_per_s']:.2f}x |")
+    from efficiency_smollm2 import table as efficiency_table  # measured in fresh processes, quiet machine
+
+    lines += efficiency_table()
     lines += full_section(rows, ("wikitext2", "c4"))
     lines += ["", "Notes: all scores are computed from the same dense statistics; `random` uses seed 0; FLAP uses "
               "its WIFV score with the uniform (COEC) allocation here (FLAP's own global AL-AM allocation is "
@@ -381,13 +358,12 @@ def main() -> None:
         for m, c, rho in FULL_ROWS:
             emit(run_row(b, m, c, rho, FULL_DATASETS, zeroshot=True))
         return
-    emit(dense_row(b, efficiency=True))
+    emit(dense_row(b))
     # rows unique to this table first; wanda-sp/none and flap/bias are shared with compensation_smollm2.py
     shared = {("wanda-sp", "none"), ("flap", "bias")}
     order = sorted(rows_5(), key=lambda r: ((r[0], r[1]) in shared, [0.3, 0.4, 0.2, 0.1].index(r[2])))
-    order = [r for r in order if r[3]] + [r for r in order if not r[3]]  # efficiency rows first
-    for m, c, rho, eff in order:
-        rec = run_row(b, m, c, rho, efficiency=eff)
+    for m, c, rho in order:
+        rec = run_row(b, m, c, rho)
         if not math.isfinite(rec["ppl"]["wikitext2"]["ppl"]):
             print(f"{rec['key']}: non-finite ppl", flush=True)
         emit(rec)
