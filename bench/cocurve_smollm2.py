@@ -33,7 +33,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, WORK, append_row, calib_tokens, fmt, read_rows  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    WORK,
+    ZS_LIMIT,
+    append_row,
+    calib_tokens,
+    find_dense_zeroshot,
+    fmt,
+    fmt_zs,
+    merge_row_field,
+    read_rows,
+    zeroshot_cell,
+)
 
 PRESETS = {
     # the paper's protocol (default in code): 128 x 2048 graph, P_tok 128, r 256, 16 held-out, full corpora
@@ -251,12 +263,13 @@ def _disjoint(windows: torch.Tensor, heldout: torch.Tensor, k: int = 32) -> bool
     return not any(tuple(h[i:i + k].tolist()) in runs for h in heldout for i in range(0, h.numel() - k + 1, k))
 
 
-def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_METHODS) -> None:
+def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_METHODS, zs: bool = False) -> None:
     """COEC (<= 50 rounds) after three selections, each row against its selection alone:
     ``cocurve+coec`` (the CoCurve row's saved mask), ``wanda_sp+coec`` (the Wanda-sp row's mask, recomputed
     and checked against its sha256: same inventory, guards and budget as CoCurve), and ``coec`` (COEC's own
     pipeline: RCPU score, KV groups + single channels, uniform ceil allocation, no guard; its realized
-    budget is what ceil rounding gives). Grams and scores from ``COMP_CALIB``; KL and perplexity as the rows."""
+    budget is what ceil rounding gives). Grams and scores from ``COMP_CALIB``; KL and perplexity as the rows.
+    ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows."""
     from secateur.calib import engine
     from secateur.cocurve import HeldoutKL, cocurve_inventory
     from secateur.cocurve.graph import array_sha256
@@ -300,6 +313,10 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     stats = collect_stats(model, adapter, c_ids, SCORE_STATS + ("gram",))
     stats_s = time.perf_counter() - t
     g_stats = None
+    if zs or "wanda_sp+coec" in methods:  # the Wanda-sp selection, from the graph windows' statistics
+        h = StatsCollector(("sumsq", "meanvar"))
+        engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
+        g_stats = h.stats
     base = {"preset": preset, "preset_params": p, "calibration": man, "comp_calibration": c_man,
             "heldout_sha256": token_sha256(h_ids), "coec_rounds": rounds, "versions": versions(),
             "machine": machine(), "stats_s": stats_s}
@@ -319,11 +336,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
                     continue
                 if src == "cocurve":
                     removed = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
-                else:  # the Wanda-sp row's selection, from the graph windows' statistics as in stage_rows
-                    if g_stats is None:
-                        h = StatsCollector(("sumsq", "meanvar"))
-                        engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
-                        g_stats = h.stats
+                else:  # the Wanda-sp row's selection, as in stage_rows
                     removed = allocate_global(inv, unit_scores(inv, adapter, "wanda_sp", g_stats), rho,
                                               guard=cfg.guard(rho), cost_normalized=True).removed
                 if array_sha256(removed) != ref["mask_sha256"]:
@@ -351,9 +364,30 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
             row = {**base, "method": method, "rho": rho, "heldout_kl": ev["kl"], "heldout_se": ev["se"],
                    "params": count_params(pruned), "ppl": _ppl(pruned, corpora, p["ppl_windows"]),
                    "wall_s": time.perf_counter() - t0, **extra}
+            if zs:
+                row["zeroshot"] = zeroshot_cell(pruned, tok)
             append_row(OUT_JSON, row)
             print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
                   flush=True)
+            del pruned
+        if not zs:
+            continue
+        for src in ("cocurve", "wanda_sp"):  # the selections alone, for the zero-shot column
+            ref = next((r for r in read_rows(OUT_JSON) if r.get("preset") == preset and r["method"] == src
+                        and r["rho"] == rho), None)
+            if ref is None or ref.get("zeroshot"):
+                continue
+            if src == "cocurve":
+                removed = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
+            else:
+                removed = allocate_global(inv, unit_scores(inv, adapter, "wanda_sp", g_stats), rho,
+                                          guard=cfg.guard(rho), cost_normalized=True).removed
+            if array_sha256(removed) != ref["mask_sha256"]:
+                raise SystemExit(f"{src} mask at {rho} differs from its row's (sha256)")
+            pruned = copy.deepcopy(model)
+            apply_selection(pruned, get_adapter(pruned), Selection.from_removed(inv, removed, {"method": src}))
+            merge_row_field(OUT_JSON, {"preset": preset, "method": src, "rho": rho}, "zeroshot",
+                            zeroshot_cell(pruned, tok))
             del pruned
 
 
@@ -492,9 +526,12 @@ def render() -> None:
                  f"{c['source']} {c['n']} x {c['seqlen']}, seed {c['seed']} (token sha256 {c['sha256'][:16]}...), "
                  "checked to share no 32-token run with the held-out split; an earlier run that fitted COEC (1 "
                  "round) on the 4 x 256 graph windows raised held-out KL.\n")
-        L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | params (M) | mean rounds | "
+        dz = find_dense_zeroshot()
+        L.append(f"Zero-shot: seven-task mean on the first {ZS_LIMIT} documents per task (dense "
+                 f"{fmt_zs(dz)}).\n")
+        L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | zero-shot | params (M) | mean rounds | "
                  "compensation (s) |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for rho in sorted({r["rho"] for r in comp}):
             for m in ("cocurve", "cocurve+coec", "wanda_sp", "wanda_sp+coec", "coec"):
                 pool = comp if m in COEC_METHODS else rows
@@ -502,7 +539,8 @@ def render() -> None:
                 if r:
                     L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | {r['heldout_kl']:.4f} ± "
                              f"{r['heldout_se']:.4f} | " + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
-                             + f" | {r['params'] / 1e6:.1f} | {fmt(r.get('rounds_mean'), 1)} | "
+                             + f" | {fmt_zs(r.get('zeroshot'))} | {r['params'] / 1e6:.1f} | "
+                             f"{fmt(r.get('rounds_mean'), 1)} | "
                              f"{fmt(r.get('compensation_s'), 0)} |")
     L.append("\n## Allocation per layer (removed KV groups of 3 / FFN groups of 16, layers 0..29)\n")
     L.append(f"![allocation]({OUT_PNG.name})\n")
@@ -545,6 +583,7 @@ def main() -> None:
     ap.add_argument("--rhos", default=",".join(str(r) for r in RHOS))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument("--zs", action="store_true", help="--stage coec: add the zero-shot column (first 100 docs/task)")
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args()
     if args.stage == "graph":
@@ -554,7 +593,7 @@ def main() -> None:
                    not args.no_dense)
     elif args.stage == "coec":
         ms = tuple(m for m in args.methods.split(",") if m in COEC_METHODS) or COEC_METHODS
-        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")], ms)
+        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")], ms, zs=args.zs)
     if args.render:
         render()
 
