@@ -125,8 +125,9 @@ def load_or_collect_stats(b: Bench):
         if blob["calib_sha256"] == b.manifest["sha256"]:
             return blob["stats"]
     print("collecting dense statistics (one engine pass + block influence)...", flush=True)
-    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"), block_influence=True,
-                       chunk_size=4, progress=True)
+    # ShortGPT's block influence (one more dense forward) only for the sweep preset: the full one runs no ShortGPT row
+    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"),
+                       block_influence=PRESET["name"] == QUICK, chunk_size=4, progress=True)
     torch.save({"calib_sha256": b.manifest["sha256"], "stats": st}, STATS_PATH)
     return st
 
