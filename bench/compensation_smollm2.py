@@ -21,6 +21,7 @@ import json
 import structured_smollm2 as s5
 from common import RESULTS, WORK, find_dense_zeroshot, fmt, fmt_zs, merge_row_field, read_rows, row_sink
 from structured_smollm2 import (
+    FULL_DATASETS,
     PRESET,
     PRESETS,
     QUICK,
@@ -273,10 +274,10 @@ def main() -> None:
     emit = row_sink(OUT_JSON, render, lambda rec: f"{rec['key']}: " + ", ".join(
         f"{d} {v['ppl']:.2f}" for d, v in rec["ppl"].items()) + f" comp {rec.get('compensation_s')}")
 
-    emit(dense_row(b, DATASETS))
+    emit(dense_row(b, FULL_DATASETS if PRESET["name"] == "full" else DATASETS))
     if PRESET["name"] == "full":  # the main rows at the paper's protocol: native and COEC on one selection
         for sel, comp, rho, key_extra, cfg_extra in FULL_ROWS:
-            emit(run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=True))
+            emit(run_row(b, sel, comp, rho, FULL_DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=True))
         return
     only = None if a.only is None else {float(x) for x in a.only.split(",")}
     for sel, comp, rho, key_extra, cfg_extra in row_list():
