@@ -24,7 +24,9 @@ One dense calibration pass -> selection -> per-layer compensation -> physical sl
    ``W2[:, S] + W2[:, P] B`` with bias ``b2 + W2[:, P] c``; on ``o_proj`` this generic affine refit is a
    toolkit extension - CORP's own attention pruning shrinks Q/K head dimensions, which RoPE forbids).
 4. **Materialization**: :func:`secateur.structured.apply_selection` with the compensated weights as
-   replacements (bias-free projections get a bias where the compensator returns one).
+   replacements (bias-free projections get a bias where the compensator returns one). Steps 3-4 are
+   :func:`materialize_selection`, which any structured selection reuses (CoCurve's runner calls it for
+   ``--method cocurve --compensation X``).
 
 Safeguard **[impl]** (``no_worse=True``, default): the relative calibration reconstruction error
 ``E||W0 x + b - W~ x_K - b~||^2 / E||W0 x||^2`` (untempered, from the same dense statistics) of every
