@@ -126,18 +126,22 @@ def prune(**kwargs) -> dict:
     return report
 
 
+def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
+    """A spec/folder is loaded; an in-memory model needs its tokenizer. Returns (model, tokenizer, name)."""
+    if isinstance(model, str):
+        loaded, tok = load_model(model, dtype, device)
+        return loaded, tok, model
+    if tokenizer is None:
+        raise SecateurError("an in-memory model needs its tokenizer")
+    return model, tokenizer, getattr(model.config, "_name_or_path", "in-memory")
+
+
 def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wikitext2", seqlen: int = 2048,
              stride: int | None = None, max_windows: int | None = None, data_dir: str | None = None,
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
              progress: bool = True) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
-    if isinstance(model, str):
-        name = model
-        model, tokenizer = load_model(model, dtype, device)
-    else:
-        name = getattr(model.config, "_name_or_path", "in-memory")
-        if tokenizer is None:
-            raise SecateurError("an in-memory model needs its tokenizer")
+    model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
     ids = eval_ids(eval_text(dataset, data_dir), tokenizer)
     res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
@@ -146,3 +150,24 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(res, indent=2))
     return res
+
+
+def eval_zeroshot(model: str | torch.nn.Module = "smollm2-135m", tasks=None, limit: int | None = None,
+                  data_dir: str | None = None, tokenizer=None, dtype: str = "float32", device: str = "cpu",
+                  progress: bool = True) -> dict:
+    """The seven-task zero-shot suite (``secateur eval zeroshot``): per-task scores, the mean and its SE."""
+    from secateur.eval.zeroshot import evaluate_zeroshot
+
+    model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
+    res = evaluate_zeroshot(model, tokenizer, tasks=tasks, limit=limit, data_dir=data_dir, progress=progress)
+    return res | {"model": name, "versions": versions(), "machine": machine()}
+
+
+def eval_efficiency(model: str | torch.nn.Module, dtype: str = "float32", device: str = "cpu", **settings) -> dict:
+    """Params, FLOPs/token, peak memory, prefill/decode tokens/s (``secateur eval efficiency``); ``settings``
+    go to :func:`secateur.structured.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
+    from secateur.structured.efficiency import measure_efficiency
+
+    if isinstance(model, str):
+        model, _ = load_model(model, dtype, device)
+    return measure_efficiency(model, None, **settings)
