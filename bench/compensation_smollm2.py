@@ -209,7 +209,7 @@ def render() -> None:
         lines.append("")
     keys = {r["key"] for r in rows}
     shared = [r for r in read_rows(s5.OUT_JSON) if r["preset"]["name"] == "full" and r["key"] not in keys]
-    lines += full_section(rows + shared, DATASETS)[1:] + [""]
+    lines += full_section(rows + shared, FULL_DATASETS)[1:] + [""]
     lines += ["## Claims checked", "", *claims(by), "", machine_line(rows), ""]
     OUT_MD.write_text("\n".join(lines))
 

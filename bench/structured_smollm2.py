@@ -249,14 +249,14 @@ def full_section(rows: list[dict], datasets: tuple[str, ...]) -> list[str]:
     if not full:
         return []
     p = PRESETS["full"]
-    ev = next((r["ppl"][d] for r in full for d in datasets if d in r["ppl"] and "reused_from" not in r["ppl"][d]),
-              {})
+    ev = {d: next((r["ppl"][d] for r in full if d in r["ppl"]), {}) for d in datasets}
     calib = next((r["calibration"] for r in full), {})
     out = ["", "## Main rows at the full protocol", "",
            f"Preset `full` (`STRUCT_PRESET=full`): calibration WikiText-2 validation, {p['nsamples']} x "
            f"{p['seqlen']} tokens, seed {p['seed']} (token sha256 {calib.get('sha256', '?')[:16]}...); perplexity "
-           f"{ev.get('protocol', 'nonoverlap-2048')} over every window of each corpus "
-           f"({ev.get('windows_total', '?')} windows of WikiText-2 test / C4 validation as recorded per row). "
+           f"{ev['wikitext2'].get('protocol', 'nonoverlap-2048')} over every window of each corpus ("
+           + ", ".join(f"{d}: {e.get('windows_total', '?')} windows, {e.get('scored_tokens', '?')} scored tokens"
+                       for d, e in ev.items()) + "). "
            "Dense evaluations are reused from another bench when protocol, windows and corpus token hash match "
            "(the source is named in the JSONL, `reused_from`).", "",
            "| sparsity | selection | compensation | realized | params (M) | " + " | ".join(
@@ -330,7 +330,7 @@ def render() -> None:
     from efficiency_smollm2 import table as efficiency_table  # measured in fresh processes, quiet machine
 
     lines += efficiency_table()
-    lines += full_section(rows, ("wikitext2", "c4"))
+    lines += full_section(rows, FULL_DATASETS)
     lines += ["", "Notes: all scores are computed from the same dense statistics; `random` uses seed 0; FLAP uses "
               "its WIFV score with the uniform (COEC) allocation here (FLAP's own global AL-AM allocation is "
               "`--allocation flap-global`); `flap | bias` adds FLAP's mean-replacement bias `W[:, P] mu_P` to "
