@@ -271,7 +271,7 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
                               progress=not getattr(opts, "quiet", True))
         records, comp_timings = materialize_selection(model, adapter, result.selection, ccfg, stats)
         comp_timings["comp_stats_s"] = time.perf_counter() - t - sum(comp_timings.values())
-        rep.update(compensation_details(ccfg, records))
+        rep.update(compensation_details(ccfg, records, comp_timings["compensation_s"]))
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":

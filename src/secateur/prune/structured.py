@@ -366,10 +366,10 @@ def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: Structur
     return records, {"compensation_s": comp_s, "slice_s": time.perf_counter() - t}
 
 
-def compensation_details(cfg: StructuredConfig, records: list[dict]) -> dict:
+def compensation_details(cfg: StructuredConfig, records: list[dict], seconds: float) -> dict:
     """The report fields of a compensation stage (shared by every structured method)."""
     return {
-        "compensation": cfg.compensation, "compensation_seconds": sum(r.get("seconds", 0.0) for r in records),
+        "compensation": cfg.compensation, "compensation_seconds": seconds,
         "compensation_summary": _aggregate(records), "per_layer": records,
         "coec_options": None if cfg.compensation != "coec" else _summary(
             {k: str(v) if isinstance(v, torch.dtype) else v for k, v in dataclasses.asdict(cfg.coec).items()}),
@@ -418,15 +418,14 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
     params_after = count_params(model)
     info = sel.info
     details = {
-        "structured": True, "score": cfg.score, "compensation": cfg.compensation, "units": list(cfg.kinds),
+        "structured": True, "score": cfg.score, "units": list(cfg.kinds),
         "allocation": "blocks" if need_bi else cfg.allocation, "target_sparsity": cfg.sparsity,
         "realized": info.get("realized"), "by_kind": info.get("by_kind"),
         "per_layer_realized": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()},
         "removed_blocks": list(sel.removed_blocks),
         "params_before": params_before, "params_after": params_after,
         "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
-        "calibration_tokens": stats.n_tokens, **compensation_details(cfg, records),
-        "compensation_seconds": comp_s,
+        "calibration_tokens": stats.n_tokens, **compensation_details(cfg, records, comp_s),
     }
     return StructuredResult(sel, details, timings)
 
