@@ -139,8 +139,85 @@ def _ppl(model, corpora_ids: dict, windows) -> dict:
     return out
 
 
-def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
+def _baseline_removed(method: str, inv, adapter, stats, rho: float, guard) -> tuple[torch.Tensor, bool]:
+    """A baseline's mask under the shared inventory, guard and budget; ``stats`` = sumsq + meanvar of the graph
+    windows (Wanda-sp, FLAP). Returns (removed, cost_normalized)."""
+    from secateur.structured import allocate_global, flap_alam_scores, unit_scores
+
+    if method == "wanda_sp":
+        scores, norm = unit_scores(inv, adapter, "wanda_sp", stats), True
+    elif method == "flap":
+        scores, norm = flap_alam_scores(inv, adapter, stats), False
+    elif method == "magnitude":
+        scores, norm = unit_scores(inv, adapter, "magnitude_unit"), True
+    elif method == "random":
+        scores, norm = unit_scores(inv, adapter, "random", seed=0), False
+    else:
+        raise ValueError(f"not a baseline: {method}")
+    return allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm).removed, norm
+
+
+def _row_removed(row: dict, inv, adapter, stats, guard) -> torch.Tensor:
+    """The mask of a results row, rebuilt (CoCurve rows: their saved mask) and checked against its sha256."""
+    from secateur.cocurve.graph import array_sha256
+
+    m, rho = row["method"], row["rho"]
+    if m.startswith("cocurve"):
+        removed = torch.load(DIR / f"out-{m}-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
+    else:
+        removed = _baseline_removed(m, inv, adapter, stats, rho, guard)[0]
+    if array_sha256(removed) != row["mask_sha256"]:
+        raise SystemExit(f"{m} mask at {rho} differs from its row's (sha256)")
+    return removed
+
+
+def _graph_stats(model, adapter, g_ids):
     from secateur.calib import engine
+    from secateur.structured.collect import StatsCollector
+
+    h = StatsCollector(("sumsq", "meanvar"))
+    engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
+    return h.stats
+
+
+def zs_cells(model, tok, adapter, inv, cfg, stats, preset: str, rho: float, methods) -> None:
+    """Merge the zero-shot column into the mask-only rows of ``methods`` at ``rho`` that lack it."""
+    from secateur.models.adapters import get_adapter
+    from secateur.structured import apply_selection
+    from secateur.structured.selection import Selection
+
+    for m in methods:
+        row = next((r for r in read_rows(OUT_JSON) if r.get("preset") == preset and r["method"] == m
+                    and r["rho"] == rho and "coec_rounds" not in r), None)
+        if row is None or row.get("zeroshot"):
+            continue
+        removed = _row_removed(row, inv, adapter, stats, cfg.guard(rho))
+        pruned = copy.deepcopy(model)
+        apply_selection(pruned, get_adapter(pruned), Selection.from_removed(inv, removed, {"method": m}))
+        cell = zeroshot_cell(pruned, tok)
+        merge_row_field(OUT_JSON, {"preset": preset, "method": m, "rho": rho}, "zeroshot", cell)
+        print(m, rho, "zero-shot", cell.get("mean"), flush=True)
+        del pruned
+
+
+def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
+    """The zero-shot column of the main table (first ZS_LIMIT documents per task), resumable cell by cell."""
+    from secateur.cocurve import cocurve_inventory
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import load_model
+
+    torch.set_num_threads(1)
+    p = PRESETS[preset]
+    model, tok = load_model("smollm2-135m")
+    adapter = get_adapter(model)
+    g_ids, _, _ = data(tok, p)
+    stats = _graph_stats(model, adapter, g_ids) if {"wanda_sp", "flap"} & set(methods) else None
+    inv = cocurve_inventory(adapter)
+    for rho in rhos:
+        zs_cells(model, tok, adapter, inv, config(p), stats, preset, rho, methods)
+
+
+def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
     from secateur.cocurve import CoPruningGraph, HeldoutKL, cocurve_inventory, masked, select
     from secateur.cocurve.graph import array_sha256
     from secateur.data.sources import eval_text
@@ -148,8 +225,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
-    from secateur.structured import allocate_global, apply_selection, flap_alam_scores, save_pruned, unit_scores
-    from secateur.structured.collect import StatsCollector
+    from secateur.structured import apply_selection, save_pruned
     from secateur.structured.efficiency import count_params, measure_efficiency
 
     torch.set_num_threads(1)
@@ -183,9 +259,8 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
     stats, stats_s = None, 0.0
     if any(m in ("wanda_sp", "flap") for m in methods):
         t = time.perf_counter()
-        h = StatsCollector(("sumsq", "meanvar"))
-        engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
-        stats, stats_s = h.stats, time.perf_counter() - t
+        stats = _graph_stats(model, adapter, g_ids)
+        stats_s = time.perf_counter() - t
 
     for rho in rhos:
         guard = cfg.guard(rho)
@@ -204,15 +279,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
                 sel_s = time.perf_counter() - t0
                 cost_s = sweep_s + sel_s
             else:
-                if method == "wanda_sp":
-                    scores, norm = unit_scores(inv, adapter, "wanda_sp", stats), True
-                elif method == "flap":
-                    scores, norm = flap_alam_scores(inv, adapter, stats), False
-                elif method == "magnitude":
-                    scores, norm = unit_scores(inv, adapter, "magnitude_unit"), True
-                else:
-                    scores, norm = unit_scores(inv, adapter, "random", seed=0), False
-                removed = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm).removed
+                removed, norm = _baseline_removed(method, inv, adapter, stats, rho, guard)
                 sel_s = time.perf_counter() - t0
                 cost_s = sel_s + (stats_s if method in ("wanda_sp", "flap") else 0.0)
                 with masked(adapter, inv, removed):
@@ -270,7 +337,6 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     pipeline: RCPU score, KV groups + single channels, uniform ceil allocation, no guard; its realized
     budget is what ceil rounding gives). Grams and scores from ``COMP_CALIB``; KL and perplexity as the rows.
     ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows."""
-    from secateur.calib import engine
     from secateur.cocurve import HeldoutKL, cocurve_inventory
     from secateur.cocurve.graph import array_sha256
     from secateur.compensate import COECOptions
@@ -287,10 +353,8 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     )
     from secateur.runinfo import machine, versions
     from secateur.structured import apply_selection
-    from secateur.structured.allocate import allocate_global, report
-    from secateur.structured.collect import StatsCollector
+    from secateur.structured.allocate import report
     from secateur.structured.efficiency import count_params
-    from secateur.structured.scores import unit_scores
     from secateur.structured.selection import Selection
 
     torch.set_num_threads(1)
@@ -314,9 +378,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     stats_s = time.perf_counter() - t
     g_stats = None
     if zs or "wanda_sp+coec" in methods:  # the Wanda-sp selection, from the graph windows' statistics
-        h = StatsCollector(("sumsq", "meanvar"))
-        engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
-        g_stats = h.stats
+        g_stats = _graph_stats(model, adapter, g_ids)
     base = {"preset": preset, "preset_params": p, "calibration": man, "comp_calibration": c_man,
             "heldout_sha256": token_sha256(h_ids), "coec_rounds": rounds, "versions": versions(),
             "machine": machine(), "stats_s": stats_s}
@@ -334,13 +396,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
                 if ref is None:
                     print(f"no {src} row at {rho}: skipping {method}")
                     continue
-                if src == "cocurve":
-                    removed = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
-                else:  # the Wanda-sp row's selection, as in stage_rows
-                    removed = allocate_global(inv, unit_scores(inv, adapter, "wanda_sp", g_stats), rho,
-                                              guard=cfg.guard(rho), cost_normalized=True).removed
-                if array_sha256(removed) != ref["mask_sha256"]:
-                    raise SystemExit(f"{src} mask at {rho} differs from its row's (sha256)")
+                removed = _row_removed(ref, inv, adapter, g_stats, cfg.guard(rho))
                 sel = Selection.from_removed(inv, removed, {"method": method})
                 ccfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS))
                 reps, records, comp_s = compensate_selection(pruned, pa, sel, stats, ccfg)
@@ -370,25 +426,8 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
             print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
                   flush=True)
             del pruned
-        if not zs:
-            continue
-        for src in ("cocurve", "wanda_sp"):  # the selections alone, for the zero-shot column
-            ref = next((r for r in read_rows(OUT_JSON) if r.get("preset") == preset and r["method"] == src
-                        and r["rho"] == rho), None)
-            if ref is None or ref.get("zeroshot"):
-                continue
-            if src == "cocurve":
-                removed = torch.load(DIR / f"out-cocurve-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
-            else:
-                removed = allocate_global(inv, unit_scores(inv, adapter, "wanda_sp", g_stats), rho,
-                                          guard=cfg.guard(rho), cost_normalized=True).removed
-            if array_sha256(removed) != ref["mask_sha256"]:
-                raise SystemExit(f"{src} mask at {rho} differs from its row's (sha256)")
-            pruned = copy.deepcopy(model)
-            apply_selection(pruned, get_adapter(pruned), Selection.from_removed(inv, removed, {"method": src}))
-            merge_row_field(OUT_JSON, {"preset": preset, "method": src, "rho": rho}, "zeroshot",
-                            zeroshot_cell(pruned, tok))
-            del pruned
+        if zs:  # the selections alone, for the zero-shot column
+            zs_cells(model, tok, adapter, inv, cfg, g_stats, preset, rho, ("cocurve", "wanda_sp"))
 
 
 # --- render ---------------------------------------------------------------------------------------------
@@ -497,9 +536,11 @@ def render() -> None:
              "(the paper's C'), so it is optimistic for CoCurve; the perplexities are independent of selection, "
              "and the diagonal control (one candidate, nothing chosen) has an unbiased KL.\n")
     L.append("## Quality\n")
-    L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | lambda | #cand | KV / FFN groups removed | "
-             "params (M) | selection cost (s) |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append(f"Zero-shot: seven-task mean on the first {ZS_LIMIT} documents per task (`--stage zs`; dense "
+             f"{fmt_zs(find_dense_zeroshot())}); '-' where not yet measured.\n")
+    L.append("| rho | method | realized | KL (± SE) | WT2 | C4 | PTB | zero-shot | lambda | #cand | "
+             "KV / FFN groups removed | params (M) | selection cost (s) |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rho in sorted({r["rho"] for r in rows if r["method"] != "dense"}):
         for m in METHODS:
             r = next((x for x in rows if x["rho"] == rho and x["method"] == m), None)
@@ -509,7 +550,8 @@ def render() -> None:
             L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | "
                      f"{r['heldout_kl']:.4f} ± {r['heldout_se']:.4f} | "
                      + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
-                     + f" | {fmt(r.get('lambda'))} | {len(r['candidates']) if 'candidates' in r else '-'} | "
+                     + f" | {fmt_zs(r.get('zeroshot'))} | {fmt(r.get('lambda'))} | "
+                     f"{len(r['candidates']) if 'candidates' in r else '-'} | "
                      f"{sum(a['attn'])} / {sum(a['ffn'])} | {r['params'] / 1e6:.1f} | {r['selection_cost_s']:.0f} |")
     comp = [r for r in rows if r["method"] in COEC_METHODS and r.get("coec_rounds") == COEC_OPTS["max_rounds"]]
     if comp:
@@ -558,16 +600,20 @@ def render() -> None:
             path = "; ".join(f"λ={c['lambda']:.2f}: {c['heldout_kl']:.4f}" for c in r["candidates"])
             L.append(f"* {r['rho']:.0%}: chosen λ̂ = {r['lambda']:.2f} (one-SE set: "
                      f"{[r['candidates'][i]['lambda'] for i in r['one_se_set']]}); {path}")
-    L.append("\n## Artifacts (CoCurve rows: sliced, exported, efficiency)\n")
-    L.append("| rho | method | export route | mask sha256 | prefill tok/s | decode tok/s |")
-    L.append("|---|---|---|---|---|---|")
-    for r in rows:
-        if "efficiency" in r:
-            e = r["efficiency"]
-            L.append(f"| {r['rho']:.0%} | {r['method']} | {r.get('export', {}).get('route', '-')} | "
-                     f"`{r.get('mask_sha256', '-')[:16]}…` | {e['prefill_tokens_per_s']:.0f} | "
-                     f"{e['decode_tokens_per_s']:.1f} |")
-    L.append("\nEfficiency: CPU, float32, prompt 256, 16 new tokens, 3 repeats on 2 shared cores — indicative only.\n")
+    L.append("\n## Artifacts (CoCurve rows: sliced and exported)\n")
+    L.append("| rho | method | export route | folder | mask sha256 |")
+    L.append("|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda x: (x["rho"], x["method"])):
+        if "export" in r:
+            L.append(f"| {r['rho']:.0%} | {r['method']} | {r['export'].get('route', '-')} | "
+                     f"`{Path(r['export']['mask_file']).parent.name}` | `{r.get('mask_sha256', '-')[:16]}…` |")
+    from efficiency_smollm2 import table as efficiency_table  # fresh process per model, quiet machine
+
+    eff = efficiency_table("cocurve")
+    # the rows' own in-process numbers (2 cores shared by other jobs, load 10-16) are not reported: load artifacts
+    L += eff[1:] if eff else ["", "Efficiency: not measured yet in fresh processes "
+                              "(`python bench/efficiency_smollm2.py --measure --models cocurve`)."]
+    L.append("")
     OUT_MD.write_text("\n".join(L) + "\n")
     try:
         plot(rows)
@@ -577,7 +623,7 @@ def render() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["graph", "rows", "coec"], default=None)
+    ap.add_argument("--stage", choices=["graph", "rows", "coec", "zs"], default=None)
     ap.add_argument("--preset", default="quick", choices=sorted(PRESETS))
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rhos", default=",".join(str(r) for r in RHOS))
@@ -594,6 +640,8 @@ def main() -> None:
     elif args.stage == "coec":
         ms = tuple(m for m in args.methods.split(",") if m in COEC_METHODS) or COEC_METHODS
         stage_coec(args.preset, [float(x) for x in args.rhos.split(",")], ms, zs=args.zs)
+    elif args.stage == "zs":  # the main table's zero-shot column (first 100 docs/task), cell by cell
+        stage_zs(args.preset, [float(x) for x in args.rhos.split(",")], args.methods.split(","))
     if args.render:
         render()
 

@@ -58,7 +58,7 @@ OUT_JSON = RESULTS / "structured-smollm2.jsonl"
 OUT_MD = RESULTS / "structured-smollm2.md"
 SELECTIONS_5 = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt")
 FULL_ROWS = (("wanda-sp", "none", 0.3),)  # the main row at the full protocol (COEC's headline sparsity)
-FULL_DATASETS = ("wikitext2",)  # issue 5 asks WikiText-2; the COEC main row (compensation bench) adds C4
+FULL_DATASETS = ("wikitext2", "c4")  # COEC Table 1 columns, for the main rows of both benches
 
 
 # --- shared machinery -----------------------------------------------------------------------------------
