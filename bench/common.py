@@ -50,9 +50,23 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _locked(path: Path):
+    """An exclusive lock beside ``path``: two benchmark lanes may append to or rewrite one JSONL file."""
+    import fcntl
+    from contextlib import contextmanager
+
+    @contextmanager
+    def held():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    return held()
+
+
 def append_row(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with _locked(path), open(path, "a") as f:
         f.write(json.dumps(row, default=str) + "\n")
 
 
@@ -117,12 +131,13 @@ def find_dense_zeroshot(limit: int = ZS_LIMIT) -> dict | None:
     return None
 
 
+def read_rows_key(path: Path, key: str) -> dict | None:
+    return next((r for r in read_rows(path) if r.get("key") == key), None)
+
+
 def merge_row_field(path: Path, match: dict, field: str, value) -> None:
     """Set ``field`` on the rows of a JSONL file whose keys equal ``match`` (atomic rewrite)."""
-    import fcntl
-
-    with open(path.with_suffix(".lock"), "w") as lock:  # two benchmark lanes may merge at once
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(path):
         rows = read_rows(path)
         for r in rows:
             if all(r.get(k) == v for k, v in match.items()):
@@ -133,15 +148,24 @@ def merge_row_field(path: Path, match: dict, field: str, value) -> None:
 
 
 def row_sink(path: Path, on_new, describe):
-    """``emit(rec)``: append ``rec`` to ``path`` unless its ``key`` is already there (resumable sweeps),
-    call ``on_new()`` (re-render) after each new row, and print ``describe(rec)``."""
-    done = {r["key"] for r in read_rows(path)}
+    """``emit(rec)``: append ``rec`` to ``path`` unless its ``key`` is already there (resumable sweeps);
+    a stored row that lacks a corpus or the zero-shot cell ``rec`` now has gets them merged in. Calls
+    ``on_new()`` (re-render) after each change and prints ``describe(rec)``."""
+    stored = {r["key"]: r for r in read_rows(path)}
 
     def emit(rec: dict) -> None:
-        if rec["key"] not in done:
+        old = stored.get(rec["key"])
+        if old is None:
             append_row(path, rec)
-            done.add(rec["key"])
             on_new()
+        else:
+            grew = [f for f in ("ppl", "zeroshot") if rec.get(f) and any(
+                k not in (old.get(f) or {}) for k in (rec[f] if f == "ppl" else ("mean",)))]
+            for f in grew:
+                merge_row_field(path, {"key": rec["key"]}, f, rec[f] if f == "zeroshot" else old["ppl"] | rec["ppl"])
+            if grew:
+                on_new()
+        stored[rec["key"]] = read_rows_key(path, rec["key"]) or rec
         print(describe(rec), flush=True)
 
     return emit

@@ -19,7 +19,7 @@ import dataclasses
 import json
 
 import structured_smollm2 as s5
-from common import RESULTS, WORK, find_dense_zeroshot, fmt, fmt_zs, merge_row_field, read_rows, row_sink
+from common import RESULTS, WORK, find_dense_zeroshot, fmt, fmt_zs, read_rows, row_sink
 from structured_smollm2 import (
     FULL_DATASETS,
     PRESET,
@@ -285,10 +285,7 @@ def main() -> None:
             continue
         zs = a.zs and not (key_extra or {}).get("stage")
         rec = run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=zs)
-        emit(rec)
-        if zs:  # the results row predates the column: merge it in (emit keeps the first row of a key)
-            merge_row_field(OUT_JSON, {"key": rec["key"]}, "zeroshot", rec["zeroshot"])
-            render()
+        emit(rec)  # a results row that predates the zero-shot column gets it merged in
     print(json.dumps({"rows": len(read_rows(OUT_JSON))}))
 
 

@@ -36,6 +36,20 @@ def test_ties_prune_lower_index_first():
     assert mask.tolist() == [[True, True, True, False, False, False]]
 
 
+def test_budget_defaults_per_method_and_explicit_choice_is_kept():
+    assert UnstructuredConfig(method="wanda").resolved_budget == "row"
+    assert UnstructuredConfig(method="magnitude").resolved_budget == "matrix"
+    assert UnstructuredConfig(method="magnitude", budget="row").resolved_budget == "row"
+    assert UnstructuredConfig(method="wanda", budget="matrix").resolved_budget == "matrix"
+    torch.manual_seed(0)
+    m = tiny_model("llama")
+    a = get_adapter(m)
+    masks = prune_unstructured(m, a, None, UnstructuredConfig(method="magnitude", sparsity=0.5, budget="row"),
+                               progress=False).masks
+    for mask in masks.values():  # an explicit row budget: every output row loses exactly half
+        assert (mask.sum(1) == math.ceil(0.5 * mask.shape[1])).all()
+
+
 @pytest.mark.parametrize("n,m", [(2, 4), (4, 8)])
 def test_nm_pattern(n, m):
     torch.manual_seed(1)
@@ -132,3 +146,18 @@ def test_sparsegpt_nm():
     W, H = _layer_problem(rows=6, cols=16)
     _, mask = sparsegpt_prune(W, H, 0.0, n=2, m=4)
     assert (mask.view(6, 4, 4).sum(-1) == 2).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_cuda_capture_gives_the_cpu_masks(method):
+    """Blocks visit the GPU while the statistics stay on the CPU: the masks must not depend on the device."""
+    ids = random_ids(2, 16, seed=0)
+    masks = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        m = tiny_model("llama")
+        masks[device] = prune_unstructured(m, get_adapter(m), ids, UnstructuredConfig(method=method, sparsity=0.5),
+                                           device=device, progress=False).masks
+    for k, v in masks["cpu"].items():
+        assert torch.equal(v, masks["cuda"][k].cpu()), k

@@ -2,8 +2,10 @@
 
 Every accumulator consumes activation chunks shaped ``[B, T, d]`` (B sequences of T tokens) and keeps
 its state in float64 (or float32 where memory demands), so results are independent of the chunking
-(batch-size invariant) and token-by-token matrices are never stored. Accumulators are mergeable
-(``merge``), which is what multi-process capture relies on.
+(batch-size invariant) and token-by-token matrices are never stored. Each chunk is reduced where it lives
+(the engine's compute device) and only the reduced ``d`` or ``d x d`` result is moved to the state, which
+stays on the CPU: a CUDA capture never mixes devices and the statistics outlive the block's visit.
+Accumulators are mergeable (``merge``), which is what multi-process capture relies on.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class SumSq(Accumulator):
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-2], x.shape[-1]) if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
         xf = x.to(self.compute_dtype)
-        self.sumsq += (xf * xf).sum(dim=(0, 1)).to(self.sumsq.dtype)
+        self.sumsq += (xf * xf).sum(dim=(0, 1)).to(self.sumsq.device, self.sumsq.dtype)
         self.n_tokens += x.shape[0] * x.shape[1]
         self.n_seqs += x.shape[0]
 
@@ -88,7 +90,7 @@ class MeanVar(Accumulator):
             return
         mb = xf.mean(0)
         m2b = ((xf - mb) ** 2).sum(0)
-        self._combine(nb, mb, m2b)
+        self._combine(nb, mb.to(self.mean_.device), m2b.to(self.m2.device))
 
     def _combine(self, nb: int, mb: torch.Tensor, m2b: torch.Tensor) -> None:
         n = self.n + nb
@@ -131,8 +133,8 @@ class Gram(Accumulator):
 
     def update(self, x: torch.Tensor) -> None:
         xf = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
-        self.G += (xf.T @ xf).to(self.G.dtype)
-        self.s += xf.sum(0).to(torch.float64)  # float32 chunk sum, float64 state (a float64 cast is costly)
+        self.G += (xf.T @ xf).to(self.G.device, self.G.dtype)
+        self.s += xf.sum(0).to(self.s.device, torch.float64)  # float32 chunk sum, float64 state (cheap cast)
         self.n += xf.shape[0]
 
     def merge(self, other: Gram) -> None:

@@ -43,7 +43,7 @@ def _unstructured(name: str, help_: str) -> Method:
         from secateur.prune.unstructured import UnstructuredConfig, parse_targets, prune_unstructured
 
         cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=opts.pattern_nm,
-                                 budget=opts.budget or "row", rounding=opts.rounding,
+                                 budget=opts.budget, rounding=opts.rounding,
                                  targets=parse_targets(opts.targets))
         chunk = opts.chunk_size
         if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda

@@ -32,14 +32,14 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(W_new, mask)`` with ``mask`` True where pruned. ``n:m`` = keep n of every m (0:0 = off)."""
     W = W.detach().to(torch.float64).clone()
-    H = H.detach().to(torch.float64).clone()
+    H = H.detach().to(W.device, torch.float64).clone()  # statistics live on the CPU, W where its block is
     rows, cols = W.shape
     if m and cols % m:
         raise SecateurError(f"N:M pattern {n}:{m} does not divide the input width {cols}")
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
-    H += percdamp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=H.dtype)
+    H += percdamp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=H.dtype, device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     mask = torch.zeros_like(W, dtype=torch.bool)
     for i1 in range(0, cols, blocksize):
@@ -52,7 +52,7 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 
         if not m:
             sal = (W1**2 / d**2).flatten()
             k = _count(sparsity, sal.numel(), rounding)
-            m1 = torch.zeros(sal.numel(), dtype=torch.bool)
+            m1 = torch.zeros(sal.numel(), dtype=torch.bool, device=sal.device)
             m1[torch.argsort(sal, stable=True)[:k]] = True
             m1 = m1.view_as(W1)
         else:

@@ -59,7 +59,7 @@ class UnstructuredConfig:
     method: str = "wanda"
     sparsity: float = 0.5
     pattern: tuple[int, int] | None = None
-    budget: str = "row"
+    budget: str | None = None  # None: the method's own comparison group (see default_budget)
     rounding: str = "ceil"
     targets: frozenset[str] = frozenset(ALL_ROLES)
     blocksize: int = 128
@@ -70,19 +70,23 @@ class UnstructuredConfig:
             raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
             raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
-        if self.budget not in ("row", "matrix"):
+        if self.budget not in (None, "row", "matrix"):
             raise SecateurError(f"budget must be row or matrix, got {self.budget!r}")
         if self.rounding not in ("ceil", "floor"):
             raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
 
     @property
-    def effective_sparsity(self) -> float:
-        return 1 - self.pattern[0] / self.pattern[1] if self.pattern else self.sparsity
+    def resolved_budget(self) -> str:
+        """The comparison group used: an explicit ``budget``, else Wanda's per-output row (Wanda Sec. 3) and
+        the whole layer for magnitude (its paper's convention). N:M patterns ignore it; SparseGPT has its own."""
+        if self.budget is not None:
+            return self.budget
+        return "matrix" if self.method == "magnitude" else "row"
 
 
 def wanda_scores(W: torch.Tensor, sumsq: SumSq) -> torch.Tensor:
     """``S_ij = |W_ij| * ||X_j||_2`` (Wanda Eq. 1), float64."""
-    return W.detach().abs().to(torch.float64) * sumsq.sumsq.sqrt().unsqueeze(0)
+    return W.detach().abs().to(torch.float64) * sumsq.sumsq.sqrt().to(W.device).unsqueeze(0)
 
 
 class UnstructuredHandler(engine.Handler):
@@ -118,10 +122,7 @@ def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accum
         ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
         return mask
     scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])
-    budget = "row" if cfg.method == "wanda" and cfg.budget == "row" else cfg.budget
-    if cfg.method == "magnitude" and cfg.budget == "row" and not cfg.pattern:
-        budget = "matrix"  # magnitude's comparison group is the whole layer
-    mask = prune_mask(scores, cfg.sparsity, budget=budget, rounding=cfg.rounding, pattern=cfg.pattern)
+    mask = prune_mask(scores, cfg.sparsity, budget=cfg.resolved_budget, rounding=cfg.rounding, pattern=cfg.pattern)
     with torch.no_grad():
         W.masked_fill_(mask, 0)
     return mask
