@@ -51,9 +51,10 @@ import torch
 from torch import nn
 
 from secateur.calib import engine
-from secateur.calib.stats import Accumulator, make_accumulators
+from secateur.calib.stats import Accumulator
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
+from secateur.structured.collect import StatsCollector
 
 # --- names ---------------------------------------------------------------------------------------------
 
@@ -170,21 +171,6 @@ class StructuredResult:
 
 # --- statistics ------------------------------------------------------------------------------------------
 
-class _Collector(engine.Handler):
-    def __init__(self, kinds: tuple[str, ...]) -> None:
-        self.kinds = kinds
-        self.groups: dict[int, dict[str, dict[str, Accumulator]]] = {}
-
-    def accumulators(self, ctx, group, names):
-        if group not in GROUP_ROLE or not names:
-            return {}
-        return make_accumulators(self.kinds, ctx.refs[names[0]].in_features)
-
-    def on_group(self, ctx, group, names, accs):
-        if accs:
-            self.groups.setdefault(ctx.index, {})[group] = accs
-
-
 def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
     return SCORE_STATS + (("gram",) if cfg.needs_gram else ())
 
@@ -196,10 +182,10 @@ def collect_stats(model: nn.Module, adapter: Adapter, ids: torch.Tensor, kinds: 
     one dense forward for ShortGPT's block influence when asked)."""
     from secateur.structured.scores import block_influence as bi_fn
 
-    h = _Collector(tuple(kinds))
+    h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE))
     t = time.perf_counter()
     rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress)
-    st = StructuredStats(h.groups, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
+    st = StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
                                                          **{f"engine_{k}": v for k, v in rep.timings.items()}})
     if block_influence:
         t = time.perf_counter()

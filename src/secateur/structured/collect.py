@@ -22,7 +22,8 @@ REQUIRED_STATS: dict[str, tuple[str, ...]] = {
 
 
 class StatsCollector(Handler):
-    """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups."""
+    """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups (the
+    o_proj / down_proj inputs); :func:`secateur.prune.structured.collect_stats` runs it and times the pass."""
 
     def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out")):
         self.kinds = tuple(kinds)
