@@ -15,8 +15,10 @@ from secateur.compensate import COECOptions, InputStats, relative_recon_error
 from secateur.models.adapters import get_adapter
 from secateur.prune.structured import (
     COMPENSATIONS,
+    NATIVE,
     StructuredConfig,
     collect_stats,
+    config_from_options,
     prune_structured,
     stat_kinds,
 )
@@ -317,3 +319,13 @@ def test_cached_tempering_equals_plain_coec():
         assert rec["recon_before"] == pytest.approx(ref.diagnostics["recon_before"])
         assert rec["recon_after"] == pytest.approx(ref.diagnostics["recon_after"], rel=1e-4)
     assert (0, "mlp_out", 0.9) in stats.tempered
+
+
+@pytest.mark.parametrize("method,native", sorted(NATIVE.items()))
+def test_no_compensation_flag_means_the_methods_own(method, native):
+    """``--method flap`` without ``--compensation`` is FLAP with its bias (likewise RCPU, CORP); an explicit
+    choice, ``none`` included, wins."""
+    opts = api.PruneOptions(model="x", method=method, sparsity=0.3, extra={"structured": True})
+    assert config_from_options(method, opts).compensation == native
+    opts.extra["compensation"] = "none"
+    assert config_from_options(method, opts).compensation == "none"

@@ -92,7 +92,8 @@ def _structured_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--structured", action="store_true", default=None,
                    help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
     g.add_argument("--compensation", default=None, choices=["none", "bias", "ls", "rcpu", "coec", "corp"],
-                   help="repair o_proj/down_proj after selection (default: none)")
+                   help="repair o_proj/down_proj after selection (default: the method's own: bias for flap, rcpu "
+                        "for rcpu, corp for corp, none otherwise)")
     g.add_argument("--units", default=None,
                    help="comma list of kv_group|head and/or channel (default: kv_group,channel)")
     g.add_argument("--allocation", default=None, choices=["uniform", "flap-global"],

@@ -471,9 +471,9 @@ def _units(value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def compensation_config(opts, **fields) -> StructuredConfig:
+def compensation_config(opts, default: str = "none", **fields) -> StructuredConfig:
     """The compensation part of a :class:`StructuredConfig` from ``PruneOptions.extra`` (``--compensation``,
-    the COEC knobs, ``--ls-lambda``); ``fields`` set the selection part."""
+    else ``default``; the COEC knobs, ``--ls-lambda``); ``fields`` set the selection part."""
     from secateur.compensate import COECOptions, coec_ablation_options
 
     extra = getattr(opts, "extra", {}) or {}
@@ -495,7 +495,7 @@ def compensation_config(opts, **fields) -> StructuredConfig:
         coec = dataclasses.replace(coec, **over)
     align = extra.get("coec_align")
     return StructuredConfig(
-        compensation=extra.get("compensation") or "none", coec=coec, coec_align=True if align is None else bool(align),
+        compensation=extra.get("compensation") or default, coec=coec, coec_align=True if align is None else bool(align),
         ls_lambda_rel=0.01 if extra.get("ls_lambda") is None else float(extra["ls_lambda"]),
         no_worse=True if extra.get("no_worse") is None else bool(extra["no_worse"]),
         sparsity=float(opts.sparsity), seed=int(getattr(opts, "seed", 0) or 0), **fields)
@@ -507,7 +507,8 @@ def config_from_options(method: str, opts) -> StructuredConfig:
     units = _units(extra.get("units"))
     if extra.get("units") is None and method == "corp":
         units = ("channel",)
-    return compensation_config(opts, score=SELECTIONS[method], units=units,
+    # no --compensation: the method as its paper ships it (FLAP's bias, RCPU's rotation, CORP's ridge)
+    return compensation_config(opts, NATIVE[method], score=SELECTIONS[method], units=units,
                                allocation=extra.get("allocation") or "uniform",
                                rounding=getattr(opts, "rounding", "ceil") or "ceil")
 
