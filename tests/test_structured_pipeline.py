@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from secateur import api
 from secateur.cli import main
 from secateur.compensate import COECOptions, InputStats, relative_recon_error
+from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
 from secateur.prune.structured import (
     COMPENSATIONS,
@@ -329,3 +330,13 @@ def test_no_compensation_flag_means_the_methods_own(method, native):
     assert config_from_options(method, opts).compensation == native
     opts.extra["compensation"] = "none"
     assert config_from_options(method, opts).compensation == "none"
+
+
+def test_reused_statistics_must_hold_what_the_config_reads():
+    m = tiny_model("llama")
+    a = get_adapter(m)
+    ids = random_ids(2, 12)
+    stats = collect_stats(m, a, ids)  # scores only: no Gram
+    with pytest.raises(SecateurError, match="lack gram"):
+        prune_structured(m, a, ids, StructuredConfig(score="rcpu", sparsity=0.5, compensation="ls"), stats=stats)
+    prune_structured(m, a, ids, StructuredConfig(score="rcpu", sparsity=0.5), stats=stats)  # enough for a slice

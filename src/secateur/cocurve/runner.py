@@ -211,10 +211,9 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
             raise SecateurError("export needs materialize='slice'")
         from secateur.structured.export import save_pruned
 
+        # the report and the artifacts go inside the same atomic folder: an interrupted export leaves nothing
         saved = save_pruned(model, out_dir, tokenizer, overwrite=overwrite,
-                            extra_files={"cocurve_report.json": json.loads(json.dumps(rep, default=str))})
-        for name, data in files.items():
-            (Path(out_dir) / name).write_bytes(data)
+                            extra_files={"cocurve_report.json": json.loads(json.dumps(rep, default=str)), **files})
         rep["export"] = saved
     rep["_result"] = res
     rep["_graph"] = graph

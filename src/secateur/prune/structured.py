@@ -303,7 +303,7 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
                 # [impl] never return a layer worse than the plain slice on the calibration statistics
                 rec.update(guard="slice", recon_rejected=d["recon_after"], recon_after=d["recon_before"])
                 comp = dataclasses.replace(comp, weight=w0[:, kept].clone(), bias=None)
-            elif cfg.compensation != "none":
+            else:
                 # the weights are cast to the model dtype: report the error of what is actually written
                 db = None if comp.bias is None else comp.bias.double() - (
                     torch.zeros_like(comp.bias, dtype=torch.float64) if bias is None else bias.double())
@@ -380,7 +380,13 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
     t_all = time.perf_counter()
     need_bi = cfg.score == "shortgpt"
     needs_data = cfg.score not in ("magnitude", "random") or cfg.needs_gram
-    if stats is None:
+    if stats is not None:  # reused statistics must hold what this config reads
+        need = (("gram",) if cfg.needs_gram else ()) if need_bi else stat_kinds(cfg) if needs_data else ()
+        missing = [k for k in need if not stats.has((k,))]
+        if missing:
+            raise SecateurError(f"the statistics passed lack {', '.join(missing)} (needed by score {cfg.score!r} "
+                                f"with compensation {cfg.compensation!r}); collect them with stat_kinds(cfg)")
+    else:
         if needs_data and ids is None:
             raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
         stats = StructuredStats() if not needs_data else collect_stats(

@@ -113,10 +113,11 @@ def export_config(model: nn.Module):
 
 
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, overwrite: bool = False,
-                extra_files: dict[str, dict] | None = None) -> dict:
+                extra_files: dict[str, dict | bytes] | None = None) -> dict:
     """Write ``model`` (and ``tokenizer``) to ``out_dir`` atomically; returns ``{"path", "route"}``.
 
-    ``extra_files``: JSON documents to add (e.g. ``{"secateur_selection.json": selection.to_dict()}``).
+    ``extra_files``: files to add inside the same atomic folder: JSON documents (e.g.
+    ``{"secateur_selection.json": selection.to_dict()}``) or raw bytes (written as they are).
     """
     out = Path(out_dir)
     if out.exists() and not overwrite:
@@ -136,5 +137,8 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, doc in (extra_files or {}).items():
-            (tmp / name).write_text(json.dumps(doc, indent=1))
+            if isinstance(doc, bytes):
+                (tmp / name).write_bytes(doc)
+            else:
+                (tmp / name).write_text(json.dumps(doc, indent=1))
     return {"path": str(out), "route": route}

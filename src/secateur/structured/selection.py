@@ -80,16 +80,6 @@ class Selection:
             return None if k.channels is None else torch.tensor(k.channels, dtype=torch.long)
         raise SecateurError(f"group must be attn_out or mlp_out, not {group!r}")
 
-    def removed_columns(self, layer: int, group: str, width: int) -> torch.Tensor:
-        """Complement of :meth:`kept_columns` in ``range(width)``."""
-        kept = self.kept_columns(layer, group)
-        mask = torch.ones(width, dtype=torch.bool)
-        if kept is not None:
-            mask[kept] = False
-        else:
-            mask[:] = False
-        return mask.nonzero().view(-1)
-
     # --- serialization ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"head_dim": self.head_dim, "n_layers": self.n_layers,

@@ -181,10 +181,6 @@ class Inventory:
         return torch.cat([torch.full((p.n,), p.layer, dtype=torch.long) for p in self.pools])
 
     @property
-    def pool_of(self) -> torch.Tensor:
-        return torch.cat([torch.full((p.n,), i, dtype=torch.long) for i, p in enumerate(self.pools)])
-
-    @property
     def total_cost(self) -> int:
         return int(self.costs.sum())
 
