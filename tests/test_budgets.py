@@ -179,7 +179,7 @@ def test_thresholding_minimizes_additive_surrogate_exhaustively():
 @pytest.mark.parametrize("k", [0, 1, 5, 11, 12])
 def test_lowest_k_rows_equals_stable_sort_with_ties(k):
     """The selection path (kthvalue + index-ordered ties) is exactly the first k of a stable argsort."""
-    from secateur.prune.budgets import _lowest_k_rows
+    from secateur.prune.budgets import lowest_k_rows
 
     g = torch.Generator().manual_seed(k)
     scores = torch.randint(0, 4, (9, 12), generator=g).float()  # many ties per row
@@ -187,4 +187,4 @@ def test_lowest_k_rows_equals_stable_sort_with_ties(k):
     scores[1, 3] = float("-inf")
     ref = torch.zeros_like(scores, dtype=torch.bool)
     ref.scatter_(1, torch.argsort(scores, dim=1, stable=True)[:, :k], True)
-    assert torch.equal(_lowest_k_rows(scores, k), ref)
+    assert torch.equal(lowest_k_rows(scores, k), ref)

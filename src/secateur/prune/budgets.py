@@ -72,7 +72,7 @@ def _check_scores(s: torch.Tensor, what: str) -> None:
         raise SecateurError(f"{what} contain NaN; cannot rank them")
 
 
-def _lowest_k_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
+def lowest_k_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` lowest entries of every row of ``scores [r, n]``, ties to the lower index.
 
     Exactly the first ``k`` of a stable ascending sort, without sorting: the k-th smallest value ``v``
@@ -91,9 +91,9 @@ def _lowest_k_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
     return less | (eq & (eq.cumsum(1) <= need))
 
 
-def _lowest_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
+def lowest_k_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` lowest entries of a 1-D tensor, ties to the lower index."""
-    return _lowest_k_rows(flat.reshape(1, -1), k).reshape(flat.shape)
+    return lowest_k_rows(flat.reshape(1, -1), k).reshape(flat.shape)
 
 
 def row_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
@@ -101,14 +101,14 @@ def row_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.
     _check_scores(scores, "scores")
     if scores.dim() != 2:
         raise SecateurError(f"row budgets need [out, in] scores, got shape {tuple(scores.shape)}")
-    return _lowest_k_rows(scores, deletion_count(scores.shape[1], rho, rounding))
+    return lowest_k_rows(scores, deletion_count(scores.shape[1], rho, rounding))
 
 
 def matrix_mask(scores: torch.Tensor, rho: float, rounding: str = "ceil") -> torch.Tensor:
     """One pool over the whole tensor (row-major order): its ``deletion_count(numel, rho)`` lowest."""
     _check_scores(scores, "scores")
     k = deletion_count(scores.numel(), rho, rounding)
-    return _lowest_flat(scores.reshape(-1), k).reshape(scores.shape)
+    return lowest_k_flat(scores.reshape(-1), k).reshape(scores.shape)
 
 
 def shared_mask(scores: Sequence[torch.Tensor], rho: float, rounding: str = "ceil") -> list[torch.Tensor]:
@@ -122,7 +122,7 @@ def shared_mask(scores: Sequence[torch.Tensor], rho: float, rounding: str = "cei
     dtypes = {s.dtype for s in scores}
     dt = torch.float64 if len(dtypes) > 1 else scores[0].dtype
     flat = torch.cat([s.reshape(-1).to(device=dev, dtype=dt) for s in scores])
-    pooled = _lowest_flat(flat, deletion_count(flat.numel(), rho, rounding))
+    pooled = lowest_k_flat(flat, deletion_count(flat.numel(), rho, rounding))
     out, start = [], 0
     for s in scores:
         out.append(pooled[start:start + s.numel()].reshape(s.shape).to(s.device))

@@ -55,7 +55,7 @@ from secateur.calib.stats import Accumulator, SumSq
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
-from secateur.prune.budgets import deletion_count
+from secateur.prune.budgets import deletion_count, lowest_k_flat, lowest_k_rows
 from secateur.prune.unstructured import UnstructuredConfig, prune_linear
 from secateur.scoring import QKStats, QKVariant, segment_sequences
 from secateur.scoring.qk_wanda import _Chunk
@@ -190,23 +190,6 @@ class _Inputs(Accumulator):
         self.chunks += other.chunks
 
 
-def _k_lowest(flat: torch.Tensor, k: int) -> torch.Tensor:
-    """Mask of the ``k`` lowest entries of a 1-D tensor, ties to the lower index -- exactly the first ``k`` of a
-    stable ascending argsort, found in linear time: everything below the ``k``-th smallest value, then the
-    entries equal to it in index order."""
-    n = flat.numel()
-    if k <= 0:
-        return torch.zeros(n, dtype=torch.bool, device=flat.device)
-    if k >= n:
-        return torch.ones(n, dtype=torch.bool, device=flat.device)
-    thr = torch.kthvalue(flat, k).values
-    mask = flat < thr
-    need = k - int(torch.count_nonzero(mask))
-    if need > 0:
-        mask[torch.nonzero(flat == thr).flatten()[:need]] = True  # nonzero lists indices in increasing order
-    return mask
-
-
 def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
     """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort,
     :mod:`secateur.prune.budgets`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
@@ -216,16 +199,10 @@ def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) 
         if s.is_floating_point() and bool(torch.isnan(s).any()):
             raise SecateurError(f"scores[{i}] contain NaN; cannot rank them")
     if budget == "row":
-        out = []
-        for s in scores:
-            m = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
-            if k:
-                m.scatter_(1, torch.argsort(s, dim=1, stable=True)[:, :k], True)
-            out.append(m)
-        return out
+        return [lowest_k_rows(s, k) for s in scores]
     if budget == "separate":
-        return [_k_lowest(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
-    m = _k_lowest(torch.cat([s.reshape(-1) for s in scores]), k)
+        return [lowest_k_flat(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
+    m = lowest_k_flat(torch.cat([s.reshape(-1) for s in scores]), k)
     out, start = [], 0
     for s in scores:
         out.append(m[start:start + s.numel()].reshape(s.shape))

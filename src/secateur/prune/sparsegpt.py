@@ -16,15 +16,10 @@ Removing a single weight ``w_j`` with the optimal compensation raises ``tr(dW H 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from secateur.errors import SecateurError
-
-
-def _count(rho: float, n: int, rounding: str) -> int:
-    return min(n, math.ceil(rho * n - 1e-9) if rounding == "ceil" else math.floor(rho * n + 1e-9))
+from secateur.prune.budgets import deletion_count
 
 
 def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 0, m: int = 0,
@@ -51,7 +46,7 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 
         d = torch.diag(U1)
         if not m:
             sal = (W1**2 / d**2).flatten()
-            k = _count(sparsity, sal.numel(), rounding)
+            k = deletion_count(sal.numel(), sparsity, rounding)
             m1 = torch.zeros(sal.numel(), dtype=torch.bool, device=sal.device)
             m1[torch.argsort(sal, stable=True)[:k]] = True
             m1 = m1.view_as(W1)
