@@ -109,6 +109,26 @@ def _qk_wanda() -> Method:
 register(_qk_wanda())
 
 
+def _corp_qk() -> Method:
+    def run(model, adapter, calib_ids, opts) -> MethodResult:
+        from secateur.errors import SecateurError
+        from secateur.prune.corp_qk import CorpQKConfig, prune_corp_qk
+
+        if opts.pattern or opts.targets or opts.budget:
+            raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
+                                "fraction of every head's query/key dims removed")
+        res = prune_corp_qk(model, adapter, calib_ids, CorpQKConfig(sparsity=opts.sparsity), mode=opts.mode,
+                            chunk_size=opts.chunk_size, device=opts.device, progress=not opts.quiet)
+        return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])
+
+    return Method("corp-qk", "unstructured", True, run,
+                  "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
+                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)")
+
+
+register(_corp_qk())
+
+
 def _structured(name: str, help_: str) -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
         from secateur.prune.structured import run_method
