@@ -78,7 +78,7 @@ import torch
 
 from secateur.calib.stats import Gram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare
-from secateur.compensate.rcpu import procrustes_left
+from secateur.compensate.rcpu import global_scale, procrustes_left
 from secateur.errors import SecateurError
 from secateur.linalg import (
     all_finite,
@@ -300,15 +300,6 @@ def _gmul(x: torch.Tensor, gxx: torch.Tensor) -> torch.Tensor:
     return x * gxx if gxx.dim() == 1 else x @ gxx
 
 
-def _global_scale(gyx: torch.Tensor, gxx: torch.Tensor, w: torch.Tensor) -> tuple[float, bool]:
-    """:func:`secateur.compensate.rcpu.global_scale` (``s* = <G_yx, W>/<W, W G_xx>``) for dense or diagonal G_xx."""
-    num = float((gyx * w).sum())
-    den = float((_gmul(w, gxx) * w).sum())
-    if not den > 0:
-        return 1.0, False
-    return num / den, True
-
-
 @dataclass
 class _Problem:
     gxx: torch.Tensor  # dense k x k, or 1-D: its eigenvalues when everything lives in its eigenbasis
@@ -381,7 +372,7 @@ def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa:
     and are left out of the GCV sum. The loss is separable in the mode values, so the result never has a
     larger reconstruction term than ``s* W`` (invariant C5).
     """
-    s_star, ok = _global_scale(gyx, gxx, w)
+    s_star, ok = global_scale(gyx, gxx, w)
     if info is not None:
         info.update(gcv_scale=s_star, gcv_skipped=False)
     if not ok or s_star <= 0:
@@ -807,7 +798,7 @@ def coec(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequen
         info["fallback"] = f"rcpu ({type(e).__name__}: {e})"
         try:
             w_new = procrustes_left(gyx, w[:, k]) @ w[:, k]
-            s, ok = _global_scale(gyx, gxx, w_new)
+            s, ok = global_scale(gyx, gxx, w_new)
             w_new = s * w_new if ok else w_new
             if not bool(torch.isfinite(w_new).all()):
                 raise FloatingPointError("non-finite RCPU fallback")

@@ -33,9 +33,10 @@ def procrustes_left(gyx: torch.Tensor, w: torch.Tensor, *, info: dict[str, Any] 
 
 def global_scale(gyx: torch.Tensor, gxx: torch.Tensor, w: torch.Tensor) -> tuple[float, bool]:
     """``s* = <G_yx, W> / <W, W G_xx>`` (COEC Sec. 4.1). Returns ``(s*, ok)``; ``ok`` is False (and
-    s* = 1) when the denominator is not positive (indefinite or zero energy, COEC App. B)."""
+    s* = 1) when the denominator is not positive (indefinite or zero energy, COEC App. B). ``gxx`` is dense
+    ``[k, k]`` or diagonal, given as its 1-D eigenvalues (COEC works in the Gram's eigenbasis)."""
     num = float((gyx * w).sum())
-    den = float(((w @ gxx) * w).sum())
+    den = float(((w * gxx if gxx.dim() == 1 else w @ gxx) * w).sum())
     if not den > 0:
         return 1.0, False
     return num / den, True

@@ -205,16 +205,14 @@ def allocate_weighted_threshold(inv: Inventory, scores: torch.Tensor, rho: float
 
 def allocate_blocks(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,
                     n: int | None = None) -> Allocation:
-    """ShortGPT: remove the ``n`` blocks with the smallest score (BI); default ``n = round(rho L_eff)``
-    with ``L_eff = C / mean block cost`` (= L for equal blocks; baselines.md §8 [R]). Ties: lower layer
-    first. Protected layers are never removed."""
+    """ShortGPT: remove the ``n`` blocks with the smallest score (BI); default ``n = round(rho L)``, half up
+    (baselines.md §8 [R]: ``L_eff = C / mean block cost``, which is L when C is the blocks' own cost, as in
+    this inventory). Ties: lower layer first. Protected layers are never removed."""
     block = torch.tensor([p.kind == "block" for p in inv.pools for _ in range(p.n)], dtype=torch.bool)
     if not bool(block.all()):
         raise SecateurError("allocate_blocks needs an inventory of whole blocks (kinds=('block',))")
-    costs = inv.costs.to(torch.float64)
     if n is None:
-        l_eff = float(costs.sum() / costs.mean()) if len(inv) else 0.0
-        n = math.floor(rho * l_eff + 0.5 + _EPS)
+        n = math.floor(rho * len(inv) + 0.5 + _EPS)
     prot = _protected_mask(inv, guard)
     cand = [u for u in torch.argsort(scores, stable=True).tolist() if not prot[u]]
     if n > len(cand):

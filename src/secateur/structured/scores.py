@@ -143,20 +143,14 @@ def rcpu(w: torch.Tensor, stats: StatsLike) -> torch.Tensor:
 
 def corp_mlp(w_down: torch.Tensor, stats: StatsLike, w_in: list[torch.Tensor] | None = None,
              weight_factor: str = "out_col") -> torch.Tensor:
-    """CORP MLP channel score ``E[h_i^2] ||W2_:,i||`` (CORP §3.3, combined = paper default).
+    """CORP MLP channel score ``E[h_i^2] ||W2_:,i||`` (CORP §3.3, combined = paper default) from the
+    down_proj input statistics: :func:`secateur.compensate.corp.corp_mlp_scores` with ``E[h_i^2]`` read
+    from ``stats`` (``weight_factor='in_row_out_col'``: the public code's variant, corp.md [A1])."""
+    from secateur.compensate.corp import corp_mlp_scores
 
-    ``weight_factor='in_row_out_col'`` multiplies by ``sum_r ||W_r[i,:]||`` over the input projections
-    ``w_in`` (gate and up, or fc1) instead, as in the public code (corp.md [A1])."""
     mo = moments(stats)
-    e = mo.energy / max(mo.n, 1)
-    s = e * _w(w_down).norm(dim=0)
-    if weight_factor == "out_col":
-        return s
-    if weight_factor == "in_row_out_col":
-        if not w_in:
-            raise SecateurError("weight_factor='in_row_out_col' needs the MLP input projections")
-        return s * sum(_w(w).norm(dim=1) for w in w_in)
-    raise SecateurError(f"weight_factor must be out_col or in_row_out_col, not {weight_factor!r}")
+    return corp_mlp_scores(_w(w_down), mo.energy / max(mo.n, 1), weight_factor=weight_factor,
+                           w_in=[_w(w) for w in (w_in or [])])
 
 
 # --- block influence (ShortGPT) -----------------------------------------------------------------------
