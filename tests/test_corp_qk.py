@@ -116,3 +116,15 @@ def test_cli_prune_reload_identical(tmp_path, capsys):
     assert int((w.abs().sum(1) == 0).sum()) == 2 * 8  # 8 dims of each of 2 heads
     assert main(["prune", "--model", str(src), "--method", "corp-qk", "--budget", "row", "--calib", str(calib),
                  "--out", str(tmp_path / "x")]) != 0
+
+
+def test_cli_refuses_a_rope_model_before_building_calibration(tmp_path, capsys):
+    from secateur.testing import save_tiny
+
+    src = save_tiny("llama", tmp_path / "llama")
+    # the calibration file does not exist: the model check must fire first
+    rc = main(["prune", "--model", src, "--method", "corp-qk", "--calib", str(tmp_path / "missing.txt"),
+               "--out", str(tmp_path / "out")])
+    assert rc != 0
+    assert "rotary" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

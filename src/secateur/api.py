@@ -96,6 +96,8 @@ def prune(**kwargs) -> dict:
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         adapter = get_adapter(model)
+    if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
+        method.check(adapter)
     ids, manifest = None, None
     if method.needs_calibration or opts.extra.get("compensation") not in (None, "none"):
         with timer("calibration_data"):

@@ -28,6 +28,7 @@ class Method:
     needs_calibration: bool
     run: Callable[..., MethodResult]
     help: str
+    check: Callable[..., None] | None = None  # check(adapter): refuse a model before calibration data is built
 
 
 METHODS: dict[str, Method] = {}
@@ -101,9 +102,14 @@ def _qk_wanda() -> Method:
             pass
         return MethodResult(masks=res.masks, timings=res.timings, details=res.details, extra_files=extra)
 
+    def check(adapter) -> None:
+        from secateur.prune.qk_wanda import check_supported
+
+        check_supported(adapter)
+
     return Method("qk-wanda", "unstructured", True, run,
                   "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
-                  "(Ilin & Richtarik)")
+                  "(Ilin & Richtarik)", check)
 
 
 register(_qk_wanda())
@@ -121,9 +127,14 @@ def _corp_qk() -> Method:
                             chunk_size=opts.chunk_size, device=opts.device, progress=not opts.quiet)
         return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])
 
+    def check(adapter) -> None:
+        from secateur.prune.corp_qk import check_supported
+
+        check_supported(adapter)
+
     return Method("corp-qk", "unstructured", True, run,
                   "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
-                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)")
+                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", check)
 
 
 register(_corp_qk())
