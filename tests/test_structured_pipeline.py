@@ -24,9 +24,13 @@ from secateur.prune.structured import (
     stat_kinds,
 )
 from secateur.structured import LayerKeep
-from secateur.testing import random_ids, save_tiny, tiny_model
+from secateur.testing import (
+    FAMILIES,  # every family, Qwen3 (q/k norms) included
+    random_ids,
+    save_tiny,
+    tiny_model,
+)
 
-FAMILIES = ("llama", "qwen2", "mistral", "opt", "gpt2")
 COMPS = tuple(COMPENSATIONS)
 FAST_COEC = ["--coec-rounds", "2"]
 
