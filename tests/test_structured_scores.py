@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from secateur.calib.stats import Gram, MeanVar, SumSq
+from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
 from secateur.structured import allocate_uniform, inventory, select_units, unit_scores
 from secateur.structured.scores import (
@@ -219,3 +220,20 @@ def test_select_units_flap_alam_and_shortgpt_end_to_end():
     bi = block_influence(m, a, random_ids(2, 8))
     sel = select_units(a, "shortgpt", 0.5, bi, kinds=("block",), allocation="blocks")
     assert sel.removed_blocks == sorted(torch.argsort(bi, stable=True)[:2].tolist())
+
+
+def test_registered_scorer_is_dispatched():
+    from secateur.structured import register_scorer
+    from secateur.structured.scores import _SCORERS
+
+    m = tiny_model("llama")
+    a = get_adapter(m)
+    inv = inventory(a)
+    register_scorer("by_index", lambda inv, adapter, stats, seed=0: torch.arange(len(inv), dtype=torch.float32))
+    try:
+        s = unit_scores(inv, a, "by_index")
+        assert s.dtype == torch.float64 and torch.equal(s, torch.arange(len(inv), dtype=torch.float64))
+    finally:
+        _SCORERS.pop("by_index")
+    with pytest.raises(SecateurError, match="unknown selection score"):
+        unit_scores(inv, a, "by_index")

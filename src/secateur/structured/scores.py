@@ -275,8 +275,8 @@ def _column_fn(method: str, opts: dict) -> Callable[[Adapter, nn.Module, int, st
             return rcpu(w, st)
         if method == "corp":
             if group == "attn_out":
-                raise SecateurError("CORP scores MLP channels only; its Q/K score prunes head dimensions "
-                                    "(register it with register_scorer)")
+                raise SecateurError("CORP scores MLP channels only (--units channel); its Q/K score prunes "
+                                    "head dimensions: --method corp-qk")
             return corp_mlp(w, st, _in_weights(adapter, layer), wf)
         raise AssertionError(method)
 
@@ -289,7 +289,8 @@ _SCORERS: dict[str, Callable[..., torch.Tensor]] = {}
 
 def register_scorer(name: str, fn: Callable[..., torch.Tensor]) -> None:
     """Add a unit scorer ``fn(inventory, adapter, stats, **opts) -> Tensor[len(inventory)]`` (higher =
-    keep), e.g. CORP's Q/K logit energy from the compensators package."""
+    keep) under ``name``, for a selection score that lives outside this module (an extension point: the
+    built-in scores are dispatched above)."""
     _SCORERS[name] = fn
 
 
