@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from secateur.errors import SecateurError
 from secateur.eval.ppl import perplexity, window_plan
-from secateur.export import atomic_dir, load_masks, save_pruned
+from secateur.export import atomic_dir, load_masks, save_run
 from secateur.models.adapters import get_adapter
 from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.testing import FAMILIES, random_ids, tiny_model, tiny_tokenizer
@@ -19,7 +19,7 @@ def test_reload_gives_identical_logits(family, tmp_path):
     model = tiny_model(family)
     res = prune_unstructured(model, get_adapter(model), random_ids(2, 16),
                              UnstructuredConfig(method="wanda", sparsity=0.5), progress=False)
-    out = save_pruned(model, tiny_tokenizer(), tmp_path / "m", {"method": "wanda"}, res.masks)
+    out = save_run(model, tiny_tokenizer(), tmp_path / "m", {"method": "wanda"}, res.masks)
     again = AutoModelForCausalLM.from_pretrained(out, attn_implementation="sdpa").eval()
     ids = random_ids(2, 20, seed=3)
     with torch.no_grad():

@@ -18,7 +18,7 @@ from secateur.data.sources import eval_text, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import perplexity
-from secateur.export import save_pruned
+from secateur.export import save_run
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
@@ -122,7 +122,7 @@ def prune(**kwargs) -> dict:
 
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
             else:
-                save_pruned(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
+                save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
         report["timings"]["phases"] = timer.phases
     report["_model"], report["_tokenizer"] = model, tok
     return report

@@ -73,9 +73,10 @@ def load_masks(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_pruned(model, tokenizer, out: str | Path, report: dict, masks: dict[str, torch.Tensor] | None = None,
-                overwrite: bool = False, extra_files: dict[str, bytes] | None = None) -> Path:
-    """Save ``model`` (safetensors) + tokenizer + ``secateur-report.json`` (+ masks) as one folder."""
+def save_run(model, tokenizer, out: str | Path, report: dict, masks: dict[str, torch.Tensor] | None = None,
+             overwrite: bool = False, extra_files: dict[str, bytes] | None = None) -> Path:
+    """Save a masked (same-shape) run: ``model`` (safetensors) + tokenizer + ``secateur-report.json`` (+ masks)
+    as one atomic folder. Sliced models go through :func:`secateur.structured.export.save_pruned`."""
     with atomic_dir(out, overwrite) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
