@@ -263,6 +263,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--only", default=None, help="comma list of sparsities to run (e.g. 0.3)")
+    ap.add_argument("--sel", default=None, help="comma list of selections to run (wanda-sp, flap, rcpu): lets two "
+                    "lanes share one sparsity without doing the same rows")
     ap.add_argument("--zs", action="store_true",
                     help="add the zero-shot column to the Table 1 rows run (rebuilds rows that lack it)")
     a = ap.parse_args()
@@ -281,7 +283,7 @@ def main() -> None:
         return
     only = None if a.only is None else {float(x) for x in a.only.split(",")}
     for sel, comp, rho, key_extra, cfg_extra in row_list():
-        if only is not None and rho not in only:
+        if only is not None and rho not in only or a.sel is not None and sel not in a.sel.split(","):
             continue
         zs = a.zs and not (key_extra or {}).get("stage")
         rec = run_row(b, sel, comp, rho, DATASETS, key_extra=key_extra, cfg_extra=cfg_extra, zeroshot=zs)
