@@ -233,6 +233,11 @@ def _get(obj, path: str):
     return obj
 
 
+def weight_oi(layout: FamilyLayout, module: nn.Module) -> torch.Tensor:
+    """A projection's weight as ``[out, in]`` (a transposed view for ``Conv1D`` storage)."""
+    return module.weight.T if layout.conv1d else module.weight
+
+
 def in_features(layout: FamilyLayout, module: nn.Module) -> int:
     w = module.weight
     return w.shape[0] if layout.conv1d else w.shape[1]
