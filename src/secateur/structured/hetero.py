@@ -22,6 +22,10 @@ by modules of the recorded widths (under the meta device during ``from_pretraine
 allocated twice). A layer with ``n_heads == 0`` gets a :class:`NullAttention` (its output projection's
 bias, or zero), a layer with ``intermediate == 0`` keeps zero-width MLP projections (the output is the
 down-projection bias, or zero).
+
+Family knowledge lives in one table, :data:`LAYOUTS` (a :class:`FamilyLayout` per stock model type: module
+paths, projection names, fused/Conv1D storage, bias rules, config keys); the surgery here and the rest of
+``secateur.structured`` read it instead of branching on the model type.
 """
 
 from __future__ import annotations
@@ -205,7 +209,6 @@ LAYOUTS: dict[str, FamilyLayout] = {
                          fused_qkv=True, conv1d=True, qkv_bias=True, o_bias=True, mlp_bias=True,
                          layer_norm=True, positions="n_positions", default_inner_mult=4),
 }
-LLAMA_LIKE = tuple(f for f, lay in LAYOUTS.items() if lay.gqa)  # transitional; removed once unused
 
 
 # --- per-family surgery ----------------------------------------------------------------------------
