@@ -54,57 +54,44 @@ def _spec_list(config, layers: list[dict] | None) -> list[dict]:
     got = getattr(config, "secateur_layers", None)
     if got:
         return [dict(s) for s in got]
-    fam = hetero.family_of(config)
+    layout = hetero.layout_of(hetero.family_of(config))
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    if fam in hetero.LLAMA_LIKE:
-        inter = config.intermediate_size
-        o_bias = fam in ("llama", "qwen3") and bool(getattr(config, "attention_bias", False))
-        down_bias = fam == "llama" and bool(getattr(config, "mlp_bias", False))
-    elif fam == "opt":
-        inter, o_bias = config.ffn_dim, bool(config.enable_bias)
-        down_bias = o_bias
-    else:
-        inter, o_bias, down_bias = config.n_inner or 4 * config.hidden_size, True, True
+    inter = getattr(config, layout.inter_key) or layout.default_inner_mult * config.hidden_size
+    o_bias, down_bias = layout.flag(config, layout.o_bias), layout.flag(config, layout.mlp_bias)
     return [{"n_heads": n_heads, "n_kv_heads": n_kv, "intermediate": inter, "o_bias": o_bias,
              "down_bias": down_bias} for _ in range(config.num_hidden_layers)]
 
 
 def count_params_from_config(config, layers: list[dict] | None = None) -> int:
     """Parameter count implied by ``config`` (and per-layer widths ``layers``, default the config's own or
-    its ``secateur_layers``) without building the model."""
-    fam = hetero.family_of(config)
+    its ``secateur_layers``) without building the model.
+
+    Read from the family's :class:`~secateur.structured.hetero.FamilyLayout` (bias rules, gating, norms,
+    learned positions) and the standard config fields (``word_embed_proj_dim``,
+    ``layer_norm_elementwise_affine``, ``do_layer_norm_before`` where a family has them)."""
+    layout = hetero.layout_of(hetero.family_of(config))
     specs = _spec_list(config, layers)
     d, v = config.hidden_size, config.vocab_size
     m = hetero.head_dim_of(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    if fam in hetero.LLAMA_LIKE:
-        qkv_bias = fam == "qwen2" or (fam in ("llama", "qwen3") and bool(getattr(config, "attention_bias", False)))
-        in_bias = fam == "llama" and bool(getattr(config, "mlp_bias", False))
-        total = v * d * (1 if tied else 2) + d
-        for s in specs:
-            h, kv, f = s["n_heads"], s["n_kv_heads"], s["intermediate"]
-            total += d * m * (2 * h + 2 * kv) + qkv_bias * (h + 2 * kv) * m + s["o_bias"] * d
-            total += 3 * d * f + 2 * f * in_bias + s["down_bias"] * d + 2 * d
-            total += 2 * m * (fam == "qwen3")
-        return int(total)
-    if fam == "opt":
-        wp = config.word_embed_proj_dim or d
-        ln = 2 * d if config.layer_norm_elementwise_affine else 0
-        total = v * wp * (1 if tied else 2) + (config.max_position_embeddings + 2) * d
-        total += 2 * d * wp * (wp != d)
-        if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False):
-            total += ln
-        b = bool(config.enable_bias)
-        for s in specs:
-            h, f = s["n_heads"], s["intermediate"]
-            total += 4 * d * h * m + 3 * h * m * b + s["o_bias"] * d + 2 * ln
-            total += 2 * d * f + f * b + s["down_bias"] * d
-        return int(total)
-    total = v * d * (1 if tied else 2) + config.n_positions * d + 2 * d
+    wp = getattr(config, "word_embed_proj_dim", None) or d  # OPT: embeddings projected to/from d
+    norm = (2 * d if layout.layer_norm else d) if getattr(config, "layer_norm_elementwise_affine", True) else 0
+    total = v * wp * (1 if tied else 2) + 2 * d * wp * (wp != d)
+    if layout.positions:
+        total += (getattr(config, layout.positions) + layout.position_offset) * d
+    if getattr(config, "do_layer_norm_before", True) and not getattr(config, "_remove_final_layer_norm", False):
+        total += norm  # final norm
+    qkv_b = layout.flag(config, layout.qkv_bias)
+    in_b = layout.flag(config, layout.mlp_bias)
+    n_in = len(layout.mlp_in)
     for s in specs:
         h, f = s["n_heads"], s["intermediate"]
-        total += 4 * d * h * m + 3 * h * m + d + 4 * d + 2 * d * f + f + d
+        kv = s["n_kv_heads"] if layout.gqa else h
+        o_b = s["o_bias"] or layout.o_bias is True  # an always-biased projection cannot lose its bias
+        down_b = s["down_bias"] or layout.mlp_bias is True
+        total += d * m * (2 * h + 2 * kv) + qkv_b * (h + 2 * kv) * m + o_b * d + 2 * norm
+        total += (n_in + 1) * d * f + n_in * f * in_b + down_b * d + 2 * m * layout.qk_norm
     return int(total)
 
 

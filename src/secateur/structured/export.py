@@ -69,18 +69,13 @@ def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
     first = specs[0]
     if any(s != first for s in specs) or first["n_heads"] == 0:
         return None
+    layout = hetero.layout_of(fam)
     d = dict(d)
-    if fam in hetero.LLAMA_LIKE:
-        d.update(num_attention_heads=first["n_heads"], num_key_value_heads=first["n_kv_heads"],
-                 intermediate_size=first["intermediate"])
-    elif fam == "opt":
-        if first["n_heads"] != d["num_attention_heads"]:
-            return None  # OPT derives head_dim = hidden / heads
-        d["ffn_dim"] = first["intermediate"]
-    else:
-        if first["n_heads"] != d["n_head"]:
-            return None
-        d["n_inner"] = first["intermediate"]
+    if layout.gqa:  # explicit head_dim: head counts can change
+        d.update({layout.heads_key: first["n_heads"], layout.kv_heads_key: first["n_kv_heads"]})
+    elif first["n_heads"] != d[layout.heads_key]:
+        return None  # the stock classes derive head_dim = hidden / heads
+    d[layout.inter_key] = first["intermediate"]
     return d
 
 

@@ -22,6 +22,10 @@ by modules of the recorded widths (under the meta device during ``from_pretraine
 allocated twice). A layer with ``n_heads == 0`` gets a :class:`NullAttention` (its output projection's
 bias, or zero), a layer with ``intermediate == 0`` keeps zero-width MLP projections (the output is the
 down-projection bias, or zero).
+
+Family knowledge lives in one table, :data:`LAYOUTS` (a :class:`FamilyLayout` per stock model type: module
+paths, projection names, fused/Conv1D storage, bias rules, config keys); the surgery here and the rest of
+``secateur.structured`` read it instead of branching on the model type.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ from transformers import (
 )
 from transformers.pytorch_utils import Conv1D
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 PREFIX = "secateur_"  # keep in sync with adapters.HETERO_PREFIX; this file is self-contained (shipped as remote code)
 
 
@@ -133,13 +136,93 @@ class NullAttention(nn.Module):
         return getattr(self, self.out_name)(x), None
 
 
+# --- per-family layout table -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FamilyLayout:
+    """Where a family keeps its decoder layers and projections, and the few rules that differ.
+
+    Every structured-pruning module (surgery here, ``slicing``, ``units``, ``scores``, ``export``,
+    ``efficiency``) reads this table instead of branching on the model type; a new family is one entry in
+    :data:`LAYOUTS` plus its ``secateur_<family>`` config/model classes in :data:`HETERO_CLASSES`.
+
+    Names are attribute names (``""`` = the object itself); weights are ``nn.Linear`` (``[out, in]``)
+    unless ``conv1d`` (GPT-2 ``Conv1D``, ``[in, out]``, always biased). Bias rules: ``True`` / ``False``
+    (always / never), or the name of a boolean config flag (e.g. ``"attention_bias"``).
+    """
+
+    layers: str                   # dotted path from the *ForCausalLM to the decoder-layer ModuleList
+    attn: str                     # the attention module of a layer
+    q: str                        # query projection; with fused_qkv, the fused q|k|v projection
+    k: str
+    v: str
+    out: str                      # attention output projection
+    mlp: str                      # the MLP module of a layer ("" = the layer itself, OPT)
+    mlp_in: tuple[str, ...]       # MLP input projections (two = gated)
+    mlp_out: str                  # MLP output (down) projection
+    heads_key: str                # config keys (as in config.to_dict())
+    inter_key: str
+    kv_heads_key: str | None = None
+    gqa: bool = False             # separate KV heads and an explicit head_dim in the config
+    fused_qkv: bool = False       # q, k, v are one projection, output split in thirds
+    conv1d: bool = False          # Conv1D storage ([in, out]) for every projection
+    mlp_width_attr: str | None = None   # MLP attribute holding the intermediate width
+    qkv_bias: bool | str = False
+    o_bias: bool | str = False
+    mlp_bias: bool | str = False  # MLP input and output projections
+    qk_norm: bool = False         # per-head q/k norms (weight of size head_dim each)
+    layer_norm: bool = False      # LayerNorm (weight and bias) instead of RMSNorm (weight)
+    positions: str | None = None  # config key of a learned position-embedding table
+    position_offset: int = 0
+    default_inner_mult: int = 0   # intermediate = mult * hidden when the config leaves it unset
+
+    @property
+    def qkv(self) -> tuple[str, ...]:
+        return (self.q,) if self.fused_qkv else (self.q, self.k, self.v)
+
+    @property
+    def gated(self) -> bool:
+        return len(self.mlp_in) > 1
+
+    def flag(self, config, rule: bool | str) -> bool:
+        """Resolve a bias rule against ``config``."""
+        return rule if isinstance(rule, bool) else bool(getattr(config, rule, False))
+
+
+_LLAMA = dict(layers="model.layers", attn="self_attn", q="q_proj", k="k_proj", v="v_proj", out="o_proj",
+              mlp="mlp", mlp_in=("gate_proj", "up_proj"), mlp_out="down_proj", heads_key="num_attention_heads",
+              inter_key="intermediate_size", kv_heads_key="num_key_value_heads", gqa=True,
+              mlp_width_attr="intermediate_size")
+
+LAYOUTS: dict[str, FamilyLayout] = {
+    "llama": FamilyLayout(**_LLAMA, qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias"),
+    "mistral": FamilyLayout(**_LLAMA),
+    "qwen2": FamilyLayout(**_LLAMA, qkv_bias=True),
+    "qwen3": FamilyLayout(**_LLAMA, qkv_bias="attention_bias", o_bias="attention_bias", qk_norm=True),
+    "opt": FamilyLayout(layers="model.decoder.layers", attn="self_attn", q="q_proj", k="k_proj", v="v_proj",
+                        out="out_proj", mlp="", mlp_in=("fc1",), mlp_out="fc2", heads_key="num_attention_heads",
+                        inter_key="ffn_dim", qkv_bias="enable_bias", o_bias="enable_bias",
+                        mlp_bias="enable_bias", layer_norm=True, positions="max_position_embeddings",
+                        position_offset=2),
+    "gpt2": FamilyLayout(layers="transformer.h", attn="attn", q="c_attn", k="c_attn", v="c_attn", out="c_proj",
+                         mlp="mlp", mlp_in=("c_fc",), mlp_out="c_proj", heads_key="n_head", inter_key="n_inner",
+                         fused_qkv=True, conv1d=True, qkv_bias=True, o_bias=True, mlp_bias=True,
+                         layer_norm=True, positions="n_positions", default_inner_mult=4),
+}
+
+
 # --- per-family surgery ----------------------------------------------------------------------------
 
 def family_of(config) -> str:
     fam = base_model_type(getattr(config, "model_type", ""))
-    if fam not in LLAMA_LIKE + ("opt", "gpt2"):
+    if fam not in LAYOUTS:
         raise ValueError(f"no structured-pruning layout for model type {fam!r}")
     return fam
+
+
+def layout_of(family: str) -> FamilyLayout:
+    """The :class:`FamilyLayout` of a family name (as returned by :func:`family_of`)."""
+    return LAYOUTS[family]
 
 
 def head_dim_of(config) -> int:
@@ -147,102 +230,112 @@ def head_dim_of(config) -> int:
     return hd or config.hidden_size // config.num_attention_heads
 
 
+def _get(obj, path: str):
+    for name in filter(None, path.split(".")):
+        obj = getattr(obj, name)
+    return obj
+
+
+def weight_oi(layout: FamilyLayout, module: nn.Module) -> torch.Tensor:
+    """A projection's weight as ``[out, in]`` (a transposed view for ``Conv1D`` storage)."""
+    return module.weight.T if layout.conv1d else module.weight
+
+
+def in_features(layout: FamilyLayout, module: nn.Module) -> int:
+    w = module.weight
+    return w.shape[0] if layout.conv1d else w.shape[1]
+
+
+def out_features(layout: FamilyLayout, module: nn.Module) -> int:
+    w = module.weight
+    return w.shape[1] if layout.conv1d else w.shape[0]
+
+
+def empty_proj(layout: FamilyLayout, in_f: int, out_f: int, bias: bool, like: torch.Tensor) -> nn.Module:
+    """An uninitialized projection in the family's storage (``Conv1D`` is always biased)."""
+    return empty_conv1d(in_f, out_f, like) if layout.conv1d else empty_linear(in_f, out_f, bias, like)
+
+
 def attention_module(family: str, layer: nn.Module) -> nn.Module:
-    return layer.attn if family == "gpt2" else layer.self_attn
+    return getattr(layer, LAYOUTS[family].attn)
 
 
 def set_attention_module(family: str, layer: nn.Module, attn: nn.Module) -> None:
-    if family == "gpt2":
-        layer.attn = attn
-    else:
-        layer.self_attn = attn
+    setattr(layer, LAYOUTS[family].attn, attn)
+
+
+def mlp_module(family: str, layer: nn.Module) -> nn.Module:
+    """The module holding the MLP projections (the layer itself for OPT)."""
+    return _get(layer, LAYOUTS[family].mlp)
 
 
 def set_attention_widths(family: str, attn: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> None:
     """Update the attributes the stock attention forward reads (projections already resized)."""
-    if family in LLAMA_LIKE:
+    layout = LAYOUTS[family]
+    attn.num_heads = n_heads
+    if layout.gqa:
         attn.num_key_value_groups = n_heads // n_kv
-        attn.num_heads = n_heads
         attn.num_key_value_heads = n_kv
-    elif family == "opt":
-        attn.num_heads = n_heads
-    else:  # gpt2: c_attn output is split at split_size
-        attn.num_heads = n_heads
+    if layout.fused_qkv:  # the fused output is split at split_size
         attn.split_size = n_heads * head_dim
 
 
 def shape_attention(family: str, layer: nn.Module, n_heads: int, n_kv: int, head_dim: int,
                     o_bias: bool) -> None:
     """Give a layer's attention projections the widths ``n_heads`` / ``n_kv`` (values uninitialized)."""
+    layout = LAYOUTS[family]
     attn = attention_module(family, layer)
     if isinstance(attn, NullAttention) and n_heads > 0:
         raise ValueError("cannot grow attention heads back on a layer whose attention was removed")
     qh, kvh = n_heads * head_dim, n_kv * head_dim
-    if family == "gpt2":
-        like = attn.c_attn.weight
-        hidden = attn.c_proj.weight.shape[1]
-        attn.c_attn = empty_conv1d(hidden, 3 * qh, like)
-        attn.c_proj = empty_conv1d(qh, hidden, like)
-        out_name = "c_proj"
+    old_o = getattr(attn, layout.out)
+    like, hidden = old_o.weight, out_features(layout, old_o)
+    if layout.fused_qkv:
+        fused = getattr(attn, layout.q)
+        setattr(attn, layout.q, empty_proj(layout, hidden, qh + 2 * kvh, _has_bias(fused), like))
     else:
-        out_name = "o_proj" if family in LLAMA_LIKE else "out_proj"
-        old_o = getattr(attn, out_name)
-        like, hidden = old_o.weight, old_o.weight.shape[0]
-        attn.q_proj = empty_linear(hidden, qh, _has_bias(attn.q_proj), like)
-        attn.k_proj = empty_linear(hidden, kvh, _has_bias(attn.k_proj), like)
-        attn.v_proj = empty_linear(hidden, kvh, _has_bias(attn.v_proj), like)
-        setattr(attn, out_name, empty_linear(qh, hidden, o_bias, like))
+        for name, width in ((layout.q, qh), (layout.k, kvh), (layout.v, kvh)):
+            setattr(attn, name, empty_proj(layout, hidden, width, _has_bias(getattr(attn, name)), like))
+    setattr(attn, layout.out, empty_proj(layout, qh, hidden, o_bias, like))
     if n_heads == 0:
         if not isinstance(attn, NullAttention):
-            set_attention_module(family, layer, NullAttention(attn, out_name, head_dim))
+            set_attention_module(family, layer, NullAttention(attn, layout.out, head_dim))
     else:
         set_attention_widths(family, attn, n_heads, n_kv, head_dim)
 
 
 def shape_mlp(family: str, layer: nn.Module, intermediate: int, down_bias: bool) -> None:
     """Give a layer's MLP the width ``intermediate`` (values uninitialized)."""
+    layout = LAYOUTS[family]
     f = intermediate
-    if family in LLAMA_LIKE:
-        m = layer.mlp
-        like, hidden = m.down_proj.weight, m.down_proj.weight.shape[0]
-        m.gate_proj = empty_linear(hidden, f, _has_bias(m.gate_proj), like)
-        m.up_proj = empty_linear(hidden, f, _has_bias(m.up_proj), like)
-        m.down_proj = empty_linear(f, hidden, down_bias, like)
-        m.intermediate_size = f
-    elif family == "opt":
-        like, hidden = layer.fc2.weight, layer.fc2.weight.shape[0]
-        layer.fc1 = empty_linear(hidden, f, _has_bias(layer.fc1), like)
-        layer.fc2 = empty_linear(f, hidden, down_bias, like)
-    else:
-        m = layer.mlp
-        like, hidden = m.c_proj.weight, m.c_proj.weight.shape[1]
-        m.c_fc = empty_conv1d(hidden, f, like)
-        m.c_proj = empty_conv1d(f, hidden, like)
+    m = mlp_module(family, layer)
+    down = getattr(m, layout.mlp_out)
+    like, hidden = down.weight, out_features(layout, down)
+    for name in layout.mlp_in:
+        setattr(m, name, empty_proj(layout, hidden, f, _has_bias(getattr(m, name)), like))
+    setattr(m, layout.mlp_out, empty_proj(layout, f, hidden, down_bias, like))
+    if layout.mlp_width_attr:
+        setattr(m, layout.mlp_width_attr, f)
 
 
 def current_spec(family: str, layer: nn.Module, head_dim: int) -> LayerSpec:
     """The widths a layer has now (read from its modules)."""
+    layout = LAYOUTS[family]
     attn = attention_module(family, layer)
-    if family == "gpt2":
-        n_heads = attn.c_proj.weight.shape[0] // head_dim
-        n_kv, o_bias = n_heads, True
-        inter, down_bias = layer.mlp.c_proj.weight.shape[0], True
-    else:
-        o = attn.o_proj if family in LLAMA_LIKE else attn.out_proj
-        n_heads = o.weight.shape[1] // head_dim
-        n_kv = attn.k_proj.weight.shape[0] // head_dim
-        o_bias = _has_bias(o)
-        down = layer.mlp.down_proj if family in LLAMA_LIKE else layer.fc2
-        inter, down_bias = down.weight.shape[1], _has_bias(down)
-    return LayerSpec(n_heads, n_kv, inter, o_bias, down_bias)
+    o = getattr(attn, layout.out)
+    n_heads = in_features(layout, o) // head_dim
+    n_kv = n_heads if layout.fused_qkv else out_features(layout, getattr(attn, layout.k)) // head_dim
+    down = getattr(mlp_module(family, layer), layout.mlp_out)
+    return LayerSpec(n_heads, n_kv, in_features(layout, down), _has_bias(o), _has_bias(down))
 
 
 def decoder_layers(family: str, model: nn.Module) -> nn.ModuleList:
-    if family == "opt":
-        return model.model.decoder.layers
-    if family == "gpt2":
-        return model.transformer.h
-    return model.model.layers
+    return _get(model, LAYOUTS[family].layers)
+
+
+def set_decoder_layers(family: str, model: nn.Module, layers: nn.ModuleList) -> None:
+    parent, _, name = LAYOUTS[family].layers.rpartition(".")
+    setattr(_get(model, parent), name, layers)
 
 
 def apply_layer_spec(model: nn.Module, specs: list[dict] | None = None) -> None:

@@ -234,13 +234,14 @@ def _in_weights(adapter: Adapter, layer: nn.Module) -> list[torch.Tensor]:
 
 
 def _qkv(fam: str, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v weights as ``[out, in]`` (GPT-2's fused c_attn split at its current width)."""
+    """q, k, v weights as ``[out, in]`` (a fused q|k|v projection, GPT-2's ``c_attn``, split in thirds)."""
+    layout = hetero.layout_of(fam)
     attn = hetero.attention_module(fam, layer)
-    if fam == "gpt2":
-        w = attn.c_attn.weight.T
-        s = w.shape[0] // 3
-        return w[:s], w[s:2 * s], w[2 * s:]
-    return attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+    ws = [hetero.weight_oi(layout, getattr(attn, name)) for name in layout.qkv]
+    if layout.fused_qkv:
+        s = ws[0].shape[0] // 3
+        return ws[0][:s], ws[0][s:2 * s], ws[0][2 * s:]
+    return tuple(ws)
 
 
 def _segment_sum(values: torch.Tensor, pool: Pool) -> torch.Tensor:

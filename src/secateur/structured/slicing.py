@@ -129,8 +129,19 @@ def _bias(module: nn.Module, idx: torch.Tensor | None = None) -> torch.Tensor | 
     return b.detach().clone() if idx is None else b.detach()[idx].clone()
 
 
-def _out_name(fam: str) -> str:
-    return "c_proj" if fam == "gpt2" else "o_proj" if fam in hetero.LLAMA_LIKE else "out_proj"
+def _out_module(fam: str, layer: nn.Module) -> nn.Module:
+    return getattr(hetero.attention_module(fam, layer), hetero.layout_of(fam).out)
+
+
+def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Tensor
+              ) -> list[tuple[str, torch.Tensor]]:
+    """(projection name, output rows) of q, k, v; a fused q|k|v projection gets one row set, its k and v
+    blocks offset by a third of its width."""
+    layout = hetero.layout_of(fam)
+    if layout.fused_qkv:
+        s = _oi(getattr(attn, layout.q)).shape[0] // 3
+        return [(layout.q, torch.cat([q_rows, s + kv_rows, 2 * s + kv_rows]))]
+    return [(layout.q, q_rows), (layout.k, kv_rows), (layout.v, kv_rows)]
 
 
 def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
@@ -148,15 +159,9 @@ def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int]
                      repl: Replacement | None) -> None:
     attn = hetero.attention_module(fam, layer)
     qi, kvi = _rows(heads, m), _rows(kv, m)
-    out_mod = getattr(attn, _out_name(fam))
-    if fam == "gpt2":
-        w = attn.c_attn.weight.detach().T
-        s = w.shape[0] // 3
-        rows = torch.cat([qi, s + kvi, 2 * s + kvi])
-        qkv = [("c_attn", w[rows].clone(), _bias(attn.c_attn, rows))]
-    else:
-        qkv = [(name, getattr(attn, name).weight.detach()[idx].clone(), _bias(getattr(attn, name), idx))
-               for name, idx in (("q_proj", qi), ("k_proj", kvi), ("v_proj", kvi))]
+    out_mod = _out_module(fam, layer)
+    qkv = [(name, _oi(getattr(attn, name)).detach()[idx].clone(), _bias(getattr(attn, name), idx))
+           for name, idx in _qkv_rows(fam, attn, qi, kvi)]
     wo, bo = _oi(out_mod).detach()[:, qi].clone(), _bias(out_mod)
     if repl is not None:
         if tuple(repl.weight.shape) != tuple(wo.shape):
@@ -168,16 +173,13 @@ def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int]
     attn = hetero.attention_module(fam, layer)
     for name, w_, b_ in qkv:
         _copy(getattr(attn, name), w_, b_)
-    _copy(getattr(attn, _out_name(fam)), wo, bo)
+    _copy(_out_module(fam, layer), wo, bo)
 
 
 def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]], tuple[nn.Module, str]]:
     """(input projections, output projection) as (parent, attribute) pairs."""
-    if fam in hetero.LLAMA_LIKE:
-        return [(layer.mlp, "gate_proj"), (layer.mlp, "up_proj")], (layer.mlp, "down_proj")
-    if fam == "opt":
-        return [(layer, "fc1")], (layer, "fc2")
-    return [(layer.mlp, "c_fc")], (layer.mlp, "c_proj")
+    layout, mlp = hetero.layout_of(fam), hetero.mlp_module(fam, layer)
+    return [(mlp, name) for name in layout.mlp_in], (mlp, layout.mlp_out)
 
 
 def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacement | None) -> None:
@@ -198,20 +200,11 @@ def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacemen
     _copy(getattr(dp, dn), wd, bd)
 
 
-def _set_layers(fam: str, model: nn.Module, layers: nn.ModuleList) -> None:
-    if fam == "opt":
-        model.model.decoder.layers = layers
-    elif fam == "gpt2":
-        model.transformer.h = layers
-    else:
-        model.model.layers = layers
-
-
 def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
     """Drop whole decoder layers; renumber ``layer_idx``; update ``num_hidden_layers`` / ``layer_types``."""
     cfg = model.config
     fam = hetero.family_of(cfg)
-    if fam == "gpt2" and getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
         raise SecateurError("GPT-2 with scale_attn_by_inverse_layer_idx scales by layer position; removing "
                             "blocks would change the remaining blocks")
     layers = hetero.decoder_layers(fam, model)
@@ -219,7 +212,7 @@ def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
     keep = [lay for i, lay in enumerate(layers) if i not in drop]
     if not keep:
         raise SecateurError("cannot remove every block")
-    _set_layers(fam, model, nn.ModuleList(keep))
+    hetero.set_decoder_layers(fam, model, nn.ModuleList(keep))
     for new_idx, lay in enumerate(keep):
         for mod in lay.modules():
             if isinstance(getattr(mod, "layer_idx", None), int):
@@ -235,7 +228,7 @@ def sync_config(model: nn.Module) -> None:
     cfg = model.config
     fam = hetero.family_of(cfg)
     m = hetero.head_dim_of(cfg)
-    if fam in hetero.LLAMA_LIKE:
+    if hetero.layout_of(fam).gqa:  # stock configs of these families carry an explicit head_dim
         cfg.head_dim = m
     cfg.secateur_layers = [hetero.current_spec(fam, lay, m).to_dict() for lay in hetero.decoder_layers(fam, model)]
 
@@ -319,19 +312,14 @@ def mask_selection(model: nn.Module, adapter: Adapter, selection: Selection,
             shape = layer_shape(adapter, i)
             keep = selection.layers.get(i, LayerKeep())
             attn = hetero.attention_module(fam, layer)
-            out_mod = getattr(attn, _out_name(fam))
+            out_mod = _out_module(fam, layer)
             heads = keep.heads if keep.heads is not None else list(range(shape.n_heads))
             kv = keep.kv_heads if keep.kv_heads is not None else list(range(shape.n_kv_heads))
             hs, ks = set(heads), set(kv)
             gone_h = _rows([h for h in range(shape.n_heads) if h not in hs], m)
             gone_kv = _rows([g for g in range(shape.n_kv_heads) if g not in ks], m)
-            if fam == "gpt2":
-                s = _oi(attn.c_attn).shape[0] // 3
-                _zero_rows(attn.c_attn, torch.cat([gone_h, s + gone_kv, 2 * s + gone_kv]))
-            else:
-                _zero_rows(attn.q_proj, gone_h)
-                _zero_rows(attn.k_proj, gone_kv)
-                _zero_rows(attn.v_proj, gone_kv)
+            for name, rows in _qkv_rows(fam, attn, gone_h, gone_kv):
+                _zero_rows(getattr(attn, name), rows)
             _zero_cols(out_mod, gone_h)
             _write_out(out_mod, _rows(heads, m), reps.get((i, "attn_out")))
             ch = keep.channels if keep.channels is not None else list(range(shape.intermediate))
@@ -345,7 +333,7 @@ def mask_selection(model: nn.Module, adapter: Adapter, selection: Selection,
         for b in selection.removed_blocks:
             layer = adapter.layers[b]
             _, (dp, dn) = _mlp_modules(fam, layer)
-            for mod in (getattr(hetero.attention_module(fam, layer), _out_name(fam)), getattr(dp, dn)):
+            for mod in (_out_module(fam, layer), getattr(dp, dn)):
                 mod.weight.zero_()
                 if getattr(mod, "bias", None) is not None:
                     mod.bias.zero_()

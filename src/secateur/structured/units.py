@@ -91,22 +91,14 @@ def layer_shape(adapter: Adapter, index: int) -> LayerShape:
     layer = adapter.layers[index]
     m = head_dim(adapter)
     spec = hetero.current_spec(fam, layer, m)
+    layout = hetero.layout_of(fam)
     attn = hetero.attention_module(fam, layer)
-    if fam == "gpt2":
-        hidden = attn.c_attn.weight.shape[0]
-        q_bias = kv_bias = True
-        in_biases, gated = 1, False
-    else:
-        hidden = attn.q_proj.weight.shape[1]
-        q_bias = attn.q_proj.bias is not None
-        kv_bias = attn.k_proj.bias is not None
-        if fam == "opt":
-            in_biases, gated = int(layer.fc1.bias is not None), False
-        else:
-            in_biases = int(layer.mlp.gate_proj.bias is not None) + int(layer.mlp.up_proj.bias is not None)
-            gated = True
-    return LayerShape(hidden, m, spec.n_heads, spec.n_kv_heads, spec.intermediate, q_bias, kv_bias,
-                      spec.o_bias, in_biases, spec.down_bias, gated)
+    q, k = getattr(attn, layout.q), getattr(attn, layout.k)
+    mlp = hetero.mlp_module(fam, layer)
+    in_biases = sum(getattr(mlp, name).bias is not None for name in layout.mlp_in)
+    return LayerShape(hetero.in_features(layout, q), m, spec.n_heads, spec.n_kv_heads, spec.intermediate,
+                      q.bias is not None, k.bias is not None, spec.o_bias, in_biases, spec.down_bias,
+                      layout.gated)
 
 
 def block_params(layer: nn.Module) -> int:
