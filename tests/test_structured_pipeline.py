@@ -344,3 +344,18 @@ def test_reused_statistics_must_hold_what_the_config_reads():
     with pytest.raises(SecateurError, match="lack gram"):
         prune_structured(m, a, ids, StructuredConfig(score="rcpu", sparsity=0.5, compensation="ls"), stats=stats)
     prune_structured(m, a, ids, StructuredConfig(score="rcpu", sparsity=0.5), stats=stats)  # enough for a slice
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("comp", ["none", "coec", "corp"])
+def test_cuda_model_prunes_like_the_cpu_one(comp):
+    """Statistics and compensators stay on the CPU; a model on the GPU gets the same widths and weights."""
+    ids = random_ids(2, 16)
+    out = {}
+    for device in ("cpu", "cuda"):
+        m = tiny_model("llama").to(device)
+        cfg = StructuredConfig(score="rcpu", sparsity=0.5, compensation=comp, coec=COECOptions(max_rounds=2))
+        prune_structured(m, get_adapter(m), ids.to(device), cfg, device=device)
+        out[device] = {k: v.detach().cpu() for k, v in m.state_dict().items()}
+    for k, v in out["cpu"].items():
+        torch.testing.assert_close(out["cuda"][k], v, atol=1e-4, rtol=1e-4)

@@ -269,14 +269,14 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
             if kept is None:
                 continue
             ref = refs[role]
-            w0 = ref.weight.detach()
+            w0 = ref.weight.detach().cpu()  # compensators solve on the CPU, next to the statistics
             if kept.numel() == w0.shape[1]:
                 continue
             accs = stats.groups.get(i, {}).get(group, {})
             if "gram" not in accs:
                 raise SecateurError(f"compensation {cfg.compensation!r} needs the input Gram of layer {i} {group}")
             st = InputStats.from_gram(accs["gram"])
-            bias = None if ref.bias is None else ref.bias.detach()
+            bias = None if ref.bias is None else ref.bias.detach().cpu()
             rec: dict[str, Any] = {"layer": i, "group": group, "kept": int(kept.numel()), "width": int(w0.shape[1])}
             if kept.numel() == 0:  # everything removed: nothing to compensate into
                 rec.update(method=fn, recon_before=1.0, recon_after=1.0, seconds=0.0, skipped="no kept columns")

@@ -103,7 +103,8 @@ def moments(stats: StatsLike) -> Moments:
 # --- column scores (pure) -------------------------------------------------------------------------------
 
 def _w(w: torch.Tensor) -> torch.Tensor:
-    return w.detach().to(torch.float64)
+    """float64 on the CPU, where the statistics are (a model on a GPU scores the same)."""
+    return w.detach().to("cpu", torch.float64)
 
 
 def magnitude(w: torch.Tensor) -> torch.Tensor:
