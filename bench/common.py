@@ -65,9 +65,15 @@ def _locked(path: Path):
     return held()
 
 
-def append_row(path: Path, row: dict) -> None:
-    with _locked(path), open(path, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
+def append_row(path: Path, row: dict, unique_key: bool = False) -> bool:
+    """Append ``row``; with ``unique_key``, only when no row with its ``key`` exists (checked under the lock,
+    so two lanes never both append one key). Returns whether it was written."""
+    with _locked(path):
+        if unique_key and any(r.get("key") == row["key"] for r in read_rows(path)):
+            return False
+        with open(path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+    return True
 
 
 def fmt(x, nd=2) -> str:
@@ -136,12 +142,14 @@ def read_rows_key(path: Path, key: str) -> dict | None:
 
 
 def merge_row_field(path: Path, match: dict, field: str, value) -> None:
-    """Set ``field`` on the rows of a JSONL file whose keys equal ``match`` (atomic rewrite)."""
+    """Set ``field`` on the rows of a JSONL file whose keys equal ``match`` (atomic rewrite). A callable
+    ``value`` maps the row's current value to the new one, under the lock (merges never drop another
+    lane's update)."""
     with _locked(path):
         rows = read_rows(path)
         for r in rows:
             if all(r.get(k) == v for k, v in match.items()):
-                r[field] = value
+                r[field] = value(r.get(field)) if callable(value) else value
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
         os.replace(tmp, path)
@@ -155,14 +163,15 @@ def row_sink(path: Path, on_new, describe):
 
     def emit(rec: dict) -> None:
         old = stored.get(rec["key"])
-        if old is None:
-            append_row(path, rec)
+        if old is None and append_row(path, rec, unique_key=True):
             on_new()
         else:
+            old = old or read_rows_key(path, rec["key"]) or {}
             grew = [f for f in ("ppl", "zeroshot") if rec.get(f) and any(
                 k not in (old.get(f) or {}) for k in (rec[f] if f == "ppl" else ("mean",)))]
             for f in grew:
-                merge_row_field(path, {"key": rec["key"]}, f, rec[f] if f == "zeroshot" else old["ppl"] | rec["ppl"])
+                merge_row_field(path, {"key": rec["key"]}, f, rec[f] if f == "zeroshot" else (
+                    lambda cur: (cur or {}) | rec["ppl"]))
             if grew:
                 on_new()
         stored[rec["key"]] = read_rows_key(path, rec["key"]) or rec

@@ -359,3 +359,16 @@ def test_cuda_model_prunes_like_the_cpu_one(comp):
         out[device] = {k: v.detach().cpu() for k, v in m.state_dict().items()}
     for k, v in out["cpu"].items():
         torch.testing.assert_close(out["cuda"][k], v, atol=1e-4, rtol=1e-4)
+
+
+def test_data_free_scores_reuse_gram_only_statistics():
+    """magnitude / random read no score statistics: Grams alone (what CoCurve's runner collects) suffice."""
+    m = tiny_model("llama")
+    a = get_adapter(m)
+    ids = random_ids(2, 12)
+    stats = collect_stats(m, a, ids, ("gram",))
+    for score in ("magnitude", "random"):
+        mm = tiny_model("llama")
+        prune_structured(mm, get_adapter(mm), None, StructuredConfig(score=score, sparsity=0.5, compensation="ls"),
+                         stats=stats)
+    assert stat_kinds(StructuredConfig(score="shortgpt", sparsity=0.25)) == ()

@@ -102,9 +102,10 @@ class CorpQKHandler(engine.Handler):
         acc: _QKOutputs = accs["corp_qk"]
         g = ctx.adapter.geometry
         q, k = acc.q, acc.k
-        wq, wk = q.weight.detach().double(), k.weight.detach().double()
-        bq = None if q.bias is None else q.bias.detach().double()
-        bk = None if k.bias is None else k.bias.detach().double()
+        # solve on the CPU, where the statistics are (the block may be visiting a GPU)
+        wq, wk = q.weight.detach().double().cpu(), k.weight.detach().double().cpu()
+        bq = None if q.bias is None else q.bias.detach().double().cpu()
+        bk = None if k.bias is None else k.bias.detach().double().cpu()
         res = corp_qk_layer(wq, bq, wk, bk, acc.qa, acc.ka, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
                             ratio=self.cfg.sparsity, lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode,
                             fold=self.cfg.fold, min_qk_dim=self.cfg.min_qk_dim)

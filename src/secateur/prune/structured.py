@@ -172,7 +172,10 @@ class StructuredResult:
 # --- statistics ------------------------------------------------------------------------------------------
 
 def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
-    return SCORE_STATS + (("gram",) if cfg.needs_gram else ())
+    """The accumulators ``cfg`` reads: the score's (none for magnitude, random and ShortGPT, whose block
+    influence is its own forward) plus the Grams when compensating."""
+    score = () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
+    return score + (("gram",) if cfg.needs_gram else ())
 
 
 def collect_stats(model: nn.Module, adapter: Adapter, ids: torch.Tensor, kinds: tuple[str, ...] = SCORE_STATS,
@@ -182,16 +185,20 @@ def collect_stats(model: nn.Module, adapter: Adapter, ids: torch.Tensor, kinds: 
     one dense forward for ShortGPT's block influence when asked)."""
     from secateur.structured.scores import block_influence as bi_fn
 
-    h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE))
-    t = time.perf_counter()
-    rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress)
-    st = StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
-                                                         **{f"engine_{k}": v for k, v in rep.timings.items()}})
+    st = StructuredStats()
+    if kinds:  # ShortGPT alone needs no accumulators: its block influence is the forward below
+        h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE))
+        t = time.perf_counter()
+        rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device,
+                         progress=progress)
+        st = StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
+                                                             **{f"engine_{k}": v for k, v in rep.timings.items()}})
     if block_influence:
         t = time.perf_counter()
         # the decoder alone (no lm_head): BI only reads the blocks' inputs and outputs
         st.block_influence = bi_fn(getattr(model, "base_model", model), adapter, ids, batch_size=chunk_size)
         st.timings["block_influence_s"] = time.perf_counter() - t
+        st.n_tokens = st.n_tokens or int(ids.numel())
     return st
 
 
@@ -379,18 +386,17 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
     need_bi = cfg.score == "shortgpt"
-    needs_data = cfg.score not in ("magnitude", "random") or cfg.needs_gram
+    kinds = stat_kinds(cfg)
     if stats is not None:  # reused statistics must hold what this config reads
-        need = (("gram",) if cfg.needs_gram else ()) if need_bi else stat_kinds(cfg) if needs_data else ()
-        missing = [k for k in need if not stats.has((k,))]
+        missing = [k for k in kinds if not stats.has((k,))]
         if missing:
             raise SecateurError(f"the statistics passed lack {', '.join(missing)} (needed by score {cfg.score!r} "
                                 f"with compensation {cfg.compensation!r}); collect them with stat_kinds(cfg)")
     else:
-        if needs_data and ids is None:
+        if (kinds or need_bi) and ids is None:
             raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
-        stats = StructuredStats() if not needs_data else collect_stats(
-            model, adapter, ids, stat_kinds(cfg), need_bi, chunk_size, device, progress)
+        stats = collect_stats(model, adapter, ids, kinds, need_bi, chunk_size, device, progress) if (
+            kinds or need_bi) else StructuredStats()
         timings.update(stats.timings)
     if need_bi and stats.block_influence is None:
         if ids is None:

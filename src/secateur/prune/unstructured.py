@@ -59,7 +59,7 @@ class UnstructuredConfig:
     method: str = "wanda"
     sparsity: float = 0.5
     pattern: tuple[int, int] | None = None
-    budget: str | None = None  # None: the method's own comparison group (see default_budget)
+    budget: str | None = None  # None: the method's own comparison group (see resolved_budget)
     rounding: str = "ceil"
     targets: frozenset[str] = frozenset(ALL_ROLES)
     blocksize: int = 128
