@@ -228,10 +228,17 @@ def zs_note(rows: list[dict], dense: dict | None) -> list[str]:
         out.append(f"{rho:.0%}: {len(cells)} rows, {lo:.2f}-{hi:.2f} (mean SE {se:.2f})")
     if not out:
         return []
+    boolq = [r["zeroshot"]["tasks"]["boolq"] for r in rows if (r.get("zeroshot") or {}).get("tasks", {}).get("boolq")
+             is not None and r.get("sparsity", 0) > 0 and r["preset"]["name"] == QUICK]
+    bq = ""
+    if boolq and dz and "boolq" in dz.get("tasks", {}):
+        bq = (f" Rows above dense owe it mostly to BoolQ: dense scores {dz['tasks']['boolq']:.2f} on these 100 "
+              f"documents, pruned rows {min(boolq):.2f}-{max(boolq):.2f} (a yes/no bias flip of a near-chance "
+              "model, not a gain).")
     return [f"Zero-shot column: seven-task mean on the first {ZS_LIMIT} documents per task, +- its task-stratified "
             f"standard error; dense {fmt_zs(dz)}. Spread across rows per sparsity: " + "; ".join(out) + ". A "
             "spread within about two standard errors does not rank the compensators (the 100-document subsets are "
-            "small): read perplexity for that, and the zero-shot column as a check that no row collapses."]
+            "small): read perplexity for that, and the zero-shot column as a check that no row collapses." + bq]
 
 
 def claims(by: dict) -> list[str]:
