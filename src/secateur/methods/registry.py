@@ -76,6 +76,16 @@ register(_cocurve("cocurve", "co-pruning curvature: KV/FFN-group Fisher-Gram + c
 register(_cocurve("cocurve-diag", "CoCurve's diagonal control (lambda = 0, isolated KL-Fisher saliency)"))
 
 
+def _supported_by(module: str) -> Callable[..., None]:
+    """The model check of ``secateur.prune.<module>.check_supported``, imported only when called."""
+    def check(adapter) -> None:
+        import importlib
+
+        importlib.import_module(f"secateur.prune.{module}").check_supported(adapter)
+
+    return check
+
+
 def _qk_wanda() -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
         from secateur.errors import SecateurError
@@ -102,14 +112,9 @@ def _qk_wanda() -> Method:
             pass
         return MethodResult(masks=res.masks, timings=res.timings, details=res.details, extra_files=extra)
 
-    def check(adapter) -> None:
-        from secateur.prune.qk_wanda import check_supported
-
-        check_supported(adapter)
-
     return Method("qk-wanda", "unstructured", True, run,
                   "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
-                  "(Ilin & Richtarik)", check)
+                  "(Ilin & Richtarik)", _supported_by("qk_wanda"))
 
 
 register(_qk_wanda())
@@ -127,14 +132,9 @@ def _corp_qk() -> Method:
                             chunk_size=opts.chunk_size, device=opts.device, progress=not opts.quiet)
         return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])
 
-    def check(adapter) -> None:
-        from secateur.prune.corp_qk import check_supported
-
-        check_supported(adapter)
-
     return Method("corp-qk", "unstructured", True, run,
                   "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
-                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", check)
+                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", _supported_by("corp_qk"))
 
 
 register(_corp_qk())
