@@ -116,16 +116,15 @@ class CorpQKHandler(engine.Handler):
         outs = {"q": (res.w_q, res.b_q), "k": (res.w_k, res.b_k)}
         for role, (w_new, b_new, n) in new.items():
             w_c, b_c = outs[role]
+            pruned = torch.ones(w_new.shape[0], dtype=torch.bool)
             for h in range(n):
                 kept = res.kept[h // gs if role == "q" else h]
                 rows = h * d_h + kept  # row j of the reduced head goes to kept dim j: q and k stay aligned
                 w_new[rows] = w_c[h * ds:(h + 1) * ds]
+                pruned[rows] = False
                 if b_new is not None:
                     b_new[rows] = b_c[h * ds:(h + 1) * ds] if b_c is not None else 0.0
             ref = q if role == "q" else k
-            pruned = torch.ones(w_new.shape[0], dtype=torch.bool)
-            for h in range(n):
-                pruned[h * d_h + res.kept[h // gs if role == "q" else h]] = False
             ref.set_weight(w_new)
             if b_new is not None:
                 with torch.no_grad():
