@@ -9,11 +9,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from secateur import resume as _resume
 from secateur.data.sources import eval_text, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
@@ -47,6 +49,7 @@ class PruneOptions:
     out: str | None = None
     overwrite: bool = False
     quiet: bool = False
+    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.resume)
     extra: dict = field(default_factory=dict)  # method-specific knobs (variant, scope, compensation, ...)
 
     def __getattr__(self, name: str):  # method runners read their own knobs from ``extra``
@@ -74,6 +77,8 @@ class PruneOptions:
         if self.nsamples < 1 or self.seqlen < 2:
             raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
         resolve_data_dir(self.data_dir)
+        if self.resume and self.out is None:
+            raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
         if self.out is not None and Path(self.out).exists() and not self.overwrite:
             raise SecateurError(f"output {self.out} already exists (pass --overwrite to replace it)")
 
@@ -103,8 +108,17 @@ def prune(**kwargs) -> dict:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
-    with timer("prune"):
-        result = method.run(model, adapter, ids, opts)
+    ckpt = _checkpoint(opts, model, manifest)
+    with timer("prune"), _resume.active(ckpt):
+        try:
+            result = method.run(model, adapter, ids, opts)
+        except BaseException:
+            if ckpt is not None and ckpt.saved:
+                print(f"secateur: progress kept in {ckpt.path}; run the same command with --resume to continue",
+                      file=sys.stderr)
+            elif ckpt is not None:  # nothing checkpointed yet: leave no empty folder behind
+                ckpt.remove()
+            raise
     report = {
         "method": opts.method, "kind": method.kind, "model": opts.model,
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
@@ -124,8 +138,21 @@ def prune(**kwargs) -> dict:
             else:
                 save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
         report["timings"]["phases"] = timer.phases
+    if ckpt is not None:  # the output is in place: the checkpoint has served
+        ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume.Checkpoint | None:
+    """The run's checkpoint beside ``--out`` (written whenever there is an output, so a killed run can be
+    resumed; reused only with ``--resume``). Methods without a calibration pass have nothing to resume."""
+    if not opts.out or manifest is None:
+        if opts.resume:
+            print(f"secateur: {opts.method} has no calibration pass to resume; running it in full", file=sys.stderr)
+        return None
+    fp = _resume.fingerprint(opts, model, manifest.sha256)
+    return _resume.Checkpoint.open(opts.out, fp, opts.resume)
 
 
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):

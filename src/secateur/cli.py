@@ -80,6 +80,9 @@ def _prune_parser(sub) -> None:
     p.add_argument("--chunk-size", type=int, default=8, help="sequences per forward chunk (default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run of the same command from its checkpoint .<out>.secateur-ckpt "
+                        "beside --out (same result, bit for bit)")
     p.add_argument("--eval-ppl", default=None, metavar="DATASET",
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")

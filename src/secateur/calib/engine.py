@@ -26,7 +26,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from secateur import resume
 from secateur.calib.stats import Accumulator, update_all
+from secateur.errors import SecateurError
 from secateur.models.adapters import GROUPS, Adapter
 from secateur.models.linear import LinearRef
 
@@ -45,7 +47,14 @@ class BlockContext:
 
 
 class Handler:
-    """Override ``accumulators`` (what to collect for a group) and ``on_group`` (what to do with it)."""
+    """Override ``accumulators`` (what to collect for a group) and ``on_group`` (what to do with it).
+
+    Resumable handlers (``secateur prune --resume``) set ``resumable = True`` and implement ``block_state``
+    (everything the handler learned in a finished block, as tensors/numbers) and ``load_block_state``
+    (put it back); the engine checkpoints it with the block's weights and the next block's inputs.
+    """
+
+    resumable = False
 
     def accumulators(self, ctx: BlockContext, group: str, names: list[str]) -> dict[str, Accumulator]:
         return {}
@@ -55,6 +64,16 @@ class Handler:
 
     def on_block_end(self, ctx: BlockContext) -> None:
         pass
+
+    def block_state(self, ctx: BlockContext) -> dict:
+        raise NotImplementedError
+
+    def load_block_state(self, index: int, state: dict) -> None:
+        raise NotImplementedError
+
+
+def _after_block(index: int) -> None:
+    """Called after block ``index`` is finished and checkpointed (a seam for the resume tests)."""
 
 
 @dataclass
@@ -114,17 +133,57 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
     kw = {k: (tuple(t.to(device) for t in v) if isinstance(v, tuple) else
               v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
     rep.add("embed", time.perf_counter() - t0)
-    todo = range(adapter.n_layers) if layers is None else layers
-    for i in tqdm(todo, desc=f"blocks ({mode})", disable=not progress):
+    todo = list(range(adapter.n_layers) if layers is None else layers)
+    ck = resume.current() if handler.resumable else None
+    stage = ck.stage("engine") if ck is not None else ""
+    start = 0
+    if ck is not None:
+        start, restored = _restore(ck, stage, todo, adapter, handler)
+        hs = restored if restored is not None else hs
+    for pos in tqdm(range(start, len(todo)), desc=f"blocks ({mode})", disable=not progress, initial=start,
+                    total=len(todo)):
+        i = todo[pos]
         layer = adapter.layers[i]
         layer.to(device)
         ctx = BlockContext(i, layer, adapter, adapter.linears(layer), kw)
         hs = _run_block(ctx, hs, handler, mode, device, rep)
         handler.on_block_end(ctx)
         layer.to(home)
+        if ck is not None:
+            _save_block(ck, stage, pos, ctx, handler, hs)
+        _after_block(i)
     if keep_outputs:
         rep.outputs = hs
     return rep
+
+
+def _save_block(ck: resume.Checkpoint, stage: str, pos: int, ctx: BlockContext, handler: Handler,
+                hs: list[torch.Tensor]) -> None:
+    """Block ``pos`` of the run: its weights and handler state, then the inputs of the next block (in this
+    order, so the hidden states never point past a block whose file is missing)."""
+    weights = {k: v.detach().cpu() for k, v in ctx.layer.state_dict().items()}
+    ck.save(f"{stage}-block{pos}.pt", {"index": ctx.index, "weights": weights,
+                                       "handler": handler.block_state(ctx)})
+    ck.save(f"{stage}-hs.pt", {"after": pos, "hs": hs})
+
+
+def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapter,
+             handler: Handler) -> tuple[int, list[torch.Tensor] | None]:
+    """Load the finished blocks of a checkpointed run; returns (next position, its input hidden states)."""
+    name = f"{stage}-hs.pt"
+    if not ck.has(name):
+        return 0, None
+    saved = ck.load(name)
+    done = saved["after"] + 1
+    if done > len(todo) or not all(ck.has(f"{stage}-block{p}.pt") for p in range(done)):
+        return 0, None  # not this run's layout: recompute everything
+    for pos in range(done):
+        block = ck.load(f"{stage}-block{pos}.pt")
+        if block["index"] != todo[pos]:
+            raise SecateurError(f"checkpoint {ck.path} does not match this run's blocks; remove it")
+        adapter.layers[todo[pos]].load_state_dict(block["weights"])
+        handler.load_block_state(todo[pos], block["handler"])
+    return done, saved["hs"]
 
 
 def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode: str, device,

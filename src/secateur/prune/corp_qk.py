@@ -84,6 +84,8 @@ class _QKOutputs(Accumulator):
 
 
 class CorpQKHandler(engine.Handler):
+    resumable = True
+
     def __init__(self, cfg: CorpQKConfig) -> None:
         self.cfg = cfg
         self.masks: dict[str, torch.Tensor] = {}
@@ -134,6 +136,15 @@ class CorpQKHandler(engine.Handler):
         self.layers.append({"layer": ctx.index, "d_h": d_h, "d_s": ds, "fold": d["fold"],
                             "logit_rel_before": d["logit_rel_before"], "logit_rel_after": d["logit_rel_after"],
                             "sv_clamped": d["sv_clamped"]})
+
+    def block_state(self, ctx) -> dict:
+        from secateur.prune.unstructured import block_masks
+
+        return {"masks": block_masks(self.masks, ctx), "layers": [r for r in self.layers if r["layer"] == ctx.index]}
+
+    def load_block_state(self, index, state) -> None:
+        self.masks.update(state["masks"])
+        self.layers += state["layers"]
 
     def _store(self, ctx, ref: LinearRef, mask: torch.Tensor) -> None:
         """``mask`` ([out, in] of ``ref``) under its module's full name; fused q/k/v slices share one mask."""

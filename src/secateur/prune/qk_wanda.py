@@ -56,7 +56,7 @@ from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
 from secateur.prune.budgets import deletion_count, lowest_k_flat, lowest_k_rows
-from secateur.prune.unstructured import UnstructuredConfig, prune_linear
+from secateur.prune.unstructured import UnstructuredConfig, block_masks, prune_linear
 from secateur.scoring import QKStats, QKVariant, segment_sequences
 from secateur.scoring.qk_wanda import _Chunk
 
@@ -226,6 +226,8 @@ class QKWandaHandler(engine.Handler):
     valid when the engine runs the dense block before calling ``on_group`` (``dense-block``/``dense``).
     """
 
+    resumable = True
+
     def __init__(self, cfg: QKWandaConfig, reuse_projections: bool = False) -> None:
         self.cfg = cfg
         self.variant = QKVariant.parse(cfg.variant)
@@ -328,6 +330,13 @@ class QKWandaHandler(engine.Handler):
 
     def on_block_end(self, ctx) -> None:
         self._remove_hooks()  # defensive: never leave hooks on a block
+
+    def block_state(self, ctx) -> dict:
+        return {"masks": block_masks(self.masks, ctx), "blocks": [b for b in self.blocks if b["block"] == ctx.index]}
+
+    def load_block_state(self, index, state) -> None:
+        self.masks.update(state["masks"])
+        self.blocks += state["blocks"]
 
     # --- Q/K selection ------------------------------------------------------------------------------
     def _prune_qk(self, ctx: engine.BlockContext, stats: QKStats, inputs: _Inputs | None) -> None:

@@ -262,12 +262,16 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
                          cfg: StructuredConfig) -> tuple[dict, list[dict], float]:
     """Replacements ``{(layer, group): Compensation}`` for every projection that lost columns, the
     per-layer records and the total compensation time (seconds)."""
+    from secateur import resume
     from secateur.compensate import InputStats, compensate, relative_recon_error
+    from secateur.compensate.base import Compensation
 
     fn = COMPENSATIONS[cfg.compensation]
     reps: dict = {}
     records: list[dict] = []
     total = 0.0
+    ck = resume.current()  # --resume: every compensated projection is checkpointed as it is done
+    stage = ck.stage("comp") if ck is not None else ""
     for i in sorted(sel.layers):
         layer = adapter.layers[i]
         refs = adapter.role_refs(layer)
@@ -288,6 +292,13 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
             if kept.numel() == 0:  # everything removed: nothing to compensate into
                 rec.update(method=fn, recon_before=1.0, recon_after=1.0, seconds=0.0, skipped="no kept columns")
                 records.append(rec)
+                continue
+            name = f"{stage}-{i}-{group}.pt"
+            if ck is not None and ck.has(name):
+                got = ck.load(name)
+                reps[(i, group)] = Compensation(got["weight"], got["bias"], got["kept"])
+                records.append(got["rec"])
+                total += got["rec"].get("seconds", 0.0)
                 continue
             t = time.perf_counter()
             opts = _options(cfg, group, adapter, i)
@@ -317,6 +328,9 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
                 rec["recon_after"] = relative_recon_error(w0, st, kept, comp.weight, db)
             reps[(i, group)] = comp
             records.append(rec)
+            if ck is not None:
+                ck.save(name, {"weight": comp.weight.clone(), "rec": rec, "kept": comp.kept.clone(),
+                               "bias": None if comp.bias is None else comp.bias.clone()})
     return reps, records, total
 
 

@@ -89,8 +89,16 @@ def wanda_scores(W: torch.Tensor, sumsq: SumSq) -> torch.Tensor:
     return W.detach().abs().to(torch.float64) * sumsq.sumsq.sqrt().to(W.device).unsqueeze(0)
 
 
+def block_masks(masks: dict[str, torch.Tensor], ctx: engine.BlockContext) -> dict[str, torch.Tensor]:
+    """The masks of block ``ctx`` (compact copies: a mask may view a larger buffer) for a checkpoint."""
+    prefix = f"{ctx.adapter.base_prefix}.{ctx.index}."
+    return {k: v.clone() for k, v in masks.items() if k.startswith(prefix)}
+
+
 class UnstructuredHandler(engine.Handler):
     """Prunes the targeted projections of each group as soon as the group's statistics are complete."""
+
+    resumable = True
 
     def __init__(self, cfg: UnstructuredConfig) -> None:
         self.cfg = cfg
@@ -111,6 +119,12 @@ class UnstructuredHandler(engine.Handler):
             ref = ctx.refs[name]
             key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
             self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
+
+    def block_state(self, ctx) -> dict:
+        return {"masks": block_masks(self.masks, ctx)}
+
+    def load_block_state(self, index, state) -> None:
+        self.masks.update(state["masks"])
 
 
 def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accumulator], ref=None) -> torch.Tensor:

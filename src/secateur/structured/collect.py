@@ -25,6 +25,8 @@ class StatsCollector(Handler):
     """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups (the
     o_proj / down_proj inputs); :func:`secateur.prune.structured.collect_stats` runs it and times the pass."""
 
+    resumable = True
+
     def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out")):
         self.kinds = tuple(kinds)
         self.groups = groups
@@ -45,3 +47,15 @@ class StatsCollector(Handler):
     def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
         if accs:
             self.stats.setdefault(ctx.index, {})[group] = accs
+
+    def block_state(self, ctx: BlockContext) -> dict:
+        from secateur.resume import pack_accumulator
+
+        stats = self.stats.get(ctx.index, {})
+        return {g: {k: pack_accumulator(a) for k, a in accs.items()} for g, accs in stats.items()}
+
+    def load_block_state(self, index: int, state: dict) -> None:
+        from secateur.resume import unpack_accumulator
+
+        if state:
+            self.stats[index] = {g: {k: unpack_accumulator(a) for k, a in accs.items()} for g, accs in state.items()}
