@@ -58,6 +58,8 @@ def _is_ours(path: Path) -> bool:
     """A folder with our name pattern whose manifest carries the marker."""
     if not path.name.endswith(SUFFIX) or not path.is_dir():
         return False
+    if {p.name for p in path.iterdir()} == {f".{MANIFEST}.tmp"}:
+        return True  # killed while writing its manifest
     try:
         return MARKER in json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -168,7 +170,7 @@ class Checkpoint:
 
     def save(self, name: str, obj: Any) -> None:
         tmp = self.path / f".{name}.tmp"
-        torch.save(obj, tmp)
+        torch.save(_pack(obj), tmp)
         os.replace(tmp, self.path / name)
         self.saved = True
 
@@ -177,13 +179,42 @@ class Checkpoint:
 
     def load(self, name: str) -> Any:
         try:
-            return torch.load(self.path / name, map_location="cpu", weights_only=True)
+            return _unpack(torch.load(self.path / name, map_location="cpu", weights_only=True))
         except Exception as e:  # a truncated or foreign file: the user must start over
             raise SecateurError(f"checkpoint file {self.path / name} is unreadable ({type(e).__name__}); remove "
                                 f"{self.path} and run without --resume") from e
 
     def delete(self, name: str) -> None:
         (self.path / name).unlink(missing_ok=True)
+
+
+def _pack(obj: Any) -> Any:
+    """Boolean tensors (masks) bit-packed: 1 bit instead of 1 byte per weight on disk."""
+    if torch.is_tensor(obj) and obj.dtype == torch.bool:
+        import numpy as np
+
+        bits = torch.from_numpy(np.packbits(obj.cpu().numpy().ravel()))
+        return {"__bits__": bits, "shape": list(obj.shape)}
+    if isinstance(obj, dict):
+        return {k: _pack(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_pack(v) for v in obj)
+    return obj
+
+
+def _unpack(obj: Any) -> Any:
+    if isinstance(obj, dict) and "__bits__" in obj:
+        import math
+
+        import numpy as np
+
+        n = math.prod(obj["shape"])
+        return torch.from_numpy(np.unpackbits(obj["__bits__"].numpy())[:n].astype(bool).reshape(obj["shape"]))
+    if isinstance(obj, dict):
+        return {k: _unpack(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unpack(v) for v in obj)
+    return obj
 
 
 def current() -> Checkpoint | None:

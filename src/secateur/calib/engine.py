@@ -55,6 +55,7 @@ class Handler:
     """
 
     resumable = False
+    modifies_weights = True  # False: the block's weights are not checkpointed (statistics-only handlers)
 
     def accumulators(self, ctx: BlockContext, group: str, names: list[str]) -> dict[str, Accumulator]:
         return {}
@@ -161,7 +162,7 @@ def _save_block(ck: resume.Checkpoint, stage: str, pos: int, ctx: BlockContext, 
                 hs: list[torch.Tensor]) -> None:
     """Block ``pos`` of the run: its weights and handler state, then the inputs of the next block (in this
     order, so the hidden states never point past a block whose file is missing)."""
-    weights = {k: v.detach().cpu() for k, v in ctx.layer.state_dict().items()}
+    weights = {k: v.detach().cpu() for k, v in ctx.layer.state_dict().items()} if handler.modifies_weights else None
     ck.save(f"{stage}-block{pos}.pt", {"index": ctx.index, "weights": weights,
                                        "handler": handler.block_state(ctx)})
     ck.save(f"{stage}-hs.pt", {"after": pos, "hs": hs})
@@ -181,7 +182,8 @@ def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapte
         block = ck.load(f"{stage}-block{pos}.pt")
         if block["index"] != todo[pos]:
             raise SecateurError(f"checkpoint {ck.path} does not match this run's blocks; remove it")
-        adapter.layers[todo[pos]].load_state_dict(block["weights"])
+        if block["weights"] is not None:
+            adapter.layers[todo[pos]].load_state_dict(block["weights"])
         handler.load_block_state(todo[pos], block["handler"])
     return done, saved["hs"]
 

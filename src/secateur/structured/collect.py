@@ -26,6 +26,7 @@ class StatsCollector(Handler):
     o_proj / down_proj inputs); :func:`secateur.prune.structured.collect_stats` runs it and times the pass."""
 
     resumable = True
+    modifies_weights = False
 
     def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out")):
         self.kinds = tuple(kinds)
