@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -20,7 +19,15 @@ from secateur.data.sources import eval_text, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import perplexity
-from secateur.export import save_run
+from secateur.export import (
+    check_free_space,
+    check_output_dir,
+    check_writable_output,
+    export_size,
+    model_paths,
+    save_run,
+    write_file_atomic,
+)
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
@@ -79,8 +86,8 @@ class PruneOptions:
         resolve_data_dir(self.data_dir)
         if self.resume and self.out is None:
             raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
-        if self.out is not None and Path(self.out).exists() and not self.overwrite:
-            raise SecateurError(f"output {self.out} already exists (pass --overwrite to replace it)")
+        if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
+            check_output_dir(self.out, self.overwrite, protect=model_paths(self.model))
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -103,6 +110,9 @@ def prune(**kwargs) -> dict:
         adapter = get_adapter(model)
     if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
         method.check(adapter)
+    if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
+        keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
+        check_free_space(opts.out, export_size(model, keep=keep))
     ids, manifest = None, None
     if method.needs_calibration or opts.extra.get("compensation") not in (None, "none"):
         with timer("calibration_data"):
@@ -170,14 +180,15 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
              progress: bool = True) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+    if json_path is not None:  # an unwritable --json fails now, not after the evaluation
+        check_writable_output(json_path, folder=False)
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
     ids = eval_ids(eval_text(dataset, data_dir), tokenizer)
     res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine()})
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(res, indent=2))
+        write_file_atomic(json_path, json.dumps(res, indent=2))
     return res
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import textwrap
 
@@ -237,6 +239,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that the same cleanup as for Ctrl-C runs (temporary folders)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Only the CLI turns SIGTERM into an exception; library users keep their own handlers."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -246,10 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
     try:
-        return int(args.func(args) or 0)
+        with _sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except SecateurError as e:
         print(f"secateur: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("secateur: interrupted (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("secateur: interrupted", file=sys.stderr)
         return 130

@@ -21,7 +21,8 @@ Inputs (``RUN_DIRS``), each one of
   renderers do); ``kind: "qk-error"`` rows attach their QK error to the row of the same name.
 
 Output (``--out DIR``, written atomically with :func:`secateur.export.atomic_dir`): ``report.md`` (plots as
-``plots/*.png`` next to it) and ``report.html`` (one self-contained file: inline CSS, the same plots
+``plots/*.png`` next to it), ``secateur-report-index.json`` (title and inputs; the marker that lets
+``--overwrite`` replace the folder later) and ``report.html`` (one self-contained file: inline CSS, the same plots
 embedded as base64 PNG). Numbers: perplexity 3 decimals, percentages 2 decimals, seconds 2 decimals, MiB
 whole. Perplexity columns are keyed by (dataset, protocol id, windows used): numbers from different
 protocols or window subsets never share a column. Plots need matplotlib (extra ``plots``); without it
@@ -46,7 +47,7 @@ from secateur.eval.qk_error import PROTOCOL as QK_PROTOCOL
 from secateur.eval.zeroshot import PROTOCOL as ZEROSHOT_PROTOCOL
 from secateur.eval.zeroshot import suite_summary
 from secateur.eval.zeroshot_tasks import SUITE7
-from secateur.export import REPORT_NAME, atomic_dir
+from secateur.export import EXPORT_MARKER, REPORT_INDEX, REPORT_NAME, atomic_dir, check_output_dir
 
 SELECTION_NAME = "secateur_selection.json"
 # Hugging Face files in a run folder: never parsed (tokenizer.json can be megabytes)
@@ -168,7 +169,7 @@ def load_run_folder(folder: Path) -> Run:
         run.qk_removal = alloc
     zs_docs = []
     for p in sorted(folder.glob("*.json")):
-        if p.name == REPORT_NAME or p.name in HF_JSON:
+        if p.name in (REPORT_NAME, EXPORT_MARKER) or p.name in HF_JSON:
             continue
         doc = _read_json(p)
         proto = doc.get("protocol") if isinstance(doc, dict) else None
@@ -781,9 +782,11 @@ def write_report(run_paths: list[str], out: str | Path, title: str = "secateur r
         p = Path(s).resolve()
         if out_r == p or out_r in p.parents:
             raise SecateurError(f"--out {out} would replace the input {s}")
+    check_output_dir(out, overwrite, kind="report")
     doc = build(runs, title)
     md, page = doc.markdown(), doc.html(title)
-    with atomic_dir(out, overwrite) as tmp:
+    with atomic_dir(out, overwrite, kind="report") as tmp:
+        (tmp / REPORT_INDEX).write_text(json.dumps({"title": title, "inputs": list(run_paths)}, indent=1))
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(page)
         if doc.plots:

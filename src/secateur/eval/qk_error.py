@@ -373,7 +373,7 @@ def _dense_spec(args) -> str:
 
 
 def cli_qk_error(args) -> int:
-    from secateur.export import load_masks
+    from secateur.export import check_writable_output, load_masks, write_file_atomic
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
 
@@ -384,6 +384,8 @@ def cli_qk_error(args) -> int:
         raise SecateurError(f"--stages must include qk and come from {', '.join(STAGES)}")
     if args.n < 1 or args.seqlen < 2 or args.chunk_size < 1:
         raise SecateurError("--n and --chunk-size must be >= 1 and --seqlen >= 2")
+    if args.json is not None:  # an unwritable --json fails before the models are loaded
+        check_writable_output(args.json, folder=False)
     masks = load_masks(_masks_path(args.masks)) if args.masks else None
     dense_spec = _dense_spec(args)
     dense, tok = load_model(dense_spec, args.dtype, args.device)
@@ -400,8 +402,7 @@ def cli_qk_error(args) -> int:
     print(f"Q/K removal: mean {100 * al['mean_rho_q']:.2f}% of W_Q, {100 * al['mean_rho_k']:.2f}% of W_K "
           f"({al['qk_removed']}/{al['qk_total']} QK weights)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+        write_file_atomic(args.json, json.dumps(res, indent=2, default=str))
     if args.plot or args.plot_errors:
         try:
             from secateur import plots

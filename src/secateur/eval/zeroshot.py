@@ -440,6 +440,10 @@ def cli_zeroshot(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise SecateurError("--limit must be >= 1")
     _data_dir(args.data_dir)  # fail before loading the model
+    if args.json is not None:
+        from secateur.export import check_writable_output
+
+        check_writable_output(args.json, folder=False)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)

@@ -566,10 +566,10 @@ def save_structured(model: nn.Module, tokenizer, out, report: dict, extra_files:
     import json
     import os
 
-    from secateur.export import REPORT_NAME, atomic_dir
+    from secateur.export import REPORT_NAME, atomic_dir, export_size
     from secateur.structured.export import save_pruned
 
-    with atomic_dir(out, overwrite) as tmp:
+    with atomic_dir(out, overwrite, need=export_size(model)) as tmp:
         info = save_pruned(model, tmp / "model", tokenizer)
         for f in sorted((tmp / "model").iterdir()):
             os.replace(f, tmp / f.name)

@@ -289,10 +289,13 @@ def _cmd_efficiency(args) -> int:
     import gc
     import json
 
+    from secateur.export import check_writable_output, write_file_atomic
     from secateur.models.loading import load_model
 
     if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
         raise SecateurError("--prompt-len, --new-tokens, --repeats and --batch-size must be >= 1, --warmup >= 0")
+    if args.json is not None:  # an unwritable --json fails before the models are loaded
+        check_writable_output(args.json, folder=False)
     specs = [("dense", args.dense)] if args.dense else []
     specs.append(("pruned" if args.dense else "model", args.model))
     rows = []
@@ -311,8 +314,7 @@ def _cmd_efficiency(args) -> int:
           f"{rows[0][1]['peak_memory_kind']}]; FLOPs/token = 2 x params")
     print(efficiency_table(rows))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps([r for _, r in rows], indent=2, default=str))
+        write_file_atomic(args.json, json.dumps([r for _, r in rows], indent=2, default=str))
     return 0
 
 

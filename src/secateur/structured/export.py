@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
-from secateur.export import atomic_dir
+from secateur.export import EXPORT_MARKER, atomic_dir, check_output_dir, export_size
 from secateur.structured import hetero
 
 _DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
@@ -110,16 +110,17 @@ def export_config(model: nn.Module):
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, overwrite: bool = False,
                 extra_files: dict[str, dict | bytes] | None = None) -> dict:
     """Write ``model`` (and ``tokenizer``) to ``out_dir`` atomically; returns ``{"path", "route"}``.
+    ``secateur-export.json`` (the route) marks the folder as secateur's, so ``overwrite`` may replace it
+    later; ``overwrite`` replaces nothing else (:func:`secateur.export.check_replaceable`).
 
     ``extra_files``: files to add inside the same atomic folder: JSON documents (e.g.
     ``{"secateur_selection.json": selection.to_dict()}``) or raw bytes (written as they are).
     """
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise SecateurError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    check_output_dir(out, overwrite)  # before the config search; overwrite replaces only a secateur output
     cfg, route = export_config(model)
     old_cfg, arch = model.config, cfg.architectures
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite, need=export_size(model)) as tmp:
         model.config = cfg
         try:
             model.save_pretrained(tmp)
@@ -131,6 +132,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
             shutil.copyfile(hetero.__file__, tmp / "secateur_hetero.py")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"route": route, "architectures": cfg.architectures}))
         for name, doc in (extra_files or {}).items():
             if isinstance(doc, bytes):
                 (tmp / name).write_bytes(doc)
