@@ -209,12 +209,18 @@ def test_sigterm_during_save_removes_the_temp_folder(tmp_path, model_dir, monkey
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("SIGTERM was not turned into an exception")
 
+    def library_handler(signum, frame):  # stands for a library user's own; without main's, it ends the test
+        raise RuntimeError("main did not install its SIGTERM handler")
+
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", killed)
-    previous = signal.getsignal(signal.SIGTERM)
-    assert main(_prune_args(model_dir, tmp_path / "run")) == 143
+    previous = signal.signal(signal.SIGTERM, library_handler)
+    try:
+        assert main(_prune_args(model_dir, tmp_path / "run")) == 143
+        assert signal.getsignal(signal.SIGTERM) is library_handler  # restored: library users keep theirs
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert "interrupted (SIGTERM)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
-    assert signal.getsignal(signal.SIGTERM) is previous  # library users keep their own handler
 
 
 def test_sigterm_during_prune_exits_143_and_leaves_nothing(tmp_path):
