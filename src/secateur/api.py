@@ -112,8 +112,8 @@ def prune(**kwargs) -> dict:
     with timer("prune"), _resume.active(ckpt):
         try:
             result = method.run(model, adapter, ids, opts)
-        except SecateurError:  # bad input: fixing it changes the run, so its checkpoint is of no use
-            if ckpt is not None:
+        except SecateurError as e:  # bad input: fixing it changes the run, so its checkpoint is of no use
+            if ckpt is not None and not isinstance(e, _resume.CheckpointError):
                 ckpt.remove()
             raise
         except BaseException:  # interrupted (or a crash): keep what is done for --resume
