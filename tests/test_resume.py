@@ -188,3 +188,26 @@ def test_real_smollm2_sigkill_and_resume(tmp_path):
     res = kill_and_resume(tmp_path, kill_block=10, data_dir=str(DATA))
     assert res["killed_at_block_file"] and res["resumed_rc"] == 0
     assert res["uninterrupted"] == res["resumed"]
+
+
+def test_bad_input_found_after_checkpointing_leaves_no_checkpoint(models, tmp_path, capsys):
+    """A user error raised after the statistics pass (single query heads of a GQA model) removes the
+    checkpoint: fixing the input changes the run, so it could never be resumed."""
+    b = tmp_path / "b"
+    assert _prune(models["llama"], b, ["--method", "rcpu", "--units", "head"]) == 2
+    assert "single query heads" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unreadable_checkpoint_is_refused_and_kept(models, tmp_path, monkeypatch, capsys):
+    b = tmp_path / "b"
+    _kill_after(monkeypatch, 1)
+    assert _prune(models["llama"], b, ["--method", "wanda"]) == 130
+    ck = resume.checkpoint_dir(b)
+    (ck / "engine0-block0.pt").write_bytes(b"truncated")
+    before = _files(ck)
+    capsys.readouterr()
+    monkeypatch.setattr(engine, "_after_block", lambda i: None)
+    assert _prune(models["llama"], b, ["--method", "wanda"], "--resume") == 2
+    assert "unreadable" in capsys.readouterr().err
+    assert _files(ck) == before and not b.exists()

@@ -122,7 +122,11 @@ def prune(**kwargs) -> dict:
     with timer("prune"), _resume.active(ckpt):
         try:
             result = method.run(model, adapter, ids, opts)
-        except BaseException:
+        except SecateurError as e:  # bad input: fixing it changes the run, so its checkpoint is of no use
+            if ckpt is not None and not isinstance(e, _resume.CheckpointError):
+                ckpt.remove()
+            raise
+        except BaseException:  # interrupted (or a crash): keep what is done for --resume
             if ckpt is not None and ckpt.saved:
                 print(f"secateur: progress kept in {ckpt.path}; run the same command with --resume to continue",
                       file=sys.stderr)

@@ -45,6 +45,12 @@ FORMAT = 1
 #: prune options that do not change the result (everything else is part of the fingerprint)
 NEUTRAL_OPTIONS = ("out", "overwrite", "quiet", "resume")
 
+
+
+class CheckpointError(SecateurError):
+    """A checkpoint that cannot be used; the run leaves it in place for the user to inspect or remove."""
+
+
 _current: contextvars.ContextVar[Checkpoint | None] = contextvars.ContextVar("secateur_checkpoint", default=None)
 
 
@@ -131,13 +137,13 @@ class Checkpoint:
         if path.is_dir() and not any(path.iterdir()):
             path.rmdir()  # killed between mkdir and the manifest: nothing in it
         if path.exists() and not _is_ours(path):
-            raise SecateurError(f"{path} exists but is not a secateur checkpoint; move it away to prune to {out}")
+            raise CheckpointError(f"{path} exists but is not a secateur checkpoint; move it away to prune to {out}")
         if path.exists():
             old = json.loads((path / MANIFEST).read_text()).get("fingerprint", {})
             if resume:
                 diff = _differences(old, fp)
                 if diff:
-                    raise SecateurError(f"the checkpoint {path} was made by a different run (differs in: "
+                    raise CheckpointError(f"the checkpoint {path} was made by a different run (differs in: "
                                         f"{'; '.join(diff)}); remove it, or drop --resume to start over")
                 log(f"resuming from the checkpoint {path}")
                 return cls(path)
@@ -181,7 +187,7 @@ class Checkpoint:
         try:
             return _unpack(torch.load(self.path / name, map_location="cpu", weights_only=True))
         except Exception as e:  # a truncated or foreign file: the user must start over
-            raise SecateurError(f"checkpoint file {self.path / name} is unreadable ({type(e).__name__}); remove "
+            raise CheckpointError(f"checkpoint file {self.path / name} is unreadable ({type(e).__name__}); remove "
                                 f"{self.path} and run without --resume") from e
 
     def delete(self, name: str) -> None:

@@ -28,7 +28,6 @@ from tqdm.auto import tqdm
 
 from secateur import resume
 from secateur.calib.stats import Accumulator, update_all
-from secateur.errors import SecateurError
 from secateur.models.adapters import GROUPS, Adapter
 from secateur.models.linear import LinearRef
 
@@ -181,7 +180,7 @@ def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapte
     for pos in range(done):
         block = ck.load(f"{stage}-block{pos}.pt")
         if block["index"] != todo[pos]:
-            raise SecateurError(f"checkpoint {ck.path} does not match this run's blocks; remove it")
+            raise resume.CheckpointError(f"checkpoint {ck.path} does not match this run's blocks; remove it")
         if block["weights"] is not None:
             adapter.layers[todo[pos]].load_state_dict(block["weights"])
         handler.load_block_state(todo[pos], block["handler"])
