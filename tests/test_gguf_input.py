@@ -65,12 +65,13 @@ def _keys(folder: Path) -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("float_type,tied", [("f32", False), ("f16", True)])
-def test_dequantized_folder_matches_gguf_loader_and_source(tmp_path, float_type, tied):
+@pytest.mark.parametrize("family,float_type,tied", [("llama", "f32", False), ("llama", "f16", True),
+                                                    ("qwen2", "f32", False)])
+def test_dequantized_folder_matches_gguf_loader_and_source(tmp_path, family, float_type, tied):
     """The cached folder's logits equal transformers' own GGUF loading bit for bit, and (F32) the model the
     file was written from; its keys are exactly what save_pretrained writes (no lm_head when tied)."""
     path = tmp_path / "t.gguf"
-    source = write_tiny_gguf(path, float_type=float_type, tied=tied)
+    source = write_tiny_gguf(path, family=family, float_type=float_type, tied=tied)
     folder, extra = resolve(str(path))
     assert extra == {} and Path(folder).parent == gguf_cache.cache_root()
     ids = random_ids(2, 12)
@@ -80,9 +81,26 @@ def test_dequantized_folder_matches_gguf_loader_and_source(tmp_path, float_type,
     assert torch.equal(ours, _logits(ref, ids))
     if float_type == "f32":  # exact storage: the llama.cpp q/k permutation was undone exactly
         assert torch.equal(ours, _logits(source, ids))
+    else:  # F16 storage: every matrix is the source's rounded to float16, exactly (norms stay F32)
+        plain = _reload(folder).state_dict()
+        for k, v in source.state_dict().items():
+            assert torch.equal(plain[k], v.half().float() if v.dim() == 2 else v), k
     source.save_pretrained(tmp_path / "plain")
     assert _keys(Path(folder)) == _keys(tmp_path / "plain")
     assert ("lm_head.weight" in _keys(Path(folder))) is not tied
+
+
+def test_large_models_are_written_in_shards(tiny_gguf, monkeypatch):
+    """Shards bound the memory of one write; the folder is save_pretrained's sharded layout."""
+    path, source = tiny_gguf
+    monkeypatch.setattr(gguf_cache, "SHARD_BYTES", 40_000)
+    folder = Path(resolve(str(path))[0])
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and not (folder / "model.safetensors").exists()
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {p.name for p in shards}
+    ids = random_ids(2, 12)
+    assert torch.equal(_logits(_reload(folder), ids), _logits(source, ids))
 
 
 def test_cache_is_keyed_by_content_and_reused(tiny_gguf, own_cache, monkeypatch):
@@ -172,6 +190,16 @@ def test_unsupported_architecture_is_one_line_exit_2(tmp_path, own_cache, capsys
     err = _one_line_error(["eval", "ppl", "--model", str(path), "--dataset", str(path.with_suffix(".txt"))], capsys)
     assert "'mamba'" in err and all(f in err for f in gguf_cache.GGUF_FAMILIES)
     assert not list((own_cache / "gguf").glob("*-float32"))
+
+
+def test_hyperparameters_transformers_misreads_are_one_line(tmp_path, own_cache, capsys):
+    """A tiny qwen3 (head_dim 8): transformers' GGUF config assumes 128, so tensor shapes disagree."""
+    path = tmp_path / "q3.gguf"
+    write_tiny_gguf(path, family="qwen3")
+    path.with_suffix(".txt").write_text("some text " * 20)
+    err = _one_line_error(["eval", "ppl", "--model", str(path), "--dataset", str(path.with_suffix(".txt"))], capsys)
+    assert "has shape" in err and "not understood" in err
+    assert not [p for p in (own_cache / "gguf").iterdir() if p.is_dir()]
 
 
 def test_not_enough_disk_refuses_before_writing(tiny_gguf, own_cache, monkeypatch):

@@ -57,6 +57,8 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError) as e:
         raise _corrupt(path, str(e).splitlines()[0] if str(e) else type(e).__name__) from e
+    readable = _dequantizable()
+    odd = sorted({t.tensor_type.name for t in reader.tensors if readable is not None and t.tensor_type not in readable})
     if end > path.stat().st_size:
         raise _corrupt(path, f"tensor data ends at byte {end} but the file has {path.stat().st_size}")
     if not isinstance(arch, str):
@@ -64,11 +66,24 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     if arch not in GGUF_FAMILIES:
         raise SecateurError(f"GGUF file {path} holds a {arch!r} model; secateur supports the GGUF families "
                             f"{', '.join(GGUF_FAMILIES)}")
+    if odd:
+        raise SecateurError(f"GGUF file {path} stores tensors as {', '.join(odd)}, which the installed gguf package "
+                            "cannot dequantize; upgrade it (pip install -U gguf) or use another quantization")
     name = reader.fields.get("general.name")
     model_type = GGUF_FAMILIES[arch]
     if arch == "llama" and name is not None and "mistral" in str(name.contents()).lower():
         model_type = "mistral"
     return GGUFInfo(path, arch, model_type, sum(int(t.n_elements) for t in reader.tensors))
+
+
+def _dequantizable() -> set | None:
+    """The tensor types gguf.dequantize handles (None when this gguf version does not say)."""
+    import gguf
+
+    traits = getattr(gguf.quants, "_type_traits", None)
+    if not isinstance(traits, dict):
+        return None
+    return set(traits) | {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16}
 
 
 def file_sha256(path: Path) -> str:
@@ -129,7 +144,11 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
     _check_space(out.parent, info.n_params * dtype.itemsize, path)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, OSError, TypeError) as e:
+        raise SecateurError(f"could not read the model description in GGUF file {path}: "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = dtype
@@ -153,15 +172,17 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
     return out
 
 
-def _hf_names(config) -> tuple[torch.nn.Module, list[str]]:
-    """A meta-device model (no memory) for the GGUF->HF name map and the exact keys save_pretrained writes."""
+def _hf_names(config) -> tuple[torch.nn.Module, dict[str, tuple[int, ...]]]:
+    """A meta-device model (no memory) for the GGUF->HF name map and the exact keys (with their shapes) that
+    save_pretrained writes."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     # named_parameters() lists a tied parameter once, under its first name (the embedding), like save_pretrained
-    keys = [n for n, _ in model.named_parameters()]
-    keys += [n for n, _ in model.named_buffers() if n in model.state_dict()]
+    keys = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    persistent = model.state_dict()
+    keys |= {n: tuple(b.shape) for n, b in model.named_buffers() if n in persistent}
     return model, keys
 
 
@@ -205,7 +226,7 @@ def _write_weights(path: Path, config, dtype: torch.dtype, folder: Path) -> None
     config.architectures = [type(model).__name__]  # what save_pretrained records
     mapping = get_gguf_hf_weights_map(model, processor)
     del model
-    wanted, done, side = set(keys), set(), {}
+    done, side = set(), {}
     shards: list[dict[str, str]] = []  # per shard: HF name -> temp file
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -220,8 +241,12 @@ def _write_weights(path: Path, config, dtype: torch.dtype, folder: Path) -> None
 
     def add(hf_name: str, weights) -> None:
         nonlocal size
-        if hf_name not in wanted or hf_name in done:
+        if hf_name not in keys or hf_name in done:
             return
+        if tuple(weights.shape) != keys[hf_name]:
+            raise SecateurError(f"GGUF file {path}: tensor {hf_name} has shape {tuple(weights.shape)} but its "
+                                f"metadata describes {keys[hf_name]}; this file's hyperparameters are not "
+                                "understood (transformers cannot load it either)")
         # the loader's conversion (from_numpy(np.copy(w)).to(dtype)); the copy only where w is a view
         owned = weights.flags.c_contiguous and weights.flags.writeable and weights.base is None
         t = torch.from_numpy(weights if owned else np.copy(weights)).to(dtype)
