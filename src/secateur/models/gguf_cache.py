@@ -14,10 +14,15 @@ q/k un-permutation, the same cast.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
+import math
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +40,88 @@ _CHUNK = 1 << 20
 
 
 @dataclass
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]  # numpy (row-major) order
+    qtype: object  # gguf.GGMLQuantizationType
+    start: int  # absolute byte offset of the data
+    nbytes: int
+
+
+@dataclass
 class GGUFInfo:
     path: Path
     architecture: str
     model_type: str
-    n_params: int  # elements of the file's tensors (the tied lm_head is not stored twice)
+    metadata: dict  # scalar and string values; arrays as their length
+    tensors: list[GGUFTensor]
+
+    @property
+    def n_params(self) -> int:  # elements stored (a tied lm_head is not stored twice)
+        return sum(math.prod(t.shape) for t in self.tensors)
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _read_str(buf, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, pos)
+    if pos + 8 + n > len(buf):
+        raise ValueError(f"a string runs past the end of the file (byte {pos})")
+    return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
+
+
+def _read_value(buf, pos: int, vtype: int):
+    if vtype in _SCALARS:
+        return struct.unpack_from(_SCALARS[vtype], buf, pos)[0], pos + struct.calcsize(_SCALARS[vtype])
+    if vtype == 8:
+        return _read_str(buf, pos)
+    if vtype == 9:  # array: walked, kept as its length (the vocabulary is transformers' business)
+        etype, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if etype in _SCALARS:
+            return count, pos + count * struct.calcsize(_SCALARS[etype])
+        for _ in range(count):
+            _, pos = _read_value(buf, pos, etype)
+        return count, pos
+    raise ValueError(f"unknown metadata value type {vtype} at byte {pos}")
+
+
+def _read_header(path: Path, buf) -> tuple[dict, list[GGUFTensor]]:
+    """GGUF v2/v3 header: metadata and the tensor table, without GGUFReader's per-token Python objects (for a
+    49k vocabulary that parse costs seconds and ~150 MB; this walk costs milliseconds)."""
+    import gguf
+
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError("no GGUF magic at the start")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (this reader knows 2 and 3)")
+    pos, meta = 24, {}
+    for _ in range(n_kv):
+        key, pos = _read_str(buf, pos)
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        meta[key], pos = _read_value(buf, pos + 4, vtype)
+    table = []
+    for _ in range(n_tensors):
+        name, pos = _read_str(buf, pos)
+        (ndim,) = struct.unpack_from("<I", buf, pos)
+        dims = struct.unpack_from(f"<{ndim}Q", buf, pos + 4)
+        qtype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * ndim)
+        pos += 4 + 8 * ndim + 12
+        table.append((name, tuple(reversed(dims)), qtype, offset))
+    align = int(meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+    data_start = (pos + align - 1) // align * align
+    tensors = []
+    for name, shape, type_id, offset in table:
+        try:
+            qtype = gguf.GGMLQuantizationType(type_id)
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ValueError(f"tensor {name} has ggml type {type_id}, unknown to the installed gguf package "
+                             "(a newer format: pip install -U gguf)") from None
+        tensors.append(GGUFTensor(name, shape, qtype, data_start + offset, math.prod(shape) // block * size))
+    return meta, tensors
 
 
 def _corrupt(path: Path, why: str) -> SecateurError:
@@ -47,33 +129,32 @@ def _corrupt(path: Path, why: str) -> SecateurError:
 
 
 def inspect_gguf(path: Path) -> GGUFInfo:
-    """Read the header only (memory-mapped); refuse corrupt files and unsupported families before any work."""
-    import gguf
-
+    """Read the header only (memory-mapped); refuse corrupt files, unsupported families and tensor types the
+    gguf package cannot dequantize, before any work."""
+    size = path.stat().st_size
     try:
-        reader = gguf.GGUFReader(str(path))
-        field = reader.fields.get("general.architecture")
-        arch = field.contents() if field is not None else None
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError) as e:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            meta, tensors = _read_header(path, buf)
+    except (ValueError, struct.error, UnicodeDecodeError, OverflowError, MemoryError) as e:
         raise _corrupt(path, str(e).splitlines()[0] if str(e) else type(e).__name__) from e
-    readable = _dequantizable()
-    odd = sorted({t.tensor_type.name for t in reader.tensors if readable is not None and t.tensor_type not in readable})
-    if end > path.stat().st_size:
-        raise _corrupt(path, f"tensor data ends at byte {end} but the file has {path.stat().st_size}")
+    end = max((t.start + t.nbytes for t in tensors), default=0)
+    if end > size:
+        raise _corrupt(path, f"its tensor data ends at byte {end} but the file has {size} bytes")
+    arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise _corrupt(path, "no general.architecture in its metadata")
     if arch not in GGUF_FAMILIES:
         raise SecateurError(f"GGUF file {path} holds a {arch!r} model; secateur supports the GGUF families "
                             f"{', '.join(GGUF_FAMILIES)}")
+    readable = _dequantizable()
+    odd = sorted({t.qtype.name for t in tensors if readable is not None and t.qtype not in readable})
     if odd:
         raise SecateurError(f"GGUF file {path} stores tensors as {', '.join(odd)}, which the installed gguf package "
                             "cannot dequantize; upgrade it (pip install -U gguf) or use another quantization")
-    name = reader.fields.get("general.name")
     model_type = GGUF_FAMILIES[arch]
-    if arch == "llama" and name is not None and "mistral" in str(name.contents()).lower():
+    if arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower():
         model_type = "mistral"
-    return GGUFInfo(path, arch, model_type, sum(int(t.n_elements) for t in reader.tensors))
+    return GGUFInfo(path, arch, model_type, meta, tensors)
 
 
 def _dequantizable() -> set | None:
@@ -155,7 +236,7 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}-", dir=out.parent))
     try:
         AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
-        _write_weights(path, config, dtype, tmp)
+        _write_weights(info, config, dtype, tmp)
         config.save_pretrained(tmp)
         if (gen := GenerationConfig.from_model_config(config)) is not None:
             gen.save_pretrained(tmp)
@@ -186,14 +267,31 @@ def _hf_names(config) -> tuple[torch.nn.Module, dict[str, tuple[int, ...]]]:
     return model, keys
 
 
-def _gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, object]]]:
-    """``(architecture, [(gguf name, ggml type, memory-mapped data)])``; the parsed metadata is dropped so its
-    Python objects (a vocabulary is ~100k of them) are freed before the weights are built."""
+def _tensor_data(path: Path, t: GGUFTensor):
+    """The memory-mapped data of one tensor, shaped as GGUFReader shapes it (what gguf.dequantize expects)."""
+    import gguf
+    import numpy as np
+
+    raw = np.memmap(path, mode="r", dtype=np.uint8, offset=t.start, shape=(t.nbytes,))
+    if t.qtype == gguf.GGMLQuantizationType.F32:
+        return raw.view(np.float32).reshape(t.shape)
+    if t.qtype == gguf.GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(t.shape)
+    return raw.reshape(gguf.quant_shape_to_byte_shape(t.shape, t.qtype))
+
+
+@contextlib.contextmanager
+def _shared_name_maps():
+    """transformers' get_gguf_hf_weights_map rebuilds gguf's name table for every submodule (~400 times, ~20 s
+    for SmolLM2); the table depends only on (arch, n_blocks) and is only read, so build it once."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    arch = reader.fields["general.architecture"].contents()
-    return arch, [(t.name, t.tensor_type, t.data) for t in reader.tensors]
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 def _dequantize(data, qtype):
@@ -213,18 +311,19 @@ def _dequantize(data, qtype):
     return out
 
 
-def _write_weights(path: Path, config, dtype: torch.dtype, folder: Path) -> None:
+def _write_weights(info: GGUFInfo, config, dtype: torch.dtype, folder: Path) -> None:
     """Stream the GGUF tensors, dequantized and converted like transformers' loader, into safetensors shards."""
     import numpy as np
     from safetensors.torch import save_file
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    arch, tensors = _gguf_tensors(path)
+    path = info.path
     # the loader hands the processors its parsed config dict; the HF config carries the same keys
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    processor = TENSOR_PROCESSORS.get(info.architecture, TensorProcessor)(config=config.to_dict())
     model, keys = _hf_names(config)
     config.architectures = [type(model).__name__]  # what save_pretrained records
-    mapping = get_gguf_hf_weights_map(model, processor)
+    with _shared_name_maps():
+        mapping = get_gguf_hf_weights_map(model, processor)
     del model
     done, side = set(), {}
     shards: list[dict[str, str]] = []  # per shard: HF name -> temp file
@@ -255,10 +354,9 @@ def _write_weights(path: Path, config, dtype: torch.dtype, folder: Path) -> None
         shard[hf_name], size = t, size + t.nbytes
         done.add(hf_name)
 
-    while tensors:
-        name, qtype, data = tensors.pop(0)
-        res = processor.process(weights=_dequantize(data, qtype), name=name, tensor_key_mapping=mapping,
-                                parsed_parameters={"tensors": side})
+    for t in info.tensors:
+        res = processor.process(weights=_dequantize(_tensor_data(path, t), t.qtype), name=t.name,
+                                tensor_key_mapping=mapping, parsed_parameters={"tensors": side})
         for hf_name, t in side.items():  # processors that place a tensor themselves (gpt2's lm_head)
             add(hf_name, t.numpy())
         side.clear()
