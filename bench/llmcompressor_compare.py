@@ -24,6 +24,7 @@ exactly. secateur is never imported in the llm-compressor venv.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -43,8 +44,14 @@ WORK = ROOT / "bench" / "_work"
 RESULTS = ROOT / "results"
 OUT_JSON = RESULTS / "llmcompressor-smollm2.jsonl"
 OUR_JSON = RESULTS / "unstructured-smollm2.jsonl"
-MODEL_DIR = Path(os.path.expanduser("~/.cache/secateur/smollm2-135m-instruct"))
 MAIN_PY = ROOT / ".venv" / "bin" / "python"
+
+
+@functools.cache
+def model_dir() -> Path:
+    """SmolLM2's dequantized folder, as secateur caches it (asked of secateur's venv: this one may lack it)."""
+    code = "from secateur.models.loading import resolve; print(resolve('smollm2-135m')[0])"
+    return Path(subprocess.check_output([str(MAIN_PY), "-c", code], text=True).strip().splitlines()[-1])
 
 # Same presets as bench/common.py (duplicated: common.py imports torch, the renderer must not need it).
 PRESETS = {
@@ -128,9 +135,9 @@ def prune_one(row: str, preset: str, threads: int | None) -> dict:
         raise SystemExit(f"calibration ids sha256 {sha} != manifest {manifest['sha256']}")
     n, seqlen = ids.shape
 
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=torch.float32, attn_implementation="sdpa")
     model.eval()
-    tok = AutoTokenizer.from_pretrained(MODEL_DIR)
+    tok = AutoTokenizer.from_pretrained(model_dir())
     ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
     layer_cls = type(model.model.layers[0]).__name__
     common = dict(sparsity=sparsity, mask_structure=structure, targets=[layer_cls], ignore=["re:.*lm_head"])
@@ -196,7 +203,7 @@ def save_plain(model, out: Path) -> None:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for f in MODEL_DIR.iterdir():
+    for f in model_dir().iterdir():
         if f.suffix in (".json", ".jinja") and f.name != "model.safetensors.index.json":
             shutil.copy(f, out / f.name)
 

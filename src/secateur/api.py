@@ -30,7 +30,7 @@ from secateur.export import (
 )
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
-from secateur.models.loading import load_model
+from secateur.models.loading import load_model, model_source
 from secateur.prune.unstructured import parse_pattern, parse_targets
 from secateur.runinfo import Timer, machine, peak_rss_mb, versions
 
@@ -135,6 +135,7 @@ def prune(**kwargs) -> dict:
             raise
     report = {
         "method": opts.method, "kind": method.kind, "model": opts.model,
+        "model_source": model_source(opts.model, opts.dtype),  # GGUF input: file, sha256, cached folder; else None
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
         "options": {k: v for k, v in asdict(opts).items() if k not in ("extra",)} | opts.extra,

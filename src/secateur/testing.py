@@ -74,3 +74,94 @@ def save_tiny(family: str, path, seed: int = 0) -> str:
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)
+
+
+def _llama_cpp_permute(w, n_head: int):
+    """llama.cpp's q/k row permutation (convert_hf_to_gguf.py); transformers reverses it on load."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _byte_level_vocab(vocab: int) -> tuple[list[str], list[str], list[int]]:
+    """A byte-level BPE vocabulary of ``vocab`` tokens: bytes 0.., one merge ("Ġt") and <|endoftext|> (control)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    tokens = [spelling[b] for b in range(vocab - 2)] + ["Ġt", "<|endoftext|>"]
+    types = [1] * (vocab - 1) + [3]  # 1 NORMAL, 3 CONTROL
+    return tokens, ["Ġ t"], types
+
+
+def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str = "f32",
+                    arch: str | None = None, tied: bool = False) -> torch.nn.Module:
+    """Write ``tiny_model(family)`` (llama, qwen2 or qwen3) as a llama.cpp-style GGUF; return the source model.
+
+    Tensors are named and laid out the llama.cpp way (llama: q/k rows permuted; qwen2: q/k/v biases; qwen3:
+    q/k norms), so loading the file exercises the same conversion as a real GGUF (transformers 5.x loads qwen3
+    GGUFs with head_dim 128 only, so the tiny qwen3, head_dim 8, is refused: a test of that error).
+    ``float_type``: f32 (exact) or f16 (matrices in float16, norms f32, as llama.cpp does). ``arch`` overrides
+    ``general.architecture`` (to write an unsupported family). ``tied`` drops output.weight (the reader then
+    ties lm_head to the embedding).
+    """
+    import gguf
+    import numpy as np
+
+    if family not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"write_tiny_gguf supports llama, qwen2 and qwen3, not {family!r}")
+    model = tiny_model(family, seed=seed)
+    if tied:
+        with torch.no_grad():
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.config.tie_word_embeddings = True
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch or family)
+    w.add_name(f"secateur tiny {family}")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    tokens, merges, types = _byte_level_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(cfg.vocab_size - 1)
+    w.add_bos_token_id(cfg.vocab_size - 1)
+
+    def put(gname: str, t: torch.Tensor) -> None:
+        a = t.detach().float().numpy()
+        w.add_tensor(gname, a.astype(np.float16) if float_type == "f16" and a.ndim == 2 else a)
+
+    sd = model.state_dict()
+    permute = _llama_cpp_permute if family == "llama" else (lambda t, n: t)  # llama.cpp permutes llama only
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+        put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
+        put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
+        put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        for role in ("q", "k", "v"):
+            if p + f"self_attn.{role}_proj.bias" in sd:
+                put(f"blk.{i}.attn_{role}.bias", sd[p + f"self_attn.{role}_proj.bias"])
+        for role in ("q", "k"):
+            if p + f"self_attn.{role}_norm.weight" in sd:
+                put(f"blk.{i}.attn_{role}_norm.weight", sd[p + f"self_attn.{role}_norm.weight"])
+        put(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        put(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    put("output_norm.weight", sd["model.norm.weight"])
+    if not tied:
+        put("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model

