@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from secateur.data.sources import eval_text, resolve_data_dir
+from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
-from secateur.eval.ppl import perplexity
+from secateur.eval.ppl import check_ppl_args, perplexity
 from secateur.export import save_run
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
-from secateur.models.loading import load_model
+from secateur.models.loading import check_device, check_model, check_seqlen, load_model
 from secateur.prune.unstructured import parse_pattern, parse_targets
 from secateur.runinfo import Timer, machine, peak_rss_mb, versions
 
@@ -73,7 +73,12 @@ class PruneOptions:
         parse_targets(self.targets)
         if self.nsamples < 1 or self.seqlen < 2:
             raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
+        if self.chunk_size < 1:
+            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}")
+        check_device(self.device)
         resolve_data_dir(self.data_dir)
+        if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
+            read_text_file(self.calib)
         if self.out is not None and Path(self.out).exists() and not self.overwrite:
             raise SecateurError(f"output {self.out} already exists (pass --overwrite to replace it)")
 
@@ -92,14 +97,22 @@ def prune(**kwargs) -> dict:
     opts = kwargs.pop("options", None) or PruneOptions(**kwargs)
     opts.validate()
     method = METHODS[opts.method]
+    needs_calibration = method.needs_calibration or opts.extra.get("compensation") not in (None, "none")
+    cfg = check_model(opts.model)  # family, shipped code, weight files: before any weight is read
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
     timer = Timer()
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         adapter = get_adapter(model)
     if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
         method.check(adapter)
+    if method.kind == "structured":  # a target the selection rule cannot reach: refuse before calibrating
+        from secateur.prune.structured import check_reachable
+
+        check_reachable(opts.method, adapter, opts)
     ids, manifest = None, None
-    if method.needs_calibration or opts.extra.get("compensation") not in (None, "none"):
+    if needs_calibration:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
@@ -143,8 +156,18 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
              progress: bool = True) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+    check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
+    text = eval_text(dataset, data_dir)
+    if isinstance(model, str):
+        check_device(device)
+        check_seqlen(model, seqlen, check_model(model))
+    else:
+        check_seqlen(getattr(model.config, "_name_or_path", "in-memory"), seqlen, model.config.to_dict())
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
-    ids = eval_ids(eval_text(dataset, data_dir), tokenizer)
+    ids = eval_ids(text, tokenizer)
+    if ids.numel() < seqlen:
+        raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
+                            f"{seqlen}; use a longer text or a smaller --seqlen")
     res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine()})
