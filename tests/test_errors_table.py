@@ -67,3 +67,26 @@ def test_error_row_subprocess(case, models, tmp_path):
 
 def test_table_ids_are_unique():
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+def test_uniform_reach_is_what_the_rounding_rule_delivers_near_one():
+    """``uniform_reach`` (the upfront refusal) equals the realized fraction of the uniform allocator at a
+    sparsity just below 1, and a selection short of its target by more than the rounding bound is refused."""
+    import torch
+
+    from secateur.errors import SecateurError
+    from secateur.models.adapters import get_adapter
+    from secateur.structured import allocate_uniform, inventory
+    from secateur.structured.allocate import check_reached, shortfall_bound, uniform_reach
+    from secateur.testing import tiny_model
+
+    inv = inventory(get_adapter(tiny_model("llama")), ("kv_group", "channel"))
+    scores = torch.arange(len(inv), dtype=torch.float64)
+    near_one = allocate_uniform(inv, scores, 1 - 1e-9).info["realized"]
+    assert abs(uniform_reach(inv) - near_one) < 1e-12 and near_one < 0.99
+    bound = shortfall_bound(inv, "uniform")
+    at_half = allocate_uniform(inv, scores, 0.5).info
+    check_reached(inv, at_half, 0.5, "uniform")  # rounding alone: accepted
+    assert 0.5 - at_half["realized"] <= bound
+    with pytest.raises(SecateurError, match="cannot be reached"):
+        check_reached(inv, {"realized": 0.5 - bound - 0.01}, 0.5, "uniform")

@@ -132,8 +132,11 @@ def _cmd_prune(args) -> int:
         from secateur.data.sources import eval_text
         from secateur.eval.ppl import check_ppl_args
 
+        from secateur.models.loading import check_model, check_seqlen
+
         check_ppl_args(min(opts.seqlen, 2048), None, args.eval_windows)
         eval_text(args.eval_ppl, args.data_dir)
+        check_seqlen(opts.model, min(opts.seqlen, 2048), check_model(opts.model), "--seqlen (of --eval-ppl)")
     report = api.prune(options=opts)
     model, tok = report.pop("_model"), report.pop("_tokenizer")
     rs = report["realized_sparsity"]

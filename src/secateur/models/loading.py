@@ -73,8 +73,9 @@ def gguf_to_folder(gguf: Path, out: Path) -> Path:
     """Dequantize a GGUF file into a plain HF folder (atomic: a temp folder renamed into place)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                 trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     config = AutoConfig.for_model(**cfg)
