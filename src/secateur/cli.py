@@ -131,7 +131,6 @@ def _cmd_prune(args) -> int:
     if args.eval_ppl:  # fail on a bad corpus or window count before spending time on pruning
         from secateur.data.sources import eval_text
         from secateur.eval.ppl import check_ppl_args
-
         from secateur.models.loading import check_model, check_seqlen
 
         check_ppl_args(min(opts.seqlen, 2048), None, args.eval_windows)
