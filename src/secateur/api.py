@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from secateur import resume as _resume
-from secateur.data.sources import eval_text, resolve_data_dir
+from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
-from secateur.eval.ppl import perplexity
+from secateur.eval.ppl import check_ppl_args, perplexity
 from secateur.export import (
     check_free_space,
     check_output_dir,
@@ -30,7 +30,7 @@ from secateur.export import (
 )
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
-from secateur.models.loading import load_model, model_source
+from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
 from secateur.prune.unstructured import parse_pattern, parse_targets
 from secateur.runinfo import Timer, machine, peak_rss_mb, versions
 
@@ -83,7 +83,12 @@ class PruneOptions:
         parse_targets(self.targets)
         if self.nsamples < 1 or self.seqlen < 2:
             raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
+        if self.chunk_size < 1:
+            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}")
+        check_device(self.device)
         resolve_data_dir(self.data_dir)
+        if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
+            read_text_file(self.calib)
         if self.resume and self.out is None:
             raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
         if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
@@ -104,17 +109,25 @@ def prune(**kwargs) -> dict:
     opts = kwargs.pop("options", None) or PruneOptions(**kwargs)
     opts.validate()
     method = METHODS[opts.method]
+    needs_calibration = method.needs_calibration or opts.extra.get("compensation") not in (None, "none")
+    cfg = check_model(opts.model)  # family, shipped code, weight files: before any weight is read
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
     timer = Timer()
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         adapter = get_adapter(model)
     if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
         method.check(adapter)
+    if method.kind == "structured":  # a target the selection rule cannot reach: refuse before calibrating
+        from secateur.prune.structured import check_reachable
+
+        check_reachable(opts.method, adapter, opts)
     if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
         keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
         check_free_space(opts.out, export_size(model, keep=keep))
     ids, manifest = None, None
-    if method.needs_calibration or opts.extra.get("compensation") not in (None, "none"):
+    if needs_calibration:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
@@ -170,13 +183,17 @@ def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume
     return _resume.Checkpoint.open(opts.out, fp, opts.resume)
 
 
+def _check_tokenizer(model, tokenizer) -> None:
+    if not isinstance(model, str) and tokenizer is None:
+        raise SecateurError("an in-memory model needs its tokenizer")
+
+
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
     """A spec/folder is loaded; an in-memory model needs its tokenizer. Returns (model, tokenizer, name)."""
     if isinstance(model, str):
         loaded, tok = load_model(model, dtype, device)
         return loaded, tok, model
-    if tokenizer is None:
-        raise SecateurError("an in-memory model needs its tokenizer")
+    _check_tokenizer(model, tokenizer)
     return model, tokenizer, getattr(model.config, "_name_or_path", "in-memory")
 
 
@@ -187,8 +204,19 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
+    _check_tokenizer(model, tokenizer)
+    check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
+    text = eval_text(dataset, data_dir)
+    if isinstance(model, str):
+        check_device(device)
+        check_seqlen(model, seqlen, check_model(model))
+    else:
+        check_seqlen(getattr(model.config, "_name_or_path", "in-memory"), seqlen, model.config.to_dict())
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
-    ids = eval_ids(eval_text(dataset, data_dir), tokenizer)
+    ids = eval_ids(text, tokenizer)
+    if ids.numel() < seqlen:
+        raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
+                            f"{seqlen}; use a longer text or a smaller --seqlen")
     res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine()})

@@ -133,10 +133,14 @@ def _cmd_prune(args) -> int:
     extra = {k: v for k, v in vars(args).items() if k not in known and k not in ("func", "eval_ppl", "eval_windows",
                                                                                   "command")}
     opts = api.PruneOptions(**{k: v for k, v in vars(args).items() if k in known}, extra=extra)
-    if args.eval_ppl:  # fail on a bad corpus before spending time on pruning
+    if args.eval_ppl:  # fail on a bad corpus or window count before spending time on pruning
         from secateur.data.sources import eval_text
+        from secateur.eval.ppl import check_ppl_args
+        from secateur.models.loading import check_model, check_seqlen
 
+        check_ppl_args(min(opts.seqlen, 2048), None, args.eval_windows)
         eval_text(args.eval_ppl, args.data_dir)
+        check_seqlen(opts.model, min(opts.seqlen, 2048), check_model(opts.model), "--seqlen (of --eval-ppl)")
     report = api.prune(options=opts)
     model, tok = report.pop("_model"), report.pop("_tokenizer")
     rs = report["realized_sparsity"]
@@ -196,28 +200,44 @@ def _demo_parser(sub) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
-def _cmd_demo(args) -> int:
+HELDOUT_SEED = 1  # the demo calibrates on seed 0 (api.prune's default): held-out text uses another seed
+HELDOUT_WINDOWS = 8
+
+
+def _demo_ppl(args, dense, tok):
+    """The demo's perplexity: WikiText-2 from a data folder, else text the dense model samples with a seed the
+    calibration does not use (so the comparison never silently disappears). Returns (label, ppl function)."""
     from secateur import api
     from secateur.data.sources import resolve_data_dir
+
+    if resolve_data_dir(args.data_dir) is not None:
+        return ("WikiText-2 perplexity [nonoverlap-512, first 8 windows]",
+                lambda m: api.eval_ppl(m, "wikitext2", seqlen=512, max_windows=8, data_dir=args.data_dir,
+                                       tokenizer=tok, progress=False)["ppl"])
+    from secateur.data.windows import generate_windows
+    from secateur.eval.ppl import perplexity
+
+    held = generate_windows(dense, tok, HELDOUT_WINDOWS, args.seqlen, HELDOUT_SEED).reshape(-1)
+    label = (f"perplexity on self-generated held-out text [seed {HELDOUT_SEED}, calibration seed 0, "
+             f"nonoverlap-{args.seqlen}, {HELDOUT_WINDOWS} windows; no data folder, so no WikiText-2: "
+             "set SECATEUR_DATA or --data-dir]")
+    return label, lambda m: perplexity(m, held, seqlen=args.seqlen, progress=False)["ppl"]
+
+
+def _cmd_demo(args) -> int:
+    from secateur import api
     from secateur.models.loading import load_model
 
-    has_data = resolve_data_dir(args.data_dir) is not None
-    dataset = "wikitext2" if has_data else None
     dense, tok = load_model("smollm2-135m")
-    results = {}
-    if dataset:
-        results["dense"] = api.eval_ppl(dense, dataset, seqlen=512, max_windows=8, data_dir=args.data_dir,
-                                        tokenizer=tok)["ppl"]
+    label, ppl = _demo_ppl(args, dense, tok)
+    results = {"dense": ppl(dense)}
     del dense
     report = api.prune(model="smollm2-135m", method="wanda", sparsity=0.5, calib="self", nsamples=args.nsamples,
                        seqlen=args.seqlen, out=args.out, overwrite=True, data_dir=args.data_dir)
     model = report.pop("_model")
     report.pop("_tokenizer")
-    if dataset:
-        results["wanda-50%"] = api.eval_ppl(model, dataset, seqlen=512, max_windows=8, data_dir=args.data_dir,
-                                            tokenizer=tok)["ppl"]
-        print("\nWikiText-2 perplexity [nonoverlap-512, first 8 windows]: " +
-              ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
+    results["wanda-50%"] = ppl(model)
+    print(f"\n{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
     print(json.dumps({k: report[k] for k in ("method", "target_sparsity", "calibration")}, indent=1))
     print(f"pruned model saved to {args.out}")
     return 0

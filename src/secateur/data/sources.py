@@ -50,6 +50,24 @@ def _need(path: Path) -> Path:
     return path
 
 
+def read_text_file(path: str | Path) -> str:
+    """A user's ``.txt`` corpus: a UTF-8 text file with something in it, or a one-line error naming it."""
+    p = Path(path)
+    if p.is_dir():
+        raise SecateurError(f"text file {p} is a directory; pass a UTF-8 .txt file")
+    raw = _need(p).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SecateurError(f"text file {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                            "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+    if "\x00" in text:
+        raise SecateurError(f"text file {p} is binary (it contains NUL bytes); pass a UTF-8 .txt file")
+    if not text.strip():
+        raise SecateurError(f"text file {p} is empty; pass a .txt file with text in it")
+    return text
+
+
 def wikitext2_test(data_dir: Path) -> str:
     """WikiText-2 raw test, HF rows joined with "\\n\\n" (the Wanda/SparseGPT convention)."""
     p = _need(data_dir / "wikitext2-raw" / "wiki.test.raw")
@@ -104,7 +122,7 @@ def eval_text(name: str, data_dir: str | Path | None = None) -> str:
     """Evaluation text of a named corpus (test splits; C4: the held-out document slice)."""
     if name not in DATASETS:
         if Path(name).suffix == ".txt":
-            return _need(Path(name)).read_text(encoding="utf-8")
+            return read_text_file(name)
         raise SecateurError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} or a .txt file")
     d = resolve_data_dir(data_dir)
     if d is None:
@@ -119,7 +137,7 @@ def eval_text(name: str, data_dir: str | Path | None = None) -> str:
 def calib_documents(name: str, data_dir: str | Path | None = None) -> list[str]:
     """Calibration pool as a list of documents (one string for single-stream corpora)."""
     if Path(name).suffix == ".txt":
-        return [_need(Path(name)).read_text(encoding="utf-8")]
+        return [read_text_file(name)]
     if name not in DATASETS:
         raise SecateurError(f"unknown calibration set {name!r}; choose from self, {', '.join(DATASETS)} "
                             "or a .txt file")

@@ -36,7 +36,8 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def sample_windows(docs: list[str], tokenizer, n: int, seqlen: int, seed: int) -> tuple[torch.Tensor, str]:
+def sample_windows(docs: list[str], tokenizer, n: int, seqlen: int, seed: int,
+                   source: str = "calibration text") -> tuple[torch.Tensor, str]:
     """N windows of L tokens.
 
     Several documents (C4): the Wanda/SparseGPT rule - ``random.seed(seed)``; repeatedly draw a random
@@ -67,7 +68,8 @@ def sample_windows(docs: list[str], tokenizer, n: int, seqlen: int, seed: int) -
         stream = _encode(tokenizer, docs[0])
         rule = "random offsets in the token stream"
     if len(stream) <= seqlen:
-        raise SecateurError(f"calibration text has {len(stream)} tokens, fewer than one window of {seqlen}")
+        raise SecateurError(f"{source} has {len(stream)} tokens; one calibration window of --seqlen {seqlen} needs "
+                            f"{seqlen + 1}; use a longer text or a smaller --seqlen")
     starts = [rng.randint(0, len(stream) - seqlen - 1) for _ in range(n)]
     return torch.tensor([stream[s:s + seqlen] for s in starts], dtype=torch.long), rule
 
@@ -98,7 +100,8 @@ def calibration_set(source: str, tokenizer, n: int, seqlen: int, seed: int = 0, 
             raise SecateurError("self-generated calibration needs the dense model")
         ids, rule = generate_windows(model, tokenizer, n, seqlen, seed), "sampled from the dense model"
     else:
-        ids, rule = sample_windows(calib_documents(source, data_dir), tokenizer, n, seqlen, seed)
+        ids, rule = sample_windows(calib_documents(source, data_dir), tokenizer, n, seqlen, seed,
+                                   f"calibration text {source}")
     name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
     return ids, Manifest(source, n, seqlen, seed, token_sha256(ids), str(name), rule)
 

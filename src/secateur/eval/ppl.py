@@ -40,6 +40,17 @@ def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512
     return total
 
 
+def check_ppl_args(seqlen: int, stride: int | None, max_windows: int | None) -> None:
+    """The protocol's numbers (a zero stride would never advance; one larger than the window skips tokens)."""
+    if seqlen < 2:
+        raise SecateurError(f"--seqlen must be >= 2 (a window scores its seqlen - 1 next tokens), got {seqlen}")
+    if stride is not None and not 1 <= stride <= seqlen:
+        raise SecateurError(f"--stride must be in [1, --seqlen {seqlen}] (each window advances by stride tokens; "
+                            f"omit it for non-overlapping windows), got {stride}")
+    if max_windows is not None and max_windows < 1:
+        raise SecateurError(f"--max-windows must be >= 1, got {max_windows}")
+
+
 def window_plan(n_tok: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:
     """``(begin, end, n_scored)`` per window."""
     if stride is None or stride >= seqlen:
@@ -64,6 +75,7 @@ def protocol_id(seqlen: int, stride: int | None) -> str:
 def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: int | None = None,
                max_windows: int | None = None, progress: bool = True) -> dict:
     """Perplexity of a 1-D token tensor. Returns the number, its protocol and the counts."""
+    check_ppl_args(seqlen, stride, max_windows)
     if ids.numel() < seqlen:
         raise SecateurError(f"evaluation text has {ids.numel()} tokens, fewer than one window of {seqlen}")
     plan = window_plan(ids.numel(), seqlen, stride)

@@ -388,6 +388,9 @@ def cli_qk_error(args) -> int:
         check_writable_output(args.json, folder=False)
     masks = load_masks(_masks_path(args.masks)) if args.masks else None
     dense_spec = _dense_spec(args)
+    from secateur.models.loading import check_model, check_seqlen
+
+    check_seqlen(dense_spec, args.seqlen, check_model(dense_spec))  # before any weight is read
     dense, tok = load_model(dense_spec, args.dtype, args.device)
     pruned = load_model(args.model, args.dtype, args.device)[0] if args.model else None
     ids, manifest = heldout_ids(tok, args.n, args.seqlen, args.seed, args.data_dir, args.text)

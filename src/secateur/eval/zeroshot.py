@@ -438,7 +438,9 @@ def cli_zeroshot(args) -> int:
 
     tasks = parse_tasks(args.tasks)
     if args.limit is not None and args.limit < 1:
-        raise SecateurError("--limit must be >= 1")
+        raise SecateurError(f"--limit must be >= 1 (documents per task; omit it for all), got {args.limit}")
+    if args.batch_size < 1 or (args.threads is not None and args.threads < 1):
+        raise SecateurError("--batch-size and --threads must be >= 1")
     _data_dir(args.data_dir)  # fail before loading the model
     if args.json is not None:
         from secateur.export import check_writable_output

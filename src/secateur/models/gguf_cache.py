@@ -226,8 +226,8 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     except (ValueError, KeyError, OSError, TypeError, NotImplementedError) as e:
         raise SecateurError(f"could not read the model description or tokenizer in GGUF file {path}: "
                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

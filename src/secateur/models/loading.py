@@ -9,6 +9,7 @@ Face folder (safetensors) by :mod:`secateur.models.gguf_cache`, because GGUF-loa
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -35,6 +36,25 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in DTYPES:
         raise SecateurError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def check_device(device: str | torch.device) -> None:
+    """An unknown device string, or one this machine lacks, before anything is loaded."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise SecateurError(f"--device {device!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SecateurError("CUDA is not available on this machine; use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise SecateurError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise SecateurError("MPS is not available on this machine; use --device cpu")
+    elif d.type != "cpu":
+        raise SecateurError(f"--device {device!r} is not supported; use cpu, cuda, cuda:N or mps")
 
 
 def _package_file(package: str, filename: str) -> Path:
@@ -96,14 +116,21 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_device(device)
+    parse_dtype(dtype)
     _register_custom_classes()
     path, extra = resolve(spec, dtype)
-    try:
+    check_model(spec, path, extra)
+    try:  # never run code shipped in a model folder (secateur's own classes are registered locally)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
-                                                     **extra)
-        tok = AutoTokenizer.from_pretrained(path, **extra)
+                                                     trust_remote_code=False, **extra)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, **extra)
     except OSError as e:
         raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]}") from e
+    except ValueError as e:
+        if "custom code" in str(e):
+            raise SecateurError(_remote_code_message(spec)) from e
+        raise
     model.to(device).eval()
     return model, tok
 
@@ -114,3 +141,135 @@ def _register_custom_classes() -> None:
         from secateur.structured import hetero  # noqa: F401
     except ImportError:
         pass
+
+
+# --- checks that need no weights: they run before anything expensive ------------------------------------------
+
+def _supported() -> str:
+    from secateur.models.adapters import supported_model_types
+
+    return ", ".join(supported_model_types())
+
+
+def _remote_code_message(spec: str) -> str:
+    return (f"model {spec} ships its own Python code (auto_map in config.json) and secateur does not run code from "
+            f"a model folder; use a model of a supported family: {_supported()}")
+
+
+def _gguf_config(path: Path) -> dict:
+    """``model_type`` and context length from a GGUF header alone (:func:`gguf_cache.inspect_gguf` refuses a
+    corrupt file or an unsupported family with one line), so nothing is dequantized before the checks."""
+    info = gguf_cache.inspect_gguf(path)
+    cfg: dict = {"model_type": info.model_type}
+    ctx = info.metadata.get(f"{info.architecture}.context_length")
+    if isinstance(ctx, int):
+        cfg["max_position_embeddings"] = ctx
+    return cfg
+
+
+def read_config(spec: str, path: str | None = None, extra: dict | None = None) -> dict | None:
+    """The model's config as a dict, read without loading weights or running code (None: unknown yet,
+    e.g. a hub id while offline; the loader then reports what went wrong)."""
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        if not gguf.is_file():
+            raise SecateurError(f"GGUF file {spec} does not exist")
+        return _gguf_config(gguf)
+    if path is None:
+        path, extra = resolve(spec)
+    folder = Path(path)
+    if folder.is_dir():
+        try:
+            cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SecateurError(f"model folder {spec}: config.json is not valid JSON ({type(e).__name__}); "
+                                "re-download or re-export the model") from e
+        if not isinstance(cfg, dict):
+            raise SecateurError(f"model folder {spec}: config.json is not a JSON object; re-download or re-export it")
+        return cfg
+    import logging
+
+    from transformers import AutoConfig
+
+    _register_custom_classes()
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # offline: one line below instead of a retry log per attempt
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=False).to_dict()
+    except ValueError as e:
+        if "custom code" in str(e):
+            raise SecateurError(_remote_code_message(spec)) from e
+        raise SecateurError(f"model {spec}: {str(e).splitlines()[0]}; supported families: {_supported()}") from e
+    except OSError as e:
+        raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]} (a hub id needs the network; "
+                            "or pass a local folder, a .gguf file or the alias smollm2-135m)") from e
+    finally:
+        hub_log.setLevel(level)
+
+
+def check_family(spec: str, cfg: dict) -> None:
+    """Refuse a family no adapter handles, or a folder that needs its own code, before loading weights."""
+    from secateur.models.adapters import HETERO_PREFIX, supported_model_types
+
+    mt = cfg.get("model_type")
+    base = mt[len(HETERO_PREFIX):] if isinstance(mt, str) and mt.startswith(HETERO_PREFIX) else mt
+    if base in supported_model_types():
+        return
+    if cfg.get("auto_map"):
+        raise SecateurError(_remote_code_message(spec))
+    raise SecateurError(f"model {spec}: unsupported model family {mt!r}; supported: {_supported()}")
+
+
+def check_safetensors(path: Path) -> None:
+    """A truncated or corrupt safetensors file (header length, JSON header, tensor extents vs file size)."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n <= 0 or 8 + n > size:
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n).decode("utf-8"))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: "
+                            f"{str(e).splitlines()[0][:80]}); re-download or re-export it") from e
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise SecateurError(f"model file {path} is truncated or corrupt ({size} bytes, its header needs {need}); "
+                            "re-download or re-export it")
+
+
+def check_model(spec: str, path: str | None = None, extra: dict | None = None) -> dict | None:
+    """Family, shipped code and weight files of a model spec; returns its config (None when unknown)."""
+    cfg = read_config(spec, path, extra)
+    if cfg is not None:
+        check_family(spec, cfg)
+    if gguf_file(spec) is not None:  # the cached folder is written by secateur and checked as it is written
+        return cfg
+    if path is None:
+        path, extra = resolve(spec)
+    if Path(path).is_dir():
+        for f in sorted(Path(path).glob("*.safetensors")):
+            check_safetensors(f)
+    return cfg
+
+
+def context_length(cfg: dict | None) -> int | None:
+    """Positions the model was built for (``max_position_embeddings`` / GPT-2's ``n_positions``)."""
+    if not cfg:
+        return None
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        v = cfg.get(key) if key in cfg else (cfg.get("text_config") or {}).get(key)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def check_seqlen(spec: str, seqlen: int, cfg: dict | None, flag: str = "--seqlen") -> None:
+    """Refuse windows longer than the model's context (GPT-2 crashes, RoPE models extrapolate silently);
+    ``cfg`` from :func:`read_config` / :func:`check_model` (None: context unknown, nothing checked)."""
+    ctx = context_length(cfg)
+    if ctx is not None and seqlen > ctx:
+        raise SecateurError(f"{flag} {seqlen} exceeds the context length {ctx} of model {spec}; use {flag} {ctx} "
+                            "or less")

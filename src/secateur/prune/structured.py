@@ -489,6 +489,25 @@ def check_options(method: str, opts) -> None:
     config_from_options(method, opts).validate()
 
 
+def check_reachable(method: str, adapter: Adapter, opts) -> None:
+    """Refuse, from the model's shapes alone (before calibration), a uniform target above what the rounding
+    rule can deliver: ``ceil`` keeps at least one unit of every (layer, kind) pool."""
+    if method not in SELECTIONS or method == "shortgpt":
+        return
+    cfg = config_from_options(method, opts)
+    if ALLOCATIONS[cfg.allocation] != "uniform":
+        return
+    from secateur.structured.allocate import UNIT_NAMES, uniform_reach
+    from secateur.structured.units import inventory
+
+    reach = uniform_reach(inventory(adapter, cfg.kinds), cfg.rounding)
+    if cfg.sparsity > reach:
+        kept = " and one ".join(UNIT_NAMES.get(k, k) for k in cfg.kinds)
+        raise SecateurError(f"--sparsity {cfg.sparsity} cannot be reached with --structured {method}: at most "
+                            f"{reach:.4f} of the removable parameters can go, because at least one {kept} per layer "
+                            f"are kept (ceil rounding); use --sparsity {math.floor(reach * 1000) / 1000} or less")
+
+
 def _units(value) -> tuple[str, ...]:
     if value is None:
         return ("kv_group", "channel")

@@ -46,6 +46,9 @@ def parse_targets(targets: str | None) -> frozenset[str]:
     if not targets:
         return frozenset(ALL_ROLES)
     roles = {t.strip() for t in targets.split(",") if t.strip()}
+    if not roles:
+        raise SecateurError(f"--targets {targets!r} names no projection role; give a comma list from "
+                            f"{', '.join(ALL_ROLES)} or omit it to prune all")
     bad = roles - set(ALL_ROLES)
     if bad:
         raise SecateurError(f"unknown projection roles {sorted(bad)}; choose from {', '.join(ALL_ROLES)}")

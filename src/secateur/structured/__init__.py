@@ -25,6 +25,7 @@ from secateur.structured.allocate import (
     allocate_global,
     allocate_uniform,
     allocate_weighted_threshold,
+    check_reached,
     keep_count,
 )
 from secateur.structured.efficiency import (
@@ -76,6 +77,8 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
             alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
         else:
             alloc = allocate_blocks(inv, scores, rho, guard=guard)
+    if guard is None:  # protected layers lower the realized fraction on purpose (reported, not refused)
+        check_reached(inv, alloc.info, rho, allocation)
     info = {"method": method, "allocation": allocation, "kinds": list(kinds), "seed": seed,
             "score_opts": score_opts, **alloc.info}
     return Selection.from_removed(inv, alloc.removed, info)

@@ -128,6 +128,43 @@ def allocate_uniform(inv: Inventory, scores: torch.Tensor, rho: float, rounding:
     return Allocation(removed, report(inv, removed, rho, allocator="uniform", rounding=rounding))
 
 
+UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "channel": "MLP channel", "ffn_group": "FFN group",
+              "block": "block"}
+
+
+def uniform_reach(inv: Inventory, rounding: str = "ceil") -> float:
+    """The largest fraction of the removable parameters :func:`allocate_uniform` can remove at any ``rho < 1``:
+    ``ceil`` keeps at least one unit of every pool, ``floor`` and ``round`` may empty a pool."""
+    total = int(inv.costs.sum())
+    if rounding != "ceil" or not total:
+        return 1.0
+    return sum(int(p.cost.sum()) - int(p.cost.min()) for p in inv.pools if p.n) / total
+
+
+def shortfall_bound(inv: Inventory, allocation: str) -> float:
+    """How far below ``rho`` an allocator's realized fraction may fall by its rounding rule alone: uniform
+    (ceil-kept) removes ``> rho n - 1`` units of every pool (one unit per pool); global greedy stops at or
+    above ``rho C``; FLAP's nearest prefix is within half a unit (``flap`` rule: 1.5); ShortGPT rounds half up."""
+    total = int(inv.costs.sum())
+    if not total or not len(inv):
+        return 0.0
+    largest = int(inv.costs.max())
+    if allocation == "uniform":
+        return sum(int(p.cost.max()) for p in inv.pools if p.n) / total
+    return {"global": 0.0, "flap": 1.5, "blocks": 0.5}.get(allocation, 1.0) * largest / total
+
+
+def check_reached(inv: Inventory, info: dict, rho: float, allocation: str) -> None:
+    """Refuse a selection that misses ``rho`` by more than its rounding rule allows (before anything is sliced
+    or written), naming the realized fraction."""
+    realized = float(info.get("realized", rho))
+    bound = shortfall_bound(inv, allocation)
+    if rho - realized > bound + _EPS:
+        raise SecateurError(
+            f"sparsity {rho} cannot be reached: the {allocation} selection removes {realized:.4f} of the removable "
+            f"parameters (rounding accounts for at most {bound:.4f}); lower --sparsity")
+
+
 def allocate_global(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,
                     cost_normalized: bool = True) -> Allocation:
     """Greedy global budget (CoCurve §5, ``Delta = score``): repeatedly remove the eligible unit with the

@@ -298,6 +298,11 @@ def _cmd_efficiency(args) -> int:
         check_writable_output(args.json, folder=False)
     specs = [("dense", args.dense)] if args.dense else []
     specs.append(("pruned" if args.dense else "model", args.model))
+    from secateur.models.loading import check_device, check_model, check_seqlen
+
+    check_device(args.device)
+    for _, spec in specs:  # GPT-2 indexes past its position table: refuse before loading anything
+        check_seqlen(spec, args.prompt_len + args.new_tokens, check_model(spec), "--prompt-len + --new-tokens")
     rows = []
     for name, spec in specs:
         model, _ = load_model(spec, args.dtype, args.device)
