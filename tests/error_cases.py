@@ -187,6 +187,15 @@ def _cmd(*parts: str | Callable[[Workspace], str]):
     return lambda ws: [p(ws) if callable(p) else p for p in parts]
 
 
+def _dir_with(name: str, file: str):
+    """A folder of the user's holding one file (what ``--overwrite`` must never delete)."""
+    def build(ws: Workspace) -> str:
+        d = Path(ws.text(name, None))
+        (d / file).write_text("mine")
+        return str(d)
+    return build
+
+
 def _txt(name: str, content: str | bytes | None):
     return lambda ws: ws.text(name, content)
 
@@ -290,4 +299,24 @@ CASES: list[Case] = [
     Case("pattern-4-of-4", prune(lambda ws: ws.model(), "--pattern", "4:4"), 2, r"pattern '4:4' needs 0 < N < M"),
     Case("pattern-5-of-4", prune(lambda ws: ws.model(), "--pattern", "5:4"), 2, r"pattern '5:4' needs 0 < N < M"),
     Case("pattern-dash", prune(lambda ws: ws.model(), "--pattern", "2-4"), 2, r"pattern '2-4' is not N:M"),
+    # --- outputs: nothing of the user's is replaced, and unwritable outputs fail before loading -----------------
+    Case("out-foreign-folder-overwrite", prune(lambda ws: ws.model(), "--out", _dir_with("mine", "notes.md"),
+                                               "--overwrite"), 2,
+         r"output \S+mine (holds files secateur did not write|is not a secateur output folder)"),
+    Case("out-regular-file-overwrite", prune(lambda ws: ws.model(), "--out", _txt("thesis.txt", "mine"),
+                                             "--overwrite"), 2, r"output \S+thesis\.txt is a file"),
+    Case("out-is-the-model", prune(lambda ws: ws.model(), "--out", lambda ws: ws.model(), "--overwrite"), 2,
+         r"output \S+ is the --model"),
+    Case("out-contains-the-model", prune(lambda ws: ws.model(), "--out", lambda ws: str(Path(ws.model()).parent),
+                                         "--overwrite"), 2, r"output \S+ contains the --model"),
+    Case("out-current-dir", prune(lambda ws: ws.model(), "--out", ".", "--overwrite"), 2,
+         r"is the current directory"),
+    Case("out-root", prune(lambda ws: ws.model(), "--out", "/", "--overwrite"), 2, r"is the root folder"),
+    Case("out-empty", prune(lambda ws: ws.model(), "--out", "", "--overwrite"), 2, r"output path is empty"),
+    Case("out-under-a-file", prune(lambda ws: ws.model(), "--out", lambda ws: ws.text("afile", "x") + "/out"), 2,
+         r"cannot write \S+: \S+afile is not a folder", subprocess=True),
+    Case("eval-json-is-a-folder", ppl(lambda ws: ws.model(), "--json", _txt("results", None)), 2,
+         r"output file \S+results is a folder; name a file"),
+    Case("eval-json-under-a-file", ppl(lambda ws: ws.model(), "--json", lambda ws: ws.text("f2", "x") + "/p.json"), 2,
+         r"cannot write \S+: \S+f2 is not a folder"),
 ]

@@ -322,8 +322,8 @@ def test_too_little_free_space_refused_before_the_prune(tmp_path, model_dir, mon
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     monkeypatch.setattr(secateur.api, "calibration_set", calib)
-    _refused(["prune", "--model", str(model_dir), "--method", "wanda", "--quiet", "--out", str(tmp_path / "run")],
-             tmp_path, capsys, "not enough disk space", "needs about", "0.0 MB free")
+    _refused(["prune", "--model", str(model_dir), "--method", "wanda", "--seqlen", "16", "--quiet", "--out",
+              str(tmp_path / "run")], tmp_path, capsys, "not enough disk space", "needs about", "0.0 MB free")
 
 
 def test_atomic_dir_removes_the_parents_it_made(tmp_path):
