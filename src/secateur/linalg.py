@@ -14,19 +14,55 @@ an optional ``info`` dict (so callers can put it in their diagnostics).
 * :func:`psd_power` - ``G^alpha = E diag(max(mu,0)^alpha) E^T`` (COEC Sec. 4.4, Gram tempering).
 * :func:`solve_spd` - ``X A = B`` for symmetric positive (semi)definite ``A``: Cholesky, Cholesky with
   growing jitter, then least squares (CORP / LS ridge solves).
+* :func:`one_thread` / :func:`pinned` - run LAPACK on one thread: MKL's factorizations (Cholesky, QR, SVD,
+  eigh, solves) split their work by the thread count and their last bits change with it, which flips
+  downstream pruning decisions (docs/protocols.md, "Determinism across threads"). Every factorization
+  here runs pinned; GEMMs and row reductions are thread-count-invariant and keep every thread.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 
 __all__ = [
     "sym", "safe_svd", "safe_eigh", "polar", "orth", "newton_schulz_polar", "newton_schulz_inverse",
-    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite",
+    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite", "one_thread", "pinned",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Intra-op threads set to 1 inside the block (restored after; a no-op when already 1).
+
+    MKL's LAPACK (and torch's whole-tensor reductions) split work by the thread count, so a Cholesky of the
+    same matrix differs in the last bits between 1 and 2 threads; GEMMs do not (measured: bench/thread_check.py).
+    The factorizations are d x d with d <= a few thousand, so one thread costs little next to the capture."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def pinned(fn: F) -> F:
+    """Decorator: run ``fn`` under :func:`one_thread`."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with one_thread():
+            return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 def eps_of(dtype: torch.dtype) -> float:
@@ -77,6 +113,7 @@ def _svd_via_eigh(a: torch.Tensor, full_matrices: bool) -> tuple[torch.Tensor, t
     return vh.mT, s, u.mT
 
 
+@pinned
 def orth_complete(u: torch.Tensor, valid: torch.Tensor, ncols: int) -> torch.Tensor:
     """Replace the invalid columns of ``u`` (and append columns up to ``ncols``) with an orthonormal
     completion of the valid ones (QR of the valid block padded with a fixed deterministic basis)."""
@@ -91,6 +128,7 @@ def orth_complete(u: torch.Tensor, valid: torch.Tensor, ncols: int) -> torch.Ten
     return q
 
 
+@pinned
 def safe_svd(a: torch.Tensor, full_matrices: bool = False, *, info: dict[str, Any] | None = None,
              timeout_s: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``A = U diag(S) Vh`` with singular values descending, robust to solver failures.
@@ -132,6 +170,7 @@ def safe_svd(a: torch.Tensor, full_matrices: bool = False, *, info: dict[str, An
     raise RuntimeError("safe_svd: every SVD fallback failed (" + "; ".join(errors) + ")")
 
 
+@pinned
 def safe_eigh(a: torch.Tensor, *, info: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigendecomposition of the symmetric part of ``a`` (ascending eigenvalues), float64 internally,
     falling back to CPU and then to the SVD chain (for PSD input the SVD is the eigendecomposition)."""
@@ -234,7 +273,8 @@ def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter
         x = x + x @ resid  # = X (2I - B X)
     fallback = not (err <= tol * 10) or not _finite(x)
     if fallback:
-        x = torch.linalg.inv(b)
+        with one_thread():
+            x = torch.linalg.inv(b)
     if info is not None:
         info["ns_inv_iters"] = it
         info["ns_inv_fallback"] = fallback
@@ -279,6 +319,7 @@ def cayley_retract(r: torch.Tensor, direction: torch.Tensor, tau: float, *, ns_d
     return (r @ inv) @ (eye - 0.5 * tau * w)
 
 
+@pinned
 def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = None) -> torch.Tensor:
     """Spectral power of a symmetric PSD matrix (COEC Sec. 4.4, Gram tempering):
     ``G^alpha = E diag(max(mu_i, 0)^alpha) E^T`` with ``G = E diag(mu) E^T``.
@@ -296,6 +337,7 @@ def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = No
     return sym((e * mu) @ e.mT)
 
 
+@pinned
 def solve_spd(a: torch.Tensor, rhs: torch.Tensor, *, side: str = "right", max_jitter_tries: int = 6,
               info: dict[str, Any] | None = None) -> torch.Tensor:
     """Solve with a symmetric positive (semi)definite ``A``: ``X A = rhs`` (``side='right'``, rhs is

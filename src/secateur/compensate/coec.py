@@ -85,6 +85,7 @@ from secateur.linalg import (
     cayley_retract,
     eps_of,
     newton_schulz_polar,
+    one_thread,
     orth,
     polar_retract,
     psd_power,
@@ -460,9 +461,10 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     ata = None if a_sq is not None else a.mT @ a
     atg = a.mT @ gyx if atg is None else atg
     y_c = ynorm if y_const is None else y_const
-    lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
-    if lmax_gxx is None:
-        lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
+    with one_thread():  # LAPACK's last bits depend on the thread count; eta scales every step
+        lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
+        if lmax_gxx is None:
+            lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
     eta = ynorm / (2 * lmax_a * lmax_gxx) if lmax_a > 0 and lmax_gxx > 0 else 1.0
     use_align = align is not None and lam_a > 0
     if use_align and frame is None:
