@@ -24,10 +24,7 @@ RUNS = {
     "sparsegpt-2:4": dict(method="sparsegpt", pattern="2:4"),
     "qk-wanda": dict(method="qk-wanda", sparsity=0.5),
     "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "ls"}),
-    "wanda-sp+coec": pytest.param(dict(method="wanda-sp", sparsity=0.3,
-                                       extra={"compensation": "coec", "coec_rounds": 2}),
-                                  marks=pytest.mark.xfail(reason="COEC's Riemannian loop still depends on the "
-                                                                 "thread count (docs/protocols.md)", strict=False)),
+    "wanda-sp+coec": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "coec", "coec_rounds": 2}),
     # CoCurve (16 layers at these widths) passed 1 vs 2 threads before and after the pinning but costs ~10 min
     # on a loaded 2-core machine: bench/thread_check.py is where a slow family belongs
 }
@@ -59,8 +56,7 @@ def _weights_sha(model: torch.nn.Module) -> str:
 
 
 def _run(setup, key: str, threads: int) -> str:
-    kw = RUNS[key]
-    kw = dict(kw.values[0] if hasattr(kw, "values") else kw)
+    kw = dict(RUNS[key])
     n = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -71,7 +67,6 @@ def _run(setup, key: str, threads: int) -> str:
     return _weights_sha(rep["_model"])
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=v.marks) if hasattr(v, "marks") else k
-                                 for k, v in RUNS.items()])
+@pytest.mark.parametrize("key", list(RUNS))
 def test_same_weights_with_one_and_two_threads(setup, key):
     assert _run(setup, key, 1) == _run(setup, key, 2)

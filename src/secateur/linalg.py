@@ -32,7 +32,8 @@ import torch
 
 __all__ = [
     "sym", "safe_svd", "safe_eigh", "polar", "orth", "newton_schulz_polar", "newton_schulz_inverse",
-    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite", "one_thread", "pinned",
+    "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite",
+    "one_thread", "pinned", "det_sum", "det_norm",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,6 +68,17 @@ def pinned(fn: F) -> F:
 
 def eps_of(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
+
+
+def det_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of every entry in an order that does not depend on the thread count: torch splits a whole-tensor
+    reduction by thread, but reduces each row of a 2-D view within one thread; the row sums are then few."""
+    return t.reshape(t.shape[0], -1).sum(1).sum() if t.dim() > 1 else t.sum()
+
+
+def det_norm(t: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm with :func:`det_sum`'s fixed order."""
+    return det_sum(t * t).sqrt()
 
 
 def sym(a: torch.Tensor) -> torch.Tensor:
@@ -225,7 +237,7 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
     if transpose:
         z = z.mT
     if not prescaled:
-        z = z / z.norm()
+        z = z / det_norm(z)
     b = z.shape[0]
     eye = torch.eye(b, dtype=z.dtype, device=z.device)
     if tol is None:
@@ -234,7 +246,7 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
     err = float("inf")
     for it in range(1, max_iter + 1):  # noqa: B007
         zzt = z @ z.mT
-        err = float((zzt - eye).norm())
+        err = float(det_norm(zzt - eye))
         if err <= tol:
             it -= 1
             break
@@ -267,7 +279,7 @@ def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         resid = eye - work @ x
-        err = float(resid.norm())
+        err = float(det_norm(resid))
         if err <= tol:
             break
         x = x + x @ resid  # = X (2I - B X)
@@ -288,7 +300,7 @@ def polar_retract(r: torch.Tensor, step: torch.Tensor, *, info: dict[str, Any] |
     singular values lie in ``[1, sqrt(1 + ||step||_2^2)]``; with ``||step||_F <= 1`` (the COEC step cap)
     they are ``< sqrt(3)`` and Newton-Schulz needs no prescaling."""
     z = r - step
-    prescaled = float(step.norm()) < 1.0 + 1e-6
+    prescaled = float(det_norm(step)) < 1.0 + 1e-6
     return newton_schulz_polar(z, prescaled=prescaled, info=info)
 
 
@@ -309,12 +321,12 @@ def cayley_retract(r: torch.Tensor, direction: torch.Tensor, tau: float, *, ns_d
     if b == k:
         a = 0.5 * (direction @ r.mT - r @ direction.mT)
         eye = torch.eye(b, dtype=r.dtype, device=r.device)
-        bound = 1.0 + (0.5 * tau) ** 2 * float(a.norm()) ** 2
+        bound = 1.0 + (0.5 * tau) ** 2 * float(det_norm(a)) ** 2
         inv = newton_schulz_inverse(eye + 0.5 * tau * a, dtype=ns_dtype, sigma_max_sq=bound, info=info)
         return inv @ ((eye - 0.5 * tau * a) @ r)
     w = 0.5 * (r.mT @ direction - direction.mT @ r)
     eye = torch.eye(k, dtype=r.dtype, device=r.device)
-    bound = 1.0 + (0.5 * tau) ** 2 * float(w.norm()) ** 2
+    bound = 1.0 + (0.5 * tau) ** 2 * float(det_norm(w)) ** 2
     inv = newton_schulz_inverse(eye + 0.5 * tau * w, dtype=ns_dtype, sigma_max_sq=bound, info=info)
     return (r @ inv) @ (eye - 0.5 * tau * w)
 
