@@ -67,6 +67,7 @@ def _run(setup, key: str, threads: int) -> str:
     return _weights_sha(rep["_model"])
 
 
-@pytest.mark.parametrize("key", list(RUNS))
-def test_same_weights_with_one_and_two_threads(setup, key):
-    assert _run(setup, key, 1) == _run(setup, key, 2)
+# 4 threads on a 2-core machine still makes MKL split its work in 4 (oversubscribed, slower, same question)
+@pytest.mark.parametrize("key,threads", [(k, 2) for k in RUNS] + [("sparsegpt", 4), ("wanda-sp+ls", 4)])
+def test_same_weights_with_one_and_more_threads(setup, key, threads):
+    assert _run(setup, key, 1) == _run(setup, key, threads)
