@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from secateur.errors import SecateurError
+from secateur.linalg import one_thread
 from secateur.models.adapters import get_adapter
 from secateur.structured import (
     LayerKeep,
@@ -111,9 +112,14 @@ def test_trust_remote_code_without_secateur(tmp_path):
     apply_selection(m, a, select_units(a, "random", 0.4, kinds=("head", "channel"), allocation="global"))
     save_pruned(m, tmp_path / "o")
     ids = random_ids(1, 7)
-    torch.save({"ids": ids, "logits": logits(m, ids)}, tmp_path / "ref.pt")
+    # bitwise equality across processes holds only for the same kernels: one thread on both sides (a loaded
+    # machine can otherwise give the two processes different OpenMP splits of the same reduction)
+    with one_thread():
+        ref_logits = logits(m, ids)
+    torch.save({"ids": ids, "logits": ref_logits}, tmp_path / "ref.pt")
     code = (
         "import sys, torch\n"
+        "torch.set_num_threads(1)\n"
         "from transformers import AutoModelForCausalLM\n"
         f"ref = torch.load({str(tmp_path / 'ref.pt')!r})\n"
         f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'o')!r}, trust_remote_code=True).eval()\n"
@@ -123,6 +129,7 @@ def test_trust_remote_code_without_secateur(tmp_path):
         "print('OK', type(m).__name__)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
+    env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

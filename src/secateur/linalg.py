@@ -14,23 +14,71 @@ an optional ``info`` dict (so callers can put it in their diagnostics).
 * :func:`psd_power` - ``G^alpha = E diag(max(mu,0)^alpha) E^T`` (COEC Sec. 4.4, Gram tempering).
 * :func:`solve_spd` - ``X A = B`` for symmetric positive (semi)definite ``A``: Cholesky, Cholesky with
   growing jitter, then least squares (CORP / LS ridge solves).
+* :func:`one_thread` / :func:`pinned` - run LAPACK on one thread: MKL's factorizations (Cholesky, QR, SVD,
+  eigh, solves) split their work by the thread count and their last bits change with it, which flips
+  downstream pruning decisions (docs/protocols.md, "Determinism across threads"). Every factorization
+  here runs pinned; GEMMs and row reductions are thread-count-invariant and keep every thread.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 
 __all__ = [
     "sym", "safe_svd", "safe_eigh", "polar", "orth", "newton_schulz_polar", "newton_schulz_inverse",
     "polar_retract", "cayley_retract", "psd_power", "solve_spd", "eps_of", "all_finite",
+    "one_thread", "pinned", "det_sum", "det_norm",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Intra-op threads set to 1 inside the block (restored after; a no-op when already 1).
+
+    MKL's LAPACK (and torch's whole-tensor reductions) split work by the thread count, so a Cholesky of the
+    same matrix differs in the last bits between 1 and 2 threads; GEMMs do not (measured: bench/thread_check.py).
+    The factorizations are d x d with d <= a few thousand, so one thread costs little next to the capture."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def pinned(fn: F) -> F:
+    """Decorator: run ``fn`` under :func:`one_thread`."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with one_thread():
+            return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 def eps_of(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
+
+
+def det_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of every entry in an order that does not depend on the thread count: torch splits a whole-tensor
+    reduction by thread, but reduces each row of a 2-D view within one thread; the row sums are then few."""
+    return t.reshape(t.shape[0], -1).sum(1).sum() if t.dim() > 1 else t.sum()
+
+
+def det_norm(t: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm with :func:`det_sum`'s fixed order."""
+    return det_sum(t * t).sqrt()
 
 
 def sym(a: torch.Tensor) -> torch.Tensor:
@@ -77,6 +125,7 @@ def _svd_via_eigh(a: torch.Tensor, full_matrices: bool) -> tuple[torch.Tensor, t
     return vh.mT, s, u.mT
 
 
+@pinned
 def orth_complete(u: torch.Tensor, valid: torch.Tensor, ncols: int) -> torch.Tensor:
     """Replace the invalid columns of ``u`` (and append columns up to ``ncols``) with an orthonormal
     completion of the valid ones (QR of the valid block padded with a fixed deterministic basis)."""
@@ -91,6 +140,7 @@ def orth_complete(u: torch.Tensor, valid: torch.Tensor, ncols: int) -> torch.Ten
     return q
 
 
+@pinned
 def safe_svd(a: torch.Tensor, full_matrices: bool = False, *, info: dict[str, Any] | None = None,
              timeout_s: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``A = U diag(S) Vh`` with singular values descending, robust to solver failures.
@@ -132,6 +182,7 @@ def safe_svd(a: torch.Tensor, full_matrices: bool = False, *, info: dict[str, An
     raise RuntimeError("safe_svd: every SVD fallback failed (" + "; ".join(errors) + ")")
 
 
+@pinned
 def safe_eigh(a: torch.Tensor, *, info: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigendecomposition of the symmetric part of ``a`` (ascending eigenvalues), float64 internally,
     falling back to CPU and then to the SVD chain (for PSD input the SVD is the eigendecomposition)."""
@@ -186,7 +237,7 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
     if transpose:
         z = z.mT
     if not prescaled:
-        z = z / z.norm()
+        z = z / det_norm(z)
     b = z.shape[0]
     eye = torch.eye(b, dtype=z.dtype, device=z.device)
     if tol is None:
@@ -195,7 +246,7 @@ def newton_schulz_polar(z: torch.Tensor, *, tol: float | None = None, max_iter: 
     err = float("inf")
     for it in range(1, max_iter + 1):  # noqa: B007
         zzt = z @ z.mT
-        err = float((zzt - eye).norm())
+        err = float(det_norm(zzt - eye))
         if err <= tol:
             it -= 1
             break
@@ -228,13 +279,14 @@ def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         resid = eye - work @ x
-        err = float(resid.norm())
+        err = float(det_norm(resid))
         if err <= tol:
             break
         x = x + x @ resid  # = X (2I - B X)
     fallback = not (err <= tol * 10) or not _finite(x)
     if fallback:
-        x = torch.linalg.inv(b)
+        with one_thread():
+            x = torch.linalg.inv(b)
     if info is not None:
         info["ns_inv_iters"] = it
         info["ns_inv_fallback"] = fallback
@@ -248,7 +300,7 @@ def polar_retract(r: torch.Tensor, step: torch.Tensor, *, info: dict[str, Any] |
     singular values lie in ``[1, sqrt(1 + ||step||_2^2)]``; with ``||step||_F <= 1`` (the COEC step cap)
     they are ``< sqrt(3)`` and Newton-Schulz needs no prescaling."""
     z = r - step
-    prescaled = float(step.norm()) < 1.0 + 1e-6
+    prescaled = float(det_norm(step)) < 1.0 + 1e-6
     return newton_schulz_polar(z, prescaled=prescaled, info=info)
 
 
@@ -269,16 +321,17 @@ def cayley_retract(r: torch.Tensor, direction: torch.Tensor, tau: float, *, ns_d
     if b == k:
         a = 0.5 * (direction @ r.mT - r @ direction.mT)
         eye = torch.eye(b, dtype=r.dtype, device=r.device)
-        bound = 1.0 + (0.5 * tau) ** 2 * float(a.norm()) ** 2
+        bound = 1.0 + (0.5 * tau) ** 2 * float(det_norm(a)) ** 2
         inv = newton_schulz_inverse(eye + 0.5 * tau * a, dtype=ns_dtype, sigma_max_sq=bound, info=info)
         return inv @ ((eye - 0.5 * tau * a) @ r)
     w = 0.5 * (r.mT @ direction - direction.mT @ r)
     eye = torch.eye(k, dtype=r.dtype, device=r.device)
-    bound = 1.0 + (0.5 * tau) ** 2 * float(w.norm()) ** 2
+    bound = 1.0 + (0.5 * tau) ** 2 * float(det_norm(w)) ** 2
     inv = newton_schulz_inverse(eye + 0.5 * tau * w, dtype=ns_dtype, sigma_max_sq=bound, info=info)
     return (r @ inv) @ (eye - 0.5 * tau * w)
 
 
+@pinned
 def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = None) -> torch.Tensor:
     """Spectral power of a symmetric PSD matrix (COEC Sec. 4.4, Gram tempering):
     ``G^alpha = E diag(max(mu_i, 0)^alpha) E^T`` with ``G = E diag(mu) E^T``.
@@ -296,6 +349,7 @@ def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = No
     return sym((e * mu) @ e.mT)
 
 
+@pinned
 def solve_spd(a: torch.Tensor, rhs: torch.Tensor, *, side: str = "right", max_jitter_tries: int = 6,
               info: dict[str, Any] | None = None) -> torch.Tensor:
     """Solve with a symmetric positive (semi)definite ``A``: ``X A = rhs`` (``side='right'``, rhs is

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from secateur.errors import SecateurError
+from secateur.linalg import one_thread
 from secateur.structured.units import ATTN_KINDS, Inventory
 
 
@@ -84,7 +85,8 @@ class CoPruningGraph:
             raise SecateurError("H is not symmetric")
         if not bool(torch.isfinite(self.H).all()):
             raise SecateurError("H has non-finite entries")
-        lmin = float(torch.linalg.eigvalsh(self.H).min()) if len(self) else 0.0
+        with one_thread():
+            lmin = float(torch.linalg.eigvalsh(self.H).min()) if len(self) else 0.0
         tr = float(self.H.diagonal().sum())
         if lmin < -rel_tol * max(tr, 0.0):
             raise SecateurError(f"H is not PSD: min eigenvalue {lmin:.3e} < -{rel_tol:g} * trace ({tr:.3e})")

@@ -83,8 +83,11 @@ from secateur.errors import SecateurError
 from secateur.linalg import (
     all_finite,
     cayley_retract,
+    det_norm,
+    det_sum,
     eps_of,
     newton_schulz_polar,
+    one_thread,
     orth,
     polar_retract,
     psd_power,
@@ -253,7 +256,7 @@ class Alignment:
     def value(self, r1: torch.Tensor) -> float:
         m = r1 @ self.u_v
         d = m.mT @ m - self.n_anchor
-        return float((d * d).sum()) / self.r_norm**2
+        return float(det_sum(d * d)) / self.r_norm**2
 
     def grad(self, r1: torch.Tensor) -> torch.Tensor:
         """``dA/dR_1 = (4 / r_p^2) R_1 U_v D U_v^T``, ``D = U_v^T (R_1^T R_1 - Pi_anchor) U_v``."""
@@ -312,8 +315,8 @@ class _Problem:
 
     def recon(self, w: torch.Tensor) -> float:
         """Relative reconstruction term in the (tempered) metric."""
-        q = float((_gmul(w, self.gxx) * w).sum())
-        lin = float((w * self.gyx).sum())
+        q = float(det_sum(_gmul(w, self.gxx) * w))
+        lin = float(det_sum(w * self.gyx))
         return (q - 2 * lin + self.ynorm) / self.ynorm
 
     def objective(self, w: torch.Tensor) -> tuple[float, float, float]:
@@ -460,9 +463,10 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     ata = None if a_sq is not None else a.mT @ a
     atg = a.mT @ gyx if atg is None else atg
     y_c = ynorm if y_const is None else y_const
-    lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
-    if lmax_gxx is None:
-        lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
+    with one_thread():  # LAPACK's last bits depend on the thread count; eta scales every step
+        lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
+        if lmax_gxx is None:
+            lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
     eta = ynorm / (2 * lmax_a * lmax_gxx) if lmax_a > 0 and lmax_gxx > 0 else 1.0
     use_align = align is not None and lam_a > 0
     if use_align and frame is None:
@@ -473,8 +477,8 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
 
     def terms(r: torch.Tensor, s_prev: float) -> tuple[float, float, torch.Tensor]:
         rg = _gmul(r, gxx)
-        quad = float((apply_ata(r) * rg).sum())
-        lin = float((atg * r).sum())
+        quad = float(det_sum(apply_ata(r) * rg))
+        lin = float(det_sum(atg * r))
         s = (lin / quad if quad > 0 else s_prev) if update_scale else 1.0
         f = (y_c - 2 * s * lin + s * s * quad) / ynorm
         if use_align:
@@ -496,7 +500,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         if use_align:
             egrad = egrad + lam_a * frame.mT @ align.grad(frame @ r)
         gam = egrad - sym(egrad @ r.mT) @ r
-        gn = float(gam.norm())
+        gn = float(det_norm(gam))
         if gn == 0 or not math.isfinite(gn):
             stop = "zero_gradient" if gn == 0 else "non_finite"
             break
@@ -514,7 +518,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         if not accepted:
             stop = "no_descent"
             break
-        step = float((r_new - r).norm()) / math.sqrt(b)
+        step = float(det_norm(r_new - r)) / math.sqrt(b)
         r, s, f, rg = r_new, s_new, f_new, rg_new
         drift_known = rinfo["ns_polar_err"] if (not use_cayley and rinfo.get("ns_polar_converged")) else None
         if step < delta:
@@ -522,7 +526,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
             break
     # re-orthonormalize when Cayley/Newton-Schulz round-off has accumulated; keep only if not worse
     drift = drift_known if drift_known is not None else float(
-        (r @ r.mT - torch.eye(b, dtype=r.dtype, device=r.device)).norm())
+        det_norm(r @ r.mT - torch.eye(b, dtype=r.dtype, device=r.device)))
     if drift > math.sqrt(eps_of(r.dtype)):
         r_c = newton_schulz_polar(r, prescaled=True)
         f_c, s_c, _ = terms(r_c, s)
@@ -564,7 +568,7 @@ def _right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COEC
         u, sg, vh = u[:, :b], sg[:b], vh[:b]
         y_const = None
         if opts.slice_rows is not None and prob.gfull is not None:
-            y_const = float(((w0g[sl] @ prob.gfull) * w0g[sl]).sum())
+            y_const = float(det_sum((w0g[sl] @ prob.gfull) * w0g[sl]))
         res = reduced_stiefel_solve(u * sg, prob.gyx[sl], prob.gxx, prob.ynorm, vh, a_sq=sg * sg,
                                     y_const=y_const, **common)
         iters.append(res.iters)
@@ -631,7 +635,7 @@ def _objective_f(f: _Fact, prob: _Problem) -> tuple[float, float, float]:
     """``L`` of ``W = U diag(s) Vh``: ``tr(W G_xx W^T) = sum s_i^2 e_i``, ``<W, G_yx> = sum s_i rho_i``;
     the alignment term reads the leading right singular vectors (= :meth:`_Problem.objective`)."""
     rho, e = _mode_stats(f, prob)
-    rec = (float((f.s * f.s * e).sum()) - 2 * float((f.s * rho).sum()) + prob.ynorm) / prob.ynorm
+    rec = (float(det_sum(f.s * f.s * e)) - 2 * float(det_sum(f.s * rho)) + prob.ynorm) / prob.ynorm
     al = 0.0
     if prob.align is not None and prob.lam_a > 0:
         al = prob.align.value(f.vh[: min(prob.align.r, f.b)])
@@ -643,9 +647,9 @@ def _rescale_f(f: _Fact, prob: _Problem, opts: COECOptions, info: dict[str, Any]
     if opts.rescale == "none":
         return f
     rho, e = _mode_stats(f, prob)
-    den = float((f.s * f.s * e).sum())
+    den = float(det_sum(f.s * f.s * e))
     ok = den > 0
-    s_star = float((f.s * rho).sum()) / den if ok else 1.0
+    s_star = float(det_sum(f.s * rho)) / den if ok else 1.0
     if opts.rescale == "global":
         info["scale"] = s_star
         return f.scaled(s_star) if ok else f
@@ -772,7 +776,7 @@ def coec(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequen
     info["timings"] = {"tempering_s": time.perf_counter() - t0}
     gxx = g[k][:, k]
     wg = w @ g  # one product gives both ||Y||^2 = tr(W0 G W0^T) (= output_energy) and G_yx = (W0 G)[:, K]
-    ynorm = float((wg * w).sum())
+    ynorm = float(det_sum(wg * w))
     gyx = wg[:, k]
     del wg
     if not ynorm > 0:

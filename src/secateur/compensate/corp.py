@@ -43,7 +43,7 @@ import torch
 from secateur.calib.stats import Accumulator, Gram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare, pruned_index
 from secateur.errors import SecateurError
-from secateur.linalg import safe_eigh, safe_svd, solve_spd
+from secateur.linalg import one_thread, safe_eigh, safe_svd, solve_spd
 
 __all__ = [
     "corp_lambda", "corp_mlp", "corp_mlp_scores", "corp_keep", "PerSampleGram", "QKHeadStats",
@@ -166,7 +166,8 @@ def corp_mlp(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Se
         new_bias = base + wp @ c
         # Prop. C.1.1 / C.1.2 diagnostics (lambda -> 0 quantities, pseudo-inverse for safety)
         s_pp = sig[p][:, p]
-        expl = s_ps @ torch.linalg.pinv(s_ss, hermitian=True) @ s_ps.mT
+        with one_thread():
+            expl = s_ps @ torch.linalg.pinv(s_ss, hermitian=True) @ s_ps.mT
         y = float(((w @ st.second_moment) * w).sum())
         schur = float(((wp @ (s_pp - expl)) * wp).sum())
         var_wp = float(((wp @ s_pp) * wp).sum())

@@ -20,7 +20,7 @@ import torch
 
 from secateur.calib.stats import Gram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare
-from secateur.linalg import polar
+from secateur.linalg import det_sum, polar
 
 __all__ = ["rcpu", "procrustes_left", "global_scale"]
 
@@ -35,8 +35,8 @@ def global_scale(gyx: torch.Tensor, gxx: torch.Tensor, w: torch.Tensor) -> tuple
     """``s* = <G_yx, W> / <W, W G_xx>`` (COEC Sec. 4.1). Returns ``(s*, ok)``; ``ok`` is False (and
     s* = 1) when the denominator is not positive (indefinite or zero energy, COEC App. B). ``gxx`` is dense
     ``[k, k]`` or diagonal, given as its 1-D eigenvalues (COEC works in the Gram's eigenbasis)."""
-    num = float((gyx * w).sum())
-    den = float(((w * gxx if gxx.dim() == 1 else w @ gxx) * w).sum())
+    num = float(det_sum(gyx * w))
+    den = float(det_sum((w * gxx if gxx.dim() == 1 else w @ gxx) * w))
     if not den > 0:
         return 1.0, False
     return num / den, True

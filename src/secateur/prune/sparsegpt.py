@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from secateur.errors import SecateurError
+from secateur.linalg import one_thread
 from secateur.prune.budgets import deletion_count
 
 
@@ -35,7 +36,8 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     H += percdamp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=H.dtype, device=H.device)
-    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    with one_thread():  # LAPACK's result depends on the thread count; the OBS loop's GEMMs do not
+        U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     mask = torch.zeros_like(W, dtype=torch.bool)
     for i1 in range(0, cols, blocksize):
         i2 = min(i1 + blocksize, cols)
