@@ -4,8 +4,8 @@ The checkpoint is a hidden folder beside the output, ``<parent>/.<name>.secateur
 
 * ``manifest.json``: the *fingerprint* of the run -- everything that determines its result (model and its
   weight files, every prune option except out/overwrite/quiet/resume, the calibration tokens' sha256, the
-  library versions and the torch thread count) -- and the marker that makes the folder recognizably
-  secateur's;
+  library versions; not the thread count, which no result depends on: docs/protocols.md) -- and the
+  marker that makes the folder recognizably secateur's;
 * per finished engine block: ``<stage>-block<i>.pt`` with the block's parameters after pruning and the
   handler's state for that block (masks, statistics, records); ``<stage>-hs.pt``: the hidden states that
   feed the next block (only the latest is kept);
@@ -92,16 +92,16 @@ def fingerprint(opts, model: torch.nn.Module, token_sha: str | None) -> dict[str
     """Everything that determines the result of ``secateur prune`` with options ``opts``."""
     from dataclasses import asdict
 
-    from secateur.models.loading import resolve
+    from secateur.models.loading import gguf_file, resolve
     from secateur.runinfo import versions
 
     options = {k: v for k, v in asdict(opts).items() if k not in NEUTRAL_OPTIONS and k != "extra"}
     options |= {k: v for k, v in sorted(opts.extra.items()) if k not in NEUTRAL_OPTIONS}
-    path, extra = resolve(opts.model)
-    local = Path(path) / extra["gguf_file"] if "gguf_file" in extra else Path(path)
+    local = gguf_file(opts.model)  # a GGUF input: its file (the cached folder is derived from it)
+    if local is None:
+        local = Path(resolve(opts.model, opts.dtype)[0])
     weights: Any = _file_stats(local) if local.exists() else _weights_digest(model)
-    fp = {"options": options, "model_files": weights, "calibration_sha256": token_sha, "versions": versions(),
-          "torch_threads": torch.get_num_threads()}
+    fp = {"options": options, "model_files": weights, "calibration_sha256": token_sha, "versions": versions()}
     return json.loads(json.dumps(fp, default=str))  # the same value as after a round trip through the manifest
 
 
