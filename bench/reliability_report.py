@@ -14,6 +14,7 @@ Usage: ``python bench/reliability_report.py`` (missing inputs are named in the o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -43,6 +44,8 @@ def table_section(rows: list[dict] | None) -> list[str]:
             "| input | exit | stderr | ok |", "|---|---:|---|---|"]
     for r in rows:
         msg = r["stderr_first_line"].removeprefix("secateur: error: ")
+        msg = re.sub(r"/tmp/secateur-reliability-\w+/models", "$MODELS", msg)  # records made before _anon
+        msg = re.sub(r"/tmp/secateur-reliability-\w+/[^/\s]+", "$TMP", msg)
         out.append(f"| {r['id']} | {r['exit']} | {_cell(msg)} | {'yes' if r['ok'] else 'NO: ' + _cell(r['problem'])} |")
     return out + [""]
 

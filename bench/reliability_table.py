@@ -25,6 +25,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from error_cases import CASES, TRACEBACK, Case, Workspace, check_stderr, snapshot  # noqa: E402
 
 
+def _anon(text: str, models: Path, scratch: Path) -> str:
+    """The run's temporary folders as ``$MODELS`` / ``$TMP``, so the table reads the same on every run."""
+    return text.replace(str(models), "$MODELS").replace(str(scratch), "$TMP")
+
+
 def run_case(case: Case, models: Path, scratch: Path) -> dict:
     if case.when is not None and not case.when():
         return {"id": case.id, "skipped": "does not apply on this machine"}
@@ -39,9 +44,9 @@ def run_case(case: Case, models: Path, scratch: Path) -> dict:
     written = snapshot(models, scratch) != before
     why = check_stderr(case, p.stderr)
     lines = p.stderr.splitlines()
-    return {"id": case.id, "argv": ["secateur", *[a.replace(str(models), "$MODELS").replace(str(scratch), "$TMP")
-                                                  for a in argv]],
-            "exit": p.returncode, "expected_exit": case.exit, "stderr_first_line": lines[0] if lines else "",
+    return {"id": case.id, "argv": ["secateur", *[_anon(a, models, scratch) for a in argv]],
+            "exit": p.returncode, "expected_exit": case.exit,
+            "stderr_first_line": _anon(lines[0], models, scratch) if lines else "",
             "stderr_lines": len(lines), "traceback": TRACEBACK in p.stderr, "wrote_files": written,
             "ok": p.returncode == case.exit and why is None and not written, "problem": why,
             "seconds": round(seconds, 2)}

@@ -25,8 +25,10 @@ RUNS = {
     "qk-wanda": dict(method="qk-wanda", sparsity=0.5),
     "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "ls"}),
     "wanda-sp+coec": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "coec", "coec_rounds": 2}),
-    # CoCurve (16 layers at these widths) passed 1 vs 2 threads before and after the pinning but costs ~10 min
-    # on a loaded 2-core machine: bench/thread_check.py is where a slow family belongs
+    # CoCurve at a quick size: its guard protects two layers at each end and caps a layer at 1.5 rho, so the
+    # 30% budget needs 16 layers with 16 FFN groups each (12/16 x 0.45 >= 0.3); few samples and positions
+    "cocurve": dict(method="cocurve", sparsity=0.3, nsamples=3, seqlen=64, model="deep",
+                    extra={"heldout": 1, "positions": 16, "top_r": 16, "n_ffn_groups": 16}),
 }
 
 
@@ -44,7 +46,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("threads")
     calib = root / "calib.txt"
     calib.write_text("The quick brown fox jumps over the lazy dog, again and again. 0123456789 " * 80)
-    return {"small": _save_model(root / "m4", 4), "calib": str(calib)}
+    return {"small": _save_model(root / "m4", 4), "deep": _save_model(root / "m16", 16), "calib": str(calib)}
 
 
 def _weights_sha(model: torch.nn.Module) -> str:
@@ -56,12 +58,12 @@ def _weights_sha(model: torch.nn.Module) -> str:
 
 
 def _run(setup, key: str, threads: int) -> str:
-    kw = dict(RUNS[key])
+    kw = {"nsamples": 4, "seqlen": 128} | RUNS[key]
+    model = setup[kw.pop("model", "small")]
     n = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rep = api.prune(model=setup["small"], calib=setup["calib"], nsamples=4, seqlen=128,
-                        quiet=True, **kw)
+        rep = api.prune(model=model, calib=setup["calib"], quiet=True, **kw)
     finally:
         torch.set_num_threads(n)
     return _weights_sha(rep["_model"])
