@@ -118,12 +118,16 @@ def test_cli_prune_reload_identical(tmp_path, capsys):
                  "--out", str(tmp_path / "x")]) != 0
 
 
-def test_cli_refuses_a_rope_model_before_building_calibration(tmp_path, capsys):
+def test_cli_refuses_a_rope_model_before_building_calibration(tmp_path, capsys, monkeypatch):
+    import secateur.api
     from secateur.testing import save_tiny
 
+    def fail(*a, **k):
+        raise AssertionError("calibration data was built before the model check")
+
+    monkeypatch.setattr(secateur.api, "calibration_set", fail)  # the model check must fire first
     src = save_tiny("llama", tmp_path / "llama")
-    # the calibration file does not exist: the model check must fire first
-    rc = main(["prune", "--model", src, "--method", "corp-qk", "--calib", str(tmp_path / "missing.txt"),
+    rc = main(["prune", "--model", src, "--method", "corp-qk", "--calib", "self", "--seqlen", "16",
                "--out", str(tmp_path / "out")])
     assert rc != 0
     assert "rotary" in capsys.readouterr().err

@@ -441,11 +441,11 @@ def cli_zeroshot(args) -> int:
         raise SecateurError(f"--limit must be >= 1 (documents per task; omit it for all), got {args.limit}")
     if args.batch_size < 1 or (args.threads is not None and args.threads < 1):
         raise SecateurError("--batch-size and --threads must be >= 1")
-    _data_dir(args.data_dir)  # fail before loading the model
-    if args.json is not None:
+    if args.json is not None:  # the output first, as for prune: its message does not depend on the data
         from secateur.export import check_writable_output
 
         check_writable_output(args.json, folder=False)
+    _data_dir(args.data_dir)  # fail before loading the model
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
