@@ -189,9 +189,12 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def cache_root() -> Path:
-    from secateur.models.loading import cache_dir
+def cache_dir() -> Path:
+    """secateur's cache: ``$SECATEUR_CACHE`` or ``~/.cache/secateur`` (``models.loading`` hands it on)."""
+    return Path(os.environ.get("SECATEUR_CACHE", Path.home() / ".cache" / "secateur"))
 
+
+def cache_root() -> Path:
     return cache_dir() / "gguf"
 
 

