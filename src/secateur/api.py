@@ -132,20 +132,8 @@ def prune(**kwargs) -> dict:
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
     ckpt = _checkpoint(opts, model, manifest)
-    with timer("prune"), _resume.active(ckpt):
-        try:
-            result = method.run(model, adapter, ids, opts)
-        except SecateurError as e:  # bad input: fixing it changes the run, so its checkpoint is of no use
-            if ckpt is not None and not isinstance(e, _resume.CheckpointError):
-                ckpt.remove()
-            raise
-        except BaseException:  # interrupted (or a crash): keep what is done for --resume
-            if ckpt is not None and ckpt.saved:
-                print(f"secateur: progress kept in {ckpt.path}; run the same command with --resume to continue",
-                      file=sys.stderr)
-            elif ckpt is not None:  # nothing checkpointed yet: leave no empty folder behind
-                ckpt.remove()
-            raise
+    with timer("prune"):
+        result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
     report = {
         "method": opts.method, "kind": method.kind, "model": opts.model,
         "model_source": model_source(opts.model, opts.dtype),  # GGUF input: file, sha256, cached folder; else None
@@ -170,6 +158,25 @@ def prune(**kwargs) -> dict:
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):
+    """``method.run`` with its checkpoint active: kept for ``--resume`` when interrupted, removed when the
+    input was at fault (fixing it changes the run, so the checkpoint could never be resumed)."""
+    with _resume.active(ckpt):
+        try:
+            return method.run(model, adapter, ids, opts)
+        except SecateurError as e:
+            if ckpt is not None and not isinstance(e, _resume.CheckpointError):
+                ckpt.remove()
+            raise
+        except BaseException:  # interrupted (or a crash): keep what is done for --resume
+            if ckpt is not None and ckpt.saved:
+                print(f"secateur: progress kept in {ckpt.path}; run the same command with --resume to continue",
+                      file=sys.stderr)
+            elif ckpt is not None:  # nothing checkpointed yet: leave no empty folder behind
+                ckpt.remove()
+            raise
 
 
 def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume.Checkpoint | None:
