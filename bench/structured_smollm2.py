@@ -118,7 +118,7 @@ def calib_ids(tok):
 
 def load_or_collect_stats(b: Bench):
     """Dense statistics for every row (cached on disk: ~0.7 GB for SmolLM2's Grams)."""
-    from secateur.prune.structured import collect_stats
+    from secateur.methods.structured import collect_stats
 
     if STATS_PATH.exists():
         blob = torch.load(STATS_PATH, weights_only=False)
@@ -181,9 +181,9 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
     key_extra = key_extra if key_extra is not None else extra
     cfg_kw = cfg_extra if cfg_extra is not None else (extra or {})
     from secateur.data.windows import token_sha256
-    from secateur.prune.structured import SELECTIONS, StructuredConfig, prune_structured
+    from secateur.eval.efficiency import count_params
+    from secateur.methods.structured import SELECTIONS, StructuredConfig, prune_structured
     from secateur.runinfo import machine, versions
-    from secateur.structured.efficiency import count_params
 
     key = row_key(method, comp, rho, key_extra)
     have = cached_rows().get(key)
@@ -297,7 +297,7 @@ def render() -> None:
     lines = ["# Structured pruning on SmolLM2-135M: selection scores without compensation", "",
              "Made by `nice -n 5 python bench/structured_smollm2.py` (rows in `structured-smollm2.jsonl`).", "",
              preset_line(rows), "",
-             "Pipeline: `secateur.prune.structured` (= `secateur prune --structured --method M --compensation "
+             "Pipeline: `secateur.methods.structured` (= `secateur prune --structured --method M --compensation "
              "none|bias`): one dense calibration pass -> unit scores -> uniform allocation (keep "
              "`ceil((1 - rho) n)` KV groups and MLP channels in every layer) -> physical slicing. ShortGPT "
              "removes `round(rho * 30)` whole blocks of lowest block influence instead. Sparsity = fraction of "

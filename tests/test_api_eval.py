@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from secateur import api
 from secateur.errors import SecateurError
-from secateur.structured.efficiency import count_params
+from secateur.eval.efficiency import count_params
 from secateur.testing import save_tiny
 
 HAS_ZS_DATA = (DATA_DIR / "zeroshot" / "boolq.jsonl").exists()

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from secateur.cocurve import CoCurveConfig, SweepConfig, ablation_sweep, build_graph, cocurve_inventory, masked
-from secateur.cocurve.features import fisher_features, gram, sample_positions, teacher_support
-from secateur.cocurve.graph import CoPruningGraph
+from secateur.budgets.heldout import masked
+from secateur.methods.cocurve import CoCurveConfig, build_graph, cocurve_inventory
 from secateur.models.adapters import get_adapter
+from secateur.scoring.cocurve_graph import CoPruningGraph
+from secateur.scoring.cocurve_sweep import (
+    SweepConfig,
+    ablation_sweep,
+    fisher_features,
+    gram,
+    sample_positions,
+    teacher_support,
+)
 from secateur.testing import random_ids, tiny_model
 
 VOCAB = 128

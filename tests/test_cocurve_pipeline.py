@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from secateur import api
-from secateur.cocurve import CoCurveConfig, CoPruningGraph, SweepConfig, build_graph, cocurve_inventory, prune, select
-from secateur.cocurve.graph import array_sha256
+from secateur.methods.cocurve import CoCurveConfig, build_graph, cocurve_inventory, prune, select
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
+from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256
+from secateur.scoring.cocurve_sweep import SweepConfig
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
 # 16 layers (12 eligible) and 16 FFN groups: 0.3 is feasible under the cap 0.45 with tiny units
@@ -61,7 +62,7 @@ def test_graph_reuse_across_budgets_and_diagonal_control():
     g = build_graph(model, a, random_ids(2, 32), CFG, inv)
     diag = select(g, inv, 0.3, cfg=CFG, diagonal=True)  # no held-out needed: a single mask
     assert diag.lam == 0.0 and len(diag.candidates) == 1
-    from secateur.structured import Guard, allocate_global
+    from secateur.budgets.allocate import Guard, allocate_global
 
     ref = allocate_global(inv, 0.5 * g.diag, 0.3, guard=Guard.cocurve(0.3)).removed
     assert torch.equal(diag.removed, ref)

@@ -13,8 +13,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from secateur.errors import SecateurError
 from secateur.eval.qk_error import QK_ERROR_SEED, heldout_ids, qk_error, qk_errors
+from secateur.methods.qk_wanda import QKWandaConfig, prune_qk_wanda
 from secateur.models.adapters import get_adapter
-from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
 from secateur.scoring import model_rope_tables
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
@@ -233,7 +233,7 @@ def test_heldout_sequences_come_from_heldout_documents():
 # --- plots ------------------------------------------------------------------------------------------------
 
 def test_plots_write_png(tmp_path):
-    from secateur.plots import plot_block_errors, plot_qk_removal
+    from secateur.report.plots import plot_block_errors, plot_qk_removal
 
     al = {"per_block": [{"block": i, "rho_q": 0.5 + 0.01 * i, "rho_k": 0.5 - 0.02 * i} for i in range(4)],
           "qk_removed": 50, "qk_total": 100}

@@ -11,19 +11,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from secateur.budgets.masks import deletion_count, prune_masks, row_mask
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export import MASKS_NAME, load_masks
-from secateur.models.adapters import get_adapter
-from secateur.prune.budgets import deletion_count, prune_masks, row_mask
-from secateur.prune.qk_wanda import (
+from secateur.export.folder import MASKS_NAME
+from secateur.export.hf import load_masks
+from secateur.methods.qk_wanda import (
     QKWandaConfig,
     QKWandaHandler,
     final_counts,
     lowest_k_masks,
     prune_qk_wanda,
 )
-from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.models.adapters import get_adapter
 from secateur.scoring import VARIANTS, QKStats, model_rope_tables, qk_wanda_scores
 from secateur.testing import random_ids, save_tiny, tiny_model
 
@@ -104,7 +105,7 @@ def test_projected_statistics_equal_qkstats():
     chunk code with the given projections) equal QKStats recomputing Q/K itself in float64."""
     import torch.nn.functional as F
 
-    from secateur.prune.qk_wanda import _QKStats
+    from secateur.methods.qk_wanda import _QKStats
 
     model = tiny_model("qwen2")
     ad = get_adapter(model)
@@ -287,7 +288,7 @@ def test_progressive_steps_grow_nested_masks():
         seen.append((k, [m.clone() for m in out]))
         return out
 
-    import secateur.prune.qk_wanda as mod
+    import secateur.methods.qk_wanda as mod
 
     mod.lowest_k_masks = spy
     try:

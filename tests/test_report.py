@@ -11,7 +11,7 @@ import torch
 
 from secateur.cli import main
 from secateur.eval.zeroshot import PROTOCOL as ZS_PROTOCOL
-from secateur.export import REPORT_NAME
+from secateur.export.folder import REPORT_NAME
 from secateur.testing import save_tiny
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None

@@ -8,23 +8,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from secateur.errors import SecateurError
-from secateur.models.adapters import get_adapter
-from secateur.structured import (
+from secateur.budgets.allocate import (
     Guard,
-    Selection,
     allocate_blocks,
     allocate_global,
     allocate_uniform,
     allocate_weighted_threshold,
-    count_params,
-    count_params_from_config,
-    flops_per_token,
-    inventory,
     keep_count,
-    uniform_layer_specs,
 )
-from secateur.structured.units import layer_shape
+from secateur.errors import SecateurError
+from secateur.eval.efficiency import count_params, count_params_from_config, flops_per_token, uniform_layer_specs
+from secateur.models.adapters import get_adapter
+from secateur.structured.selection import Selection
+from secateur.structured.units import inventory, layer_shape
 from secateur.testing import FAMILIES, tiny_model
 
 

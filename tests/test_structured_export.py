@@ -11,20 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from secateur.budgets.select import select_units
 from secateur.errors import SecateurError
+from secateur.eval.efficiency import count_params, count_params_from_config, measure_efficiency
+from secateur.export.sliced import save_pruned
 from secateur.linalg import one_thread
 from secateur.models.adapters import get_adapter
-from secateur.structured import (
-    LayerKeep,
-    Replacement,
-    Selection,
-    apply_selection,
-    count_params,
-    count_params_from_config,
-    measure_efficiency,
-    save_pruned,
-    select_units,
-)
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.slicing import Replacement, apply_selection
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 

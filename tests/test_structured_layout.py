@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import PretrainedConfig
 
-from secateur.structured import hetero
+from secateur.models import hetero
 from secateur.testing import FAMILIES, tiny_config, tiny_model
 
 

@@ -1,4 +1,4 @@
-"""End-to-end structured pipeline (secateur.prune.structured): dense stats -> selection -> compensation ->
+"""End-to-end structured pipeline (secateur.methods.structured): dense stats -> selection -> compensation ->
 slicing -> export; CLI ``prune --structured --compensation ...``; ``eval efficiency``; bad input."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from secateur import api
 from secateur.cli import main
 from secateur.compensate import COECOptions, InputStats, relative_recon_error
 from secateur.errors import SecateurError
-from secateur.models.adapters import get_adapter
-from secateur.prune.structured import (
+from secateur.methods.structured import (
     COMPENSATIONS,
     NATIVE,
     StructuredConfig,
@@ -23,7 +22,8 @@ from secateur.prune.structured import (
     prune_structured,
     stat_kinds,
 )
-from secateur.structured import LayerKeep
+from secateur.models.adapters import get_adapter
+from secateur.structured.selection import LayerKeep
 from secateur.testing import (
     FAMILIES,  # every family, Qwen3 (q/k norms) included
     random_ids,
@@ -215,7 +215,7 @@ def test_shortgpt_removes_blocks_and_reloads(tmp_path):
     ids = random_ids(2, 16)
     res = prune_structured(m, get_adapter(m), ids, StructuredConfig(score="shortgpt", sparsity=0.5))
     assert len(res.selection.removed_blocks) == 2 and m.config.num_hidden_layers == 2
-    from secateur.prune.structured import save_structured
+    from secateur.methods.structured import save_structured
 
     save_structured(m, None, tmp_path / "o", {"x": 1})
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "o").eval()
@@ -282,9 +282,10 @@ def test_bad_structured_input_exits_2_and_writes_nothing(tiny_dirs, calib_txt, t
 
 def test_save_structured_accepts_a_model_already_carrying_its_export_config(tmp_path):
     """Runners that swap in the export config themselves (CoCurve) go through the same saver."""
-    from secateur.prune.structured import save_structured
-    from secateur.structured import Selection, apply_selection
-    from secateur.structured.export import export_config
+    from secateur.export.sliced import export_config
+    from secateur.methods.structured import save_structured
+    from secateur.structured.selection import Selection
+    from secateur.structured.slicing import apply_selection
 
     m = tiny_model("llama", layers=2)
     a = get_adapter(m)
@@ -303,9 +304,9 @@ def test_save_structured_accepts_a_model_already_carrying_its_export_config(tmp_
 
 def test_cached_tempering_equals_plain_coec():
     """The runner tempers C once per layer and runs COEC with alpha = 1 on C^alpha: same weights."""
+    from secateur.budgets.select import select_units
     from secateur.compensate import compensate
-    from secateur.prune.structured import compensate_selection
-    from secateur.structured import select_units
+    from secateur.methods.structured import compensate_selection
 
     m = tiny_model("llama", layers=1)
     a = get_adapter(m)

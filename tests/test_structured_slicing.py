@@ -7,20 +7,14 @@ import copy
 import pytest
 import torch
 
+from secateur.budgets.allocate import allocate_global
 from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
-from secateur.structured import (
-    LayerKeep,
-    Replacement,
-    Selection,
-    add_bias,
-    allocate_global,
-    apply_selection,
-    inventory,
-    mask_selection,
-    unit_scores,
-)
-from secateur.structured.hetero import NullAttention
+from secateur.models.hetero import NullAttention
+from secateur.scoring.structured import unit_scores
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.slicing import Replacement, add_bias, apply_selection, mask_selection
+from secateur.structured.units import inventory
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 ATOL = 1e-5

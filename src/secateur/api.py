@@ -19,19 +19,19 @@ from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
-from secateur.export import (
+from secateur.export.folder import (
     check_free_space,
     check_output_dir,
     check_writable_output,
     export_size,
     model_paths,
-    save_run,
     write_file_atomic,
 )
+from secateur.export.hf import save_run
 from secateur.methods.registry import METHODS
+from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
-from secateur.prune.unstructured import parse_pattern, parse_targets
 from secateur.runinfo import Timer, machine, peak_rss_mb, versions
 
 
@@ -71,7 +71,7 @@ class PruneOptions:
 
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
-        from secateur.prune import structured
+        from secateur.methods import structured
 
         self.method = structured.structured_method_name(self.method, bool(self.extra.get("structured")))
         if self.method not in METHODS:
@@ -120,7 +120,7 @@ def prune(**kwargs) -> dict:
     if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
         method.check(adapter)
     if method.kind == "structured":  # a target the selection rule cannot reach: refuse before calibrating
-        from secateur.prune.structured import check_reachable
+        from secateur.methods.structured import check_reachable
 
         check_reachable(opts.method, adapter, opts)
     if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
@@ -148,7 +148,7 @@ def prune(**kwargs) -> dict:
     if opts.out:
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
-                from secateur.prune.structured import save_structured
+                from secateur.methods.structured import save_structured
 
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
             else:
@@ -245,8 +245,8 @@ def eval_zeroshot(model: str | torch.nn.Module = "smollm2-135m", tasks=None, lim
 
 def eval_efficiency(model: str | torch.nn.Module, dtype: str = "float32", device: str = "cpu", **settings) -> dict:
     """Params, FLOPs/token, peak memory, prefill/decode tokens/s (``secateur eval efficiency``); ``settings``
-    go to :func:`secateur.structured.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
-    from secateur.structured.efficiency import measure_efficiency
+    go to :func:`secateur.eval.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
+    from secateur.eval.efficiency import measure_efficiency
 
     if isinstance(model, str):
         model, _ = load_model(model, dtype, device)

@@ -93,7 +93,7 @@ def _prune_parser(sub) -> None:
 
 
 def _structured_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("structured pruning (secateur.prune.structured; every default below is None = unset)")
+    g = p.add_argument_group("structured pruning (secateur.methods.structured; every default below is None = unset)")
     g.add_argument("--structured", action="store_true", default=None,
                    help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
     g.add_argument("--compensation", default=None, choices=["none", "bias", "ls", "rcpu", "coec", "corp"],
@@ -170,7 +170,7 @@ def _eval_parser(sub) -> None:
     q.add_argument("--json", default=None, metavar="FILE", help="write the result with its protocol as JSON")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_cmd_ppl)
-    for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.structured.efficiency"):
+    for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency"):
         try:
             module = __import__(mod, fromlist=["register_cli"])
         except ImportError:
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prune_parser(sub)
     _eval_parser(sub)
     try:
-        from secateur import report as report_mod
+        from secateur.report.build import build as report_mod
 
         report_mod.register_cli(sub)
     except (ImportError, AttributeError):

@@ -208,7 +208,7 @@ def qk_errors(dense: nn.Module, candidates: Mapping[str, nn.Module | Mapping[str
     ``secateur-masks.npz``) to apply to the dense weights. One dense pass serves all candidates.
     """
     from secateur.calib.engine import embed_chunks
-    from secateur.prune.qk_wanda import allocation_summary
+    from secateur.methods.qk_wanda import allocation_summary
     from secateur.scoring.qk_rope import apply_rope
 
     bad = set(stages) - set(STAGES)
@@ -347,7 +347,7 @@ def register_cli(eval_subparsers) -> argparse.ArgumentParser:
 
 
 def _masks_path(spec: str) -> Path:
-    from secateur.export import MASKS_NAME
+    from secateur.export.folder import MASKS_NAME
 
     p = Path(spec)
     if p.is_dir():
@@ -360,7 +360,7 @@ def _masks_path(spec: str) -> Path:
 def _dense_spec(args) -> str:
     if args.dense:
         return args.dense
-    from secateur.export import REPORT_NAME
+    from secateur.export.folder import REPORT_NAME
 
     folder = Path(args.model or args.masks)
     folder = folder if folder.is_dir() else folder.parent
@@ -373,7 +373,8 @@ def _dense_spec(args) -> str:
 
 
 def cli_qk_error(args) -> int:
-    from secateur.export import check_writable_output, load_masks, write_file_atomic
+    from secateur.export.folder import check_writable_output, write_file_atomic
+    from secateur.export.hf import load_masks
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
 
@@ -408,7 +409,7 @@ def cli_qk_error(args) -> int:
         write_file_atomic(args.json, json.dumps(res, indent=2, default=str))
     if args.plot or args.plot_errors:
         try:
-            from secateur import plots
+            from secateur.report.build import plots
         except ImportError:
             raise SecateurError("plots need matplotlib: pip install 'secateur[plots]'") from None
         if args.plot:

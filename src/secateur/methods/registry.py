@@ -41,14 +41,14 @@ def register(method: Method) -> Method:
 
 def _unstructured(name: str, help_: str) -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.prune.unstructured import UnstructuredConfig, parse_targets, prune_unstructured
+        from secateur.methods.unstructured import UnstructuredConfig, parse_targets, prune_unstructured
 
         cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=opts.pattern_nm,
                                  budget=opts.budget, rounding=opts.rounding,
                                  targets=parse_targets(opts.targets))
         chunk = opts.chunk_size
         if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
-            from secateur.prune.qk_wanda import segment_calibration
+            from secateur.methods.qk_wanda import segment_calibration
 
             calib_ids, chunk = segment_calibration(calib_ids, getattr(opts, "segment_len", None), chunk)
         res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk,
@@ -65,7 +65,7 @@ register(_unstructured("sparsegpt", "OBS pruning with reconstruction (Frantar & 
 
 def _cocurve(name: str, help_: str) -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.cocurve.runner import run_registered
+        from secateur.methods.cocurve import run_registered
 
         return run_registered(name, model, adapter, calib_ids, opts)
 
@@ -77,11 +77,11 @@ register(_cocurve("cocurve-diag", "CoCurve's diagonal control (lambda = 0, isola
 
 
 def _supported_by(module: str) -> Callable[..., None]:
-    """The model check of ``secateur.prune.<module>.check_supported``, imported only when called."""
+    """The model check of ``secateur.methods.<module>.check_supported``, imported only when called."""
     def check(adapter) -> None:
         import importlib
 
-        importlib.import_module(f"secateur.prune.{module}").check_supported(adapter)
+        importlib.import_module(f"secateur.methods.{module}").check_supported(adapter)
 
     return check
 
@@ -89,7 +89,7 @@ def _supported_by(module: str) -> Callable[..., None]:
 def _qk_wanda() -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
         from secateur.errors import SecateurError
-        from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
+        from secateur.methods.qk_wanda import QKWandaConfig, prune_qk_wanda
 
         if opts.pattern or opts.targets:
             raise SecateurError("qk-wanda takes neither --pattern nor --targets; choose the projections with "
@@ -103,7 +103,7 @@ def _qk_wanda() -> Method:
                              device=opts.device, progress=not opts.quiet)
         extra = {}
         try:
-            from secateur.plots import qk_removal_png
+            from secateur.report.plots import qk_removal_png
 
             extra["qk-removal.png"] = qk_removal_png({res.details["method"]: res.details["allocation"]},
                                                      title=f"{res.details['method']}, {cfg.budget} budget, "
@@ -123,7 +123,7 @@ register(_qk_wanda())
 def _corp_qk() -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
         from secateur.errors import SecateurError
-        from secateur.prune.corp_qk import CorpQKConfig, prune_corp_qk
+        from secateur.methods.corp_qk import CorpQKConfig, prune_corp_qk
 
         if opts.pattern or opts.targets or opts.budget:
             raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
@@ -142,14 +142,14 @@ register(_corp_qk())
 
 def _structured(name: str, help_: str) -> Method:
     def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.prune.structured import run_method
+        from secateur.methods.structured import run_method
 
         return run_method(name, model, adapter, calib_ids, opts)
 
     return Method(name, "structured", name not in ("magnitude-sp", "random"), run, help_)
 
 
-# structured selection scores (secateur.prune.structured); compensate with --compensation
+# structured selection scores (secateur.methods.structured); compensate with --compensation
 register(_structured("wanda-sp", "structured: ||W_:,j|| * ||X_j|| per KV group / channel (COEC's Wanda-sp)"))
 register(_structured("flap", "structured: FLAP WIFV fluctuation score; native compensation: bias (An et al. 2024)"))
 register(_structured("rcpu", "structured: ||W_:,j|| ||X_j|| Var(X_j); native compensation: rcpu (Haruta et al.)"))

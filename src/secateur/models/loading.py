@@ -107,7 +107,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     """Load ``(model, tokenizer)`` in eval mode with SDPA attention.
 
     Models saved by secateur with uneven per-layer widths load through the same call (see
-    :mod:`secateur.structured.hetero` once registered).
+    :mod:`secateur.models.hetero` once registered).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,7 +133,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
 def _register_custom_classes() -> None:
     """Hook for registering secateur's own config/model classes (heterogeneous structured exports)."""
     try:
-        from secateur.structured import hetero  # noqa: F401
+        from secateur.models import hetero  # noqa: F401
     except ImportError:
         pass
 

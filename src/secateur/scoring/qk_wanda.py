@@ -48,7 +48,7 @@ chunk_elems=2**16)`` -- accumulator: ``update(x[B,T,d], rope=None)``, ``merge(ot
 ``qk_wanda_scores(Wq, Wk, bq, bk, stats, geometry=None, variant=None) -> (Sq [H_Q*m, d], Sk [H_K*m, d])``
 ``rope_tables(head_dim, length, theta)``, ``model_rope_tables(model, length)`` (:mod:`.qk_rope`)
 ``segment_sequences(x, length)`` (:mod:`.qk_segments`)
-Budgets (row / matrix / shared Q+K pool / N:M) live in :mod:`secateur.prune.budgets`.
+Budgets (row / matrix / shared Q+K pool / N:M) live in :mod:`secateur.budgets.masks`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Physical slicing (``apply_selection``), per layer:
   ``head_dim`` and are untouched. The attributes the stock attention forward reads are updated
   (``num_key_value_groups`` for the Llama family, ``num_heads`` for OPT, ``num_heads``/``split_size`` for
   GPT-2's fused ``c_attn``), so stock eager/SDPA kernels run. A layer that loses every head gets a
-  :class:`~secateur.structured.hetero.NullAttention` (output = o_proj bias or zero).
+  :class:`~secateur.models.hetero.NullAttention` (output = o_proj bias or zero).
 * MLP: rows of gate/up (OPT ``fc1``, GPT-2 ``c_fc`` in Conv1D storage) and their biases; the matching
   down-projection columns.
 * whole blocks: dropped from the layer list; ``layer_idx`` renumbered, ``num_hidden_layers`` and
@@ -32,8 +32,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from secateur.errors import SecateurError
+from secateur.models import hetero
 from secateur.models.adapters import Adapter
-from secateur.structured import hetero
 from secateur.structured.selection import LayerKeep, Selection
 from secateur.structured.units import family, head_dim, layer_shape
 

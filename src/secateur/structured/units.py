@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.models import hetero
 from secateur.models.adapters import Adapter
-from secateur.structured import hetero
 
 ATTN_KINDS = ("kv_group", "head")
 MLP_KINDS = ("channel", "ffn_group")

@@ -61,7 +61,7 @@ def deletion_count(n: int, rho: float, rounding: str = "ceil") -> int:
 
 
 def count(rho: float, n: int, rounding: str = "ceil") -> int:
-    """``deletion_count`` with the argument order used by :mod:`secateur.prune.unstructured` callers."""
+    """``deletion_count`` with the argument order used by :mod:`secateur.methods.unstructured` callers."""
     return deletion_count(n, rho, rounding)
 
 

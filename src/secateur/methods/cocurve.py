@@ -17,7 +17,7 @@ of the calibration set are the disjoint held-out split C', the others build ``H`
 ``n_ffn_groups`` (16), ``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``,
 ``--top-r``, ``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
 after the selection on the dense Grams of the graph windows, then the model is sliced
-(:func:`secateur.prune.structured.materialize_selection`). The output folder gets
+(:func:`secateur.methods.structured.materialize_selection`). The output folder gets
 ``cocurve_graph.npz`` (H, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its lambda and
 every candidate) and ``secateur_selection.json``; their sha256 are in the report.
 """
@@ -34,14 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from secateur.cocurve.features import SweepConfig, ablation_sweep
-from secateur.cocurve.graph import CoPruningGraph, array_sha256, bytes_sha256
-from secateur.cocurve.greedy import DEFAULT_LAMBDAS, lambda_path
-from secateur.cocurve.heldout import HeldoutKL, select_heldout
+from secateur.budgets.allocate import Guard, report
+from secateur.budgets.greedy import DEFAULT_LAMBDAS, lambda_path
+from secateur.budgets.heldout import HeldoutKL, select_heldout
 from secateur.data.windows import token_sha256
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
-from secateur.structured.allocate import Guard, report
+from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
+from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep
 from secateur.structured.selection import Selection
 from secateur.structured.units import Inventory, inventory
 
@@ -209,7 +209,7 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
     if out_dir is not None:
         if materialize != "slice":
             raise SecateurError("export needs materialize='slice'")
-        from secateur.structured.export import save_pruned
+        from secateur.export.sliced import save_pruned
 
         # the report and the artifacts go inside the same atomic folder: an interrupted export leaves nothing
         saved = save_pruned(model, out_dir, tokenizer, overwrite=overwrite,
@@ -238,17 +238,17 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
     """``secateur prune --method cocurve|cocurve-diag``: slice in place; artifacts travel as extra files.
 
     The in-memory model's config is replaced by its export config (stock or heterogeneous, see
-    :mod:`secateur.structured.export`) so that the generic saver writes a folder that one
+    :mod:`secateur.export.sliced`) so that the generic saver writes a folder that one
     ``from_pretrained`` reloads."""
+    from secateur.export.sliced import export_config
     from secateur.methods.registry import MethodResult
-    from secateur.prune.structured import (
+    from secateur.methods.structured import (
         collect_stats,
         compensation_config,
         compensation_details,
         materialize_selection,
     )
-    from secateur.structured import hetero
-    from secateur.structured.export import export_config
+    from secateur.models import hetero
 
     cfg = config_from_options(opts)
     n = calib_ids.shape[0]

@@ -3,12 +3,12 @@
 Scores (lower = pruned first):
   magnitude  ``|W_ij|``                           (no calibration)
   wanda      ``|W_ij| * ||X_j||_2``                (Sun et al. 2024, Eq. 1; ||X_j|| from ``SumSq``)
-  sparsegpt  OBS saliency ``w^2 / [U]_jj^2`` with reconstruction (see :mod:`secateur.prune.sparsegpt`)
+  sparsegpt  OBS saliency ``w^2 / [U]_jj^2`` with reconstruction (see :mod:`secateur.compensate.sparsegpt`)
 
 Budgets: ``row`` (each output row loses ``round(rho * d_in)``; Wanda's comparison group), ``matrix``
 (one pool per projection), or an N:M pattern (per row, the M-N lowest of every M consecutive inputs).
 Rounding is ``ceil`` by default (``floor`` reproduces Wanda's code); ties break by a stable sort on the
-flat index (lower index pruned first). See :mod:`secateur.prune.budgets`.
+flat index (lower index pruned first). See :mod:`secateur.budgets.masks`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from secateur.budgets.masks import prune_mask
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
+from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
-from secateur.prune.budgets import prune_mask
-from secateur.prune.sparsegpt import sparsegpt_prune
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
 ALL_ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down")

@@ -51,14 +51,14 @@ import torch
 from torch import nn
 
 from secateur.calib import engine
+from secateur.calib.collect import StatsCollector
 from secateur.calib.stats import Accumulator
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
-from secateur.structured.collect import StatsCollector
 
 # --- names ---------------------------------------------------------------------------------------------
 
-#: registry method name -> unit score (secateur.structured.scores)
+#: registry method name -> unit score (secateur.scoring.structured)
 SELECTIONS: dict[str, str] = {
     "wanda-sp": "wanda_sp", "flap": "flap", "rcpu": "rcpu", "magnitude-sp": "magnitude", "random": "random",
     "shortgpt": "shortgpt", "corp": "corp",
@@ -81,9 +81,9 @@ COMPENSATION_KNOBS = ("compensation", "coec_alpha", "coec_no_left", "coec_rescal
                       "coec_rounds", "coec_stage", "ls_lambda", "no_worse")
 #: knobs only the score-based structured methods read; any of them set on another method is an error
 STRUCTURED_KNOBS = ("units", "allocation", *COMPENSATION_KNOBS)
-#: structured selections with their own runner (secateur.cocurve) that still take ``--compensation``
+#: structured selections with their own runner (secateur.methods.cocurve) that still take ``--compensation``
 OWN_SELECTION = ("cocurve", "cocurve-diag")
-#: CoCurve's own knobs (secateur.cocurve.runner.config_from_options)
+#: CoCurve's own knobs (secateur.methods.cocurve.config_from_options)
 COCURVE_KNOBS = ("heldout", "positions", "top_r", "n_ffn_groups")
 
 
@@ -183,7 +183,7 @@ def collect_stats(model: nn.Module, adapter: Adapter, ids: torch.Tensor, kinds: 
                   progress: bool = False) -> StructuredStats:
     """One dense engine pass collecting ``kinds`` on the o_proj / down_proj inputs of every layer (plus
     one dense forward for ShortGPT's block influence when asked)."""
-    from secateur.structured.scores import block_influence as bi_fn
+    from secateur.scoring.structured import block_influence as bi_fn
 
     st = StructuredStats()
     if kinds:  # ShortGPT alone needs no accumulators: its block influence is the forward below
@@ -361,7 +361,7 @@ def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: Structur
     """Compensate (``cfg.compensation``, from the dense ``stats``) and slice ``sel`` out of ``model`` in place:
     the last two stages of every structured method, whatever made the selection. Returns the per-layer
     compensation records and the timings."""
-    from secateur.structured import apply_selection
+    from secateur.structured.slicing import apply_selection
 
     reps, records, comp_s = ({}, [], 0.0)
     if cfg.compensation != "none":
@@ -390,7 +390,8 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
                      progress: bool = False) -> StructuredResult:
     """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
     reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
-    from secateur.structured import count_params, select_units
+    from secateur.budgets.select import select_units
+    from secateur.eval.efficiency import count_params
 
     cfg.validate()
     if cfg.compensation == "coec" and cfg.coec is None:
@@ -497,7 +498,7 @@ def check_reachable(method: str, adapter: Adapter, opts) -> None:
     cfg = config_from_options(method, opts)
     if ALLOCATIONS[cfg.allocation] != "uniform":
         return
-    from secateur.structured.allocate import UNIT_NAMES, uniform_reach
+    from secateur.budgets.allocate import UNIT_NAMES, uniform_reach
     from secateur.structured.units import inventory
 
     reach = uniform_reach(inventory(adapter, cfg.kinds), cfg.rounding)
@@ -578,15 +579,15 @@ def run_method(method: str, model: nn.Module, adapter: Adapter, calib_ids: torch
 
 def save_structured(model: nn.Module, tokenizer, out, report: dict, extra_files: dict[str, bytes] | None = None,
                     overwrite: bool = False) -> dict:
-    """Write a sliced model with :func:`secateur.structured.export.save_pruned` (stock config when every
+    """Write a sliced model with :func:`secateur.export.sliced.save_pruned` (stock config when every
     layer has the same widths, else the heterogeneous classes; one ``from_pretrained(dir)`` reloads it),
     plus ``secateur-report.json`` and ``extra_files``, all in one atomic folder. No masks: the removed
     units are gone from the tensors."""
     import json
     import os
 
-    from secateur.export import REPORT_NAME, atomic_dir, export_size
-    from secateur.structured.export import save_pruned
+    from secateur.export.folder import REPORT_NAME, atomic_dir, export_size
+    from secateur.export.sliced import save_pruned
 
     with atomic_dir(out, overwrite, need=export_size(model)) as tmp:
         info = save_pruned(model, tmp / "model", tokenizer)

@@ -35,7 +35,7 @@ descending sort of the dense log-probabilities (ties: smaller token id first).
 
 Blocks of ``seqs_per_block`` consecutive sequences are the unit of work and of reduction: block ``b``
 runs on rank ``b % world`` and ``H`` is the sum of the block Grams in block order, so the result does
-not depend on the number of processes (:mod:`secateur.cocurve.dist`).
+not depend on the number of processes (:mod:`secateur.calib.dist`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from secateur.cocurve import dist
+from secateur.calib import dist
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory

@@ -23,7 +23,7 @@ REQUIRED_STATS: dict[str, tuple[str, ...]] = {
 
 class StatsCollector(Handler):
     """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups (the
-    o_proj / down_proj inputs); :func:`secateur.prune.structured.collect_stats` runs it and times the pass."""
+    o_proj / down_proj inputs); :func:`secateur.methods.structured.collect_stats` runs it and times the pass."""
 
     resumable = True
     modifies_weights = False

@@ -35,7 +35,7 @@ _EPS = 1e-9
 def keep_count(n: int, rho: float, rounding: str = "ceil") -> int:
     """Units kept out of ``n`` at ratio ``rho``: ``ceil((1 - rho) n)`` by default (COEC; = ``n - floor(rho
     n)``, FLAP/mag-sp), ``floor`` or ``round`` (half up). Evaluated exactly in decimal on ``repr(rho)`` as
-    :mod:`secateur.prune.budgets` does (``(1 - 0.7) * 10`` is 3.0000000000000004 in floats: keeps 3, not 4)."""
+    :mod:`secateur.budgets.masks` does (``(1 - 0.7) * 10`` is 3.0000000000000004 in floats: keeps 3, not 4)."""
     if isinstance(rho, bool) or not 0.0 <= float(rho) <= 1.0:
         raise SecateurError(f"sparsity must be in [0, 1], got {rho!r}")
     x = (1 - Decimal(repr(float(rho)))) * int(n)

@@ -9,7 +9,7 @@ Route (chosen automatically, recorded in the returned dict and in ``config.json`
   ``intermediate_size`` (OPT ``ffn_dim``, GPT-2 ``n_inner``) and layer count. Loads anywhere.
 * ``hetero`` anything else (uneven widths, removed attention, biases added to a bias-free
   architecture, GPT-2/OPT head pruning whose stock classes derive ``head_dim`` from the head count):
-  ``model_type = secateur_<family>`` with ``secateur_layers`` (see :mod:`secateur.structured.hetero`),
+  ``model_type = secateur_<family>`` with ``secateur_layers`` (see :mod:`secateur.models.hetero`),
   ``hetero.py`` copied into the folder as ``secateur_hetero.py`` and ``auto_map`` pointing at it. Loads
   with plain ``from_pretrained(dir)`` once secateur is imported (``secateur.models.loading`` registers the
   classes), and without secateur via ``from_pretrained(dir, trust_remote_code=True)``.
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
-from secateur.export import EXPORT_MARKER, atomic_dir, check_output_dir, export_size
-from secateur.structured import hetero
+from secateur.export.folder import EXPORT_MARKER, atomic_dir, check_output_dir, export_size
+from secateur.models import hetero
 
 _DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
          "_name_or_path")
@@ -111,7 +111,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
                 extra_files: dict[str, dict | bytes] | None = None) -> dict:
     """Write ``model`` (and ``tokenizer``) to ``out_dir`` atomically; returns ``{"path", "route"}``.
     ``secateur-export.json`` (the route) marks the folder as secateur's, so ``overwrite`` may replace it
-    later; ``overwrite`` replaces nothing else (:func:`secateur.export.check_replaceable`).
+    later; ``overwrite`` replaces nothing else (:func:`secateur.export.folder.check_replaceable`).
 
     ``extra_files``: files to add inside the same atomic folder: JSON documents (e.g.
     ``{"secateur_selection.json": selection.to_dict()}``) or raw bytes (written as they are).

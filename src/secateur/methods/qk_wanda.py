@@ -17,7 +17,7 @@ Per block (Alg. 1):
    ``shared``    one pool over W_Q and W_K of the block: ``ceil(rho (n_Q + n_K))`` (default)
 
    Ties: stable ascending sort; rows by increasing column, matrices row-major, the shared pool lists
-   all Q entries before all K entries (:mod:`secateur.prune.budgets`). ``floor`` rounding selectable;
+   all Q entries before all K entries (:mod:`secateur.budgets.masks`). ``floor`` rounding selectable;
 4. the selected weights are zeroed; retained weights and biases are not modified.
 
 Scope ``qk`` (default) prunes only W_Q and W_K. Scope ``all`` is the paper's full-block hybrid (Sec. 4.5):
@@ -50,13 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from secateur.budgets.masks import deletion_count, lowest_k_flat, lowest_k_rows
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, SumSq
 from secateur.errors import SecateurError
+from secateur.methods.unstructured import UnstructuredConfig, block_masks, prune_linear
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
-from secateur.prune.budgets import deletion_count, lowest_k_flat, lowest_k_rows
-from secateur.prune.unstructured import UnstructuredConfig, block_masks, prune_linear
 from secateur.scoring import QKStats, QKVariant, segment_sequences
 from secateur.scoring.qk_wanda import _Chunk
 
@@ -192,7 +192,7 @@ class _Inputs(Accumulator):
 
 def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
     """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort,
-    :mod:`secateur.prune.budgets`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
+    :mod:`secateur.budgets.masks`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
     ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over all matrices concatenated
     row-major in the given order (all Q entries before all K entries)."""
     for i, s in enumerate(scores):

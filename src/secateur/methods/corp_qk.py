@@ -138,7 +138,7 @@ class CorpQKHandler(engine.Handler):
                             "sv_clamped": d["sv_clamped"]})
 
     def block_state(self, ctx) -> dict:
-        from secateur.prune.unstructured import block_masks
+        from secateur.methods.unstructured import block_masks
 
         return {"masks": block_masks(self.masks, ctx), "layers": [r for r in self.layers if r["layer"] == ctx.index]}
 

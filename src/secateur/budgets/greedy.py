@@ -10,7 +10,7 @@ Greedy (cocurve.md §5, the paper's Algorithm 3; exact form reconstructed [R]):
 
 Maintaining ``g`` makes each step O(M) (the paper: "maintaining g_u^(S) makes each step O(M)"). The
 stopping rule, the cap test and the tolerance are those of
-:func:`secateur.structured.allocate.allocate_global` (removed cost in ``[rho C, rho C + c_max)``), so with
+:func:`secateur.budgets.allocate.allocate_global` (removed cost in ``[rho C, rho C + c_max)``), so with
 ``lambda = 0`` the greedy is exactly the shared solver run on ``1/2 H_uu`` (invariant V2). An infeasible
 budget raises :class:`SecateurError`; guards are never relaxed.
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from secateur.cocurve.graph import CoPruningGraph
+from secateur.budgets.allocate import Guard
 from secateur.errors import SecateurError
-from secateur.structured.allocate import Guard
+from secateur.scoring.cocurve_graph import CoPruningGraph
 
 _EPS = 1e-9  # the shared solver's relative tolerance (allocate.allocate_global)
 

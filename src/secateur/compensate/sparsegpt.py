@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from secateur.budgets.masks import deletion_count
 from secateur.errors import SecateurError
 from secateur.linalg import one_thread
-from secateur.prune.budgets import deletion_count
 
 
 def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 0, m: int = 0,

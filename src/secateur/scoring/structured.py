@@ -46,8 +46,8 @@ from torch import nn
 
 from secateur.calib.stats import Accumulator, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
+from secateur.models import hetero
 from secateur.models.adapters import Adapter
-from secateur.structured import hetero
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
 
 StatsLike = Accumulator | Mapping[str, Accumulator]
@@ -379,7 +379,7 @@ def flap_alam_scores(inv: Inventory, adapter: Adapter, stats, metric: str = "wif
     Per layer, the o_proj per-column metric (squared) is standardized over the layer's columns and
     averaged over each unit's columns; the MLP per-channel metric is standardized over the layer's
     channels (FFN groups average their channels). Scores are then comparable across layers and modules
-    and feed :func:`secateur.structured.allocate.allocate_weighted_threshold`.
+    and feed :func:`secateur.budgets.allocate.allocate_weighted_threshold`.
     """
     col = _column_fn("flap", {"metric": metric})
     out = torch.zeros(len(inv), dtype=torch.float64)

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from secateur.budgets.allocate import keep_count
 from secateur.errors import SecateurError
-from secateur.structured import hetero
-from secateur.structured.allocate import keep_count
+from secateur.models import hetero
 
 
 def count_params(model: nn.Module) -> int:
@@ -67,7 +67,7 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
     """Parameter count implied by ``config`` (and per-layer widths ``layers``, default the config's own or
     its ``secateur_layers``) without building the model.
 
-    Read from the family's :class:`~secateur.structured.hetero.FamilyLayout` (bias rules, gating, norms,
+    Read from the family's :class:`~secateur.models.hetero.FamilyLayout` (bias rules, gating, norms,
     learned positions) and the standard config fields (``word_embed_proj_dim``,
     ``layer_norm_elementwise_affine``, ``do_layer_norm_before`` where a family has them)."""
     layout = hetero.layout_of(hetero.family_of(config))
@@ -289,7 +289,7 @@ def _cmd_efficiency(args) -> int:
     import gc
     import json
 
-    from secateur.export import check_writable_output, write_file_atomic
+    from secateur.export.folder import check_writable_output, write_file_atomic
     from secateur.models.loading import load_model
 
     if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:

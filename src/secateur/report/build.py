@@ -20,7 +20,7 @@ Inputs (``RUN_DIRS``), each one of
   ``calibration``. A later row with the same ``(preset, row)`` replaces an earlier one (as the bench
   renderers do); ``kind: "qk-error"`` rows attach their QK error to the row of the same name.
 
-Output (``--out DIR``, written atomically with :func:`secateur.export.atomic_dir`): ``report.md`` (plots as
+Output (``--out DIR``, written atomically with :func:`secateur.export.folder.atomic_dir`): ``report.md`` (plots as
 ``plots/*.png`` next to it), ``secateur-report-index.json`` (title and inputs; the marker that lets
 ``--overwrite`` replace the folder later) and ``report.html`` (one self-contained file: inline CSS, the same plots
 embedded as base64 PNG). Numbers: perplexity 3 decimals, percentages 2 decimals, seconds 2 decimals, MiB
@@ -47,7 +47,7 @@ from secateur.eval.qk_error import PROTOCOL as QK_PROTOCOL
 from secateur.eval.zeroshot import PROTOCOL as ZEROSHOT_PROTOCOL
 from secateur.eval.zeroshot import suite_summary
 from secateur.eval.zeroshot_tasks import SUITE7
-from secateur.export import EXPORT_MARKER, REPORT_INDEX, REPORT_NAME, atomic_dir, check_output_dir
+from secateur.export.folder import EXPORT_MARKER, REPORT_INDEX, REPORT_NAME, atomic_dir, check_output_dir
 
 SELECTION_NAME = "secateur_selection.json"
 # Hugging Face files in a run folder: never parsed (tokenizer.json can be megabytes)
@@ -587,7 +587,7 @@ def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
     note = None
     if with_plots:
         try:
-            from secateur import plots  # colleague's QK plots; needs matplotlib
+            from secateur.report.build import plots  # colleague's QK plots; needs matplotlib
         except ImportError:
             note = "Plots skipped: matplotlib is not installed (`pip install 'secateur[plots]'`)."
     runs = sorted(runs, key=_order_key)  # stable: input order within a sparsity level

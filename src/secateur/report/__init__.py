@@ -1,0 +1,2 @@
+"""``secateur report``: run folders and results JSONL -> Markdown + HTML tables (:mod:`build`), plots
+(:mod:`plots`)."""
