@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from secateur import api
+from secateur.errors import SecateurError
 from secateur.methods.cocurve import CoCurveConfig, build_graph, cocurve_inventory, prune, select
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
@@ -91,7 +92,8 @@ def test_registry_method_runs_through_api(tmp_path):
     loaded, tok = load_model(str(tmp_path / "o"))
     ids = random_ids(1, 16, seed=9)
     assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
-    with pytest.raises(Exception, match="holds out"):
+    with pytest.raises(SecateurError, match=r"^cocurve-diag holds out the last 2 calibration sequences for the lambda "
+                                           r"choice: pass --nsamples > 2 \(the paper: 130\)$"):
         api.prune(model=str(path), method="cocurve-diag", sparsity=0.3, calib=str(calib), nsamples=2, seqlen=32,
                   quiet=True, extra={"heldout": 2})
 
@@ -120,9 +122,11 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
 
 
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
-    with pytest.raises(Exception, match="selects its own units"):
+    units = "^--units choose units or allocation of the score-based structured methods; cocurve selects its own units$"
+    with pytest.raises(SecateurError, match=units):
         api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"units": "channel"})
-    with pytest.raises(Exception, match="only apply to"):
+    with pytest.raises(SecateurError, match="^--heldout only apply to --method cocurve / cocurve-diag$"):
         api.prune(model=str(tmp_path / "absent"), method="wanda", sparsity=0.3, extra={"heldout": 4})
-    with pytest.raises(Exception, match="compensation"):
+    comp = "^unknown compensation 'nope'; choose from none, bias, ls, rcpu, coec, corp$"
+    with pytest.raises(SecateurError, match=comp):
         api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"compensation": "nope"})

@@ -32,7 +32,7 @@ from secateur.methods.registry import METHODS
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
-from secateur.runinfo import Timer, machine, peak_rss_mb, versions
+from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, versions
 
 
 @dataclass
@@ -135,7 +135,7 @@ def prune(**kwargs) -> dict:
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
     report = {
-        "method": opts.method, "kind": method.kind, "model": opts.model,
+        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model,
         "model_source": model_source(opts.model, opts.dtype),  # GGUF input: file, sha256, cached folder; else None
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
@@ -226,7 +226,7 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
                             f"{seqlen}; use a longer text or a smaller --seqlen")
     res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
-                "machine": machine()})
+                "machine": machine(), "schema_version": SCHEMA_VERSION})
     if json_path:
         write_file_atomic(json_path, json.dumps(res, indent=2))
     return res

@@ -103,7 +103,6 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
     ties lm_head to the embedding).
     """
     import gguf
-    import numpy as np
 
     if family not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"write_tiny_gguf supports llama, qwen2 and qwen3, not {family!r}")
@@ -112,8 +111,18 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
         with torch.no_grad():
             model.lm_head.weight = model.model.embed_tokens.weight
         model.config.tie_word_embeddings = True
-    cfg = model.config
     w = gguf.GGUFWriter(str(path), arch or family)
+    _gguf_metadata(w, model.config, family)
+    _gguf_tensors(w, model, family, float_type, tied)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+def _gguf_metadata(w, cfg, family: str) -> None:
+    """Hyperparameters and a byte-level BPE tokenizer, under llama.cpp's GGUF keys."""
     w.add_name(f"secateur tiny {family}")
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -133,35 +142,41 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
     w.add_eos_token_id(cfg.vocab_size - 1)
     w.add_bos_token_id(cfg.vocab_size - 1)
 
+
+def _gguf_tensors(w, model: torch.nn.Module, family: str, float_type: str, tied: bool) -> None:
+    """The model's tensors under llama.cpp's names and layouts (f16: matrices only), in llama.cpp's order."""
+    import numpy as np
+
     def put(gname: str, t: torch.Tensor) -> None:
         a = t.detach().float().numpy()
         w.add_tensor(gname, a.astype(np.float16) if float_type == "f16" and a.ndim == 2 else a)
 
+    cfg = model.config
     sd = model.state_dict()
     permute = _llama_cpp_permute if family == "llama" else (lambda t, n: t)  # llama.cpp permutes llama only
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
-        put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
-        put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
-        put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        for role in ("q", "k", "v"):
-            if p + f"self_attn.{role}_proj.bias" in sd:
-                put(f"blk.{i}.attn_{role}.bias", sd[p + f"self_attn.{role}_proj.bias"])
-        for role in ("q", "k"):
-            if p + f"self_attn.{role}_norm.weight" in sd:
-                put(f"blk.{i}.attn_{role}_norm.weight", sd[p + f"self_attn.{role}_norm.weight"])
-        put(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
-        put(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
-        put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
-        put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+        _gguf_block(put, sd, i, cfg, permute)
     put("output_norm.weight", sd["model.norm.weight"])
     if not tied:
         put("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return model
+
+
+def _gguf_block(put, sd: dict, i: int, cfg, permute) -> None:
+    """Block ``i``: norms, attention (q/k permuted for llama, optional q/k/v biases and q/k norms), MLP."""
+    p = f"model.layers.{i}."
+    put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+    put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
+    put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
+    put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+    for role in ("q", "k", "v"):
+        if p + f"self_attn.{role}_proj.bias" in sd:
+            put(f"blk.{i}.attn_{role}.bias", sd[p + f"self_attn.{role}_proj.bias"])
+    for role in ("q", "k"):
+        if p + f"self_attn.{role}_norm.weight" in sd:
+            put(f"blk.{i}.attn_{role}_norm.weight", sd[p + f"self_attn.{role}_norm.weight"])
+    put(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+    put(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+    put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+    put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+    put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
