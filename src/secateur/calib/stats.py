@@ -157,6 +157,40 @@ class Gram(Accumulator):
         return self.second_moment - torch.outer(mu, mu)
 
 
+class BlockInfluence(Accumulator):
+    """ShortGPT block influence ``BI = 1 - E_{x,t}[cos(x_in, x_out)]`` (baselines.md §8).
+
+    Unlike the single-input accumulators, ``update`` takes the block's input AND output ``[B, T, d]``.
+    Cosines are computed per token in float64; a zero-norm token counts as cos = 1 (no change).
+    ``BI`` lies in [0, 2]; an identity block gives 0 (baselines.md B7).
+    """
+
+    name = "block_influence"
+
+    def __init__(self) -> None:
+        self.sum_cos = 0.0
+        self.n = 0
+
+    def update(self, x_in: torch.Tensor, x_out: torch.Tensor | None = None) -> None:  # type: ignore[override]
+        if x_out is None:
+            raise TypeError("BlockInfluence.update needs (block input, block output)")
+        a = x_in.reshape(-1, x_in.shape[-1]).to(torch.float64)
+        b = x_out.reshape(-1, x_out.shape[-1]).to(torch.float64)
+        na, nb = a.norm(dim=1), b.norm(dim=1)
+        denom = na * nb
+        cos = torch.where(denom > 0, (a * b).sum(1) / denom.clamp_min(1e-300), torch.ones_like(denom))
+        self.sum_cos += float(cos.clamp(-1, 1).sum())
+        self.n += a.shape[0]
+
+    def merge(self, other: BlockInfluence) -> None:
+        self.sum_cos += other.sum_cos
+        self.n += other.n
+
+    @property
+    def bi(self) -> float:
+        return 1.0 - self.sum_cos / max(self.n, 1)
+
+
 ACCUMULATORS: dict[str, type[Accumulator]] = {"sumsq": SumSq, "meanvar": MeanVar, "gram": Gram}
 
 
