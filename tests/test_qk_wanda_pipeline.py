@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from secateur.budgets.masks import deletion_count, prune_masks, row_mask
+from secateur.budgets.masks import budget_counts, deletion_count, lowest_k_masks, prune_masks, row_mask
 from secateur.cli import main
 from secateur.errors import SecateurError
 from secateur.export.folder import MASKS_NAME
@@ -19,8 +19,6 @@ from secateur.export.hf import load_masks
 from secateur.methods.qk_wanda import (
     QKWandaConfig,
     QKWandaHandler,
-    final_counts,
-    lowest_k_masks,
     prune_qk_wanda,
 )
 from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
@@ -243,8 +241,8 @@ def test_hybrid_wanda_part_uses_wanda_scores_in_sequential_mode():
 
 # --- progressive re-scoring (App. K) -------------------------------------------------------------------
 
-def test_lowest_k_masks_match_budget_module():
-    """The handler's linear-time selection equals budgets.prune_masks (stable argsort) exactly, heavy ties,
+def test_count_driven_masks_match_prune_masks():
+    """The count-driven selection (progressive re-scoring) equals budgets.prune_masks exactly, heavy ties,
     -inf entries (progressive re-scoring) and the edge counts included."""
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
@@ -253,7 +251,7 @@ def test_lowest_k_masks_match_budget_module():
             S[0][torch.rand(6, 10, generator=g) < 0.2] = -torch.inf
         for rho in (0.0, 0.05, 0.45, 0.5, 0.8, 0.99):
             for budget in ("row", "separate", "shared"):
-                k = final_counts([s.shape for s in S], rho, budget, "ceil")
+                k = budget_counts([s.shape for s in S], rho, budget, "ceil")
                 got = lowest_k_masks(S, budget, k)
                 ref = prune_masks(S, rho, budget=budget)
                 assert all(torch.equal(a, b) for a, b in zip(got, ref)), (trial, rho, budget)

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from secateur.budgets.masks import deletion_count, lowest_k_flat, lowest_k_rows
+from secateur.budgets.masks import budget_counts, lowest_k_masks, prune_masks
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, SumSq
 from secateur.errors import SecateurError
@@ -190,35 +190,6 @@ class _Inputs(Accumulator):
         self.chunks += other.chunks
 
 
-def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
-    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort,
-    :mod:`secateur.budgets.masks`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
-    ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over all matrices concatenated
-    row-major in the given order (all Q entries before all K entries)."""
-    for i, s in enumerate(scores):
-        if s.is_floating_point() and bool(torch.isnan(s).any()):
-            raise SecateurError(f"scores[{i}] contain NaN; cannot rank them")
-    if budget == "row":
-        return [lowest_k_rows(s, k) for s in scores]
-    if budget == "separate":
-        return [lowest_k_flat(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
-    m = lowest_k_flat(torch.cat([s.reshape(-1) for s in scores]), k)
-    out, start = [], 0
-    for s in scores:
-        out.append(m[start:start + s.numel()].reshape(s.shape))
-        start += s.numel()
-    return out
-
-
-def final_counts(shapes: list[torch.Size], rho: float, budget: str, rounding: str) -> int | list[int]:
-    """Per-pool deletion counts ``M`` of a budget (row: per row; separate: per matrix; shared: total)."""
-    if budget == "row":
-        return deletion_count(shapes[0][1], rho, rounding)
-    if budget == "separate":
-        return [deletion_count(s.numel(), rho, rounding) for s in shapes]
-    return deletion_count(sum(s.numel() for s in shapes), rho, rounding)
-
-
 class QKWandaHandler(engine.Handler):
     """Engine handler: QK-Wanda masks for q/k (and row-wise Wanda for v/o/MLP in the hybrid scope).
 
@@ -343,9 +314,8 @@ class QKWandaHandler(engine.Handler):
         q, k = self._qk(ctx)
         cfg = self.cfg
         Sq, Sk = stats.scores(self.variant)  # the statistics hold exactly this block's current q/k weights
-        if cfg.progressive == 1:  # same masks as budgets.prune_masks (tested), in linear time for pooled budgets
-            M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
-            mq, mk = lowest_k_masks([Sq, Sk], cfg.budget, M)
+        if cfg.progressive == 1:
+            mq, mk = prune_masks([Sq, Sk], cfg.sparsity, cfg.budget, cfg.rounding)
         else:
             mq, mk = self._progressive(ctx, Sq, Sk, inputs)
         with torch.no_grad():  # both masks are selected before either is applied
@@ -362,7 +332,7 @@ class QKWandaHandler(engine.Handler):
         cfg, J = self.cfg, self.cfg.progressive
         q, k = self._qk(ctx)
         Wq0, Wk0 = q.weight.detach().clone(), k.weight.detach().clone()
-        M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
+        M = budget_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
         masks = [torch.zeros(Sq.shape, dtype=torch.bool), torch.zeros(Sk.shape, dtype=torch.bool)]
         for r in range(1, J + 1):
             if r > 1:  # re-score from the current sparse pair on the same block inputs
