@@ -21,9 +21,10 @@ from secateur.methods.qk_wanda import (
     QKWandaHandler,
     prune_qk_wanda,
 )
-from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
 from secateur.scoring import VARIANTS, QKStats, model_rope_tables, qk_wanda_scores
+from secateur.scoring.wanda import wanda_scores
 from secateur.testing import random_ids, save_tiny, tiny_model
 
 QK = ("self_attn.q_proj", "self_attn.k_proj")

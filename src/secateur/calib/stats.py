@@ -191,6 +191,77 @@ class BlockInfluence(Accumulator):
         return 1.0 - self.sum_cos / max(self.n, 1)
 
 
+class PerSampleGram(Accumulator):
+    """Per-sample (per-sequence) Gram matrices of per-head activations, for CORP's exact Q/K system.
+
+    ``update(x)`` takes ``x[B, T, n_heads * head_dim]`` (heads concatenated, Hugging Face layout; with
+    ``n_heads=1`` it is one head's ``[B, T, d]``) and appends, for every sequence b of the chunk,
+    ``X_{b,h}^T X_{b,h}`` (``head_dim x head_dim``) per head plus the per-sequence feature sum and token
+    count. Each sequence must arrive whole in one update (a sample is one sequence); state is float64
+    by default. Memory: ``n_seqs * n_heads * head_dim^2`` floats.
+    """
+
+    name = "per_sample_gram"
+
+    def __init__(self, head_dim: int, n_heads: int = 1, dtype: torch.dtype = torch.float64) -> None:
+        self.head_dim = head_dim
+        self.n_heads = n_heads
+        self.dtype = dtype
+        self._grams: list[torch.Tensor] = []
+        self._sums: list[torch.Tensor] = []
+        self._counts: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.dim() == 2:
+            x = x[None]
+        if x.dim() != 3 or x.shape[-1] != self.n_heads * self.head_dim:
+            raise SecateurError(f"PerSampleGram expects [B, T, {self.n_heads * self.head_dim}], got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        xf = x.detach().to(self.dtype).reshape(b, t, self.n_heads, self.head_dim)
+        self._grams.append(torch.einsum("bthi,bthj->bhij", xf, xf).cpu())
+        self._sums.append(xf.sum(1).to(torch.float64).cpu())
+        self._counts.append(torch.full((b,), t, dtype=torch.long))
+
+    def merge(self, other: PerSampleGram) -> None:
+        if (other.head_dim, other.n_heads) != (self.head_dim, self.n_heads):
+            raise SecateurError("cannot merge PerSampleGram accumulators of different shapes")
+        self._grams += other._grams
+        self._sums += other._sums
+        self._counts += other._counts
+
+    def _cat(self, parts: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat(parts) if parts else torch.zeros((0, *shape), dtype=dtype)
+
+    @property
+    def grams(self) -> torch.Tensor:
+        """``[n_seqs, n_heads, head_dim, head_dim]``."""
+        return self._cat(self._grams, (self.n_heads, self.head_dim, self.head_dim), self.dtype)
+
+    @property
+    def sums(self) -> torch.Tensor:
+        """Per-sequence feature sums ``[n_seqs, n_heads, head_dim]`` (float64)."""
+        return self._cat(self._sums, (self.n_heads, self.head_dim), torch.float64)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self._cat(self._counts, (), torch.long)
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.counts.numel())
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.counts.sum())
+
+    def head(self, h: int) -> torch.Tensor:
+        """Per-sample Grams of head h, ``[n_seqs, head_dim, head_dim]`` (float64)."""
+        return self.grams[:, h].to(torch.float64)
+
+    def mean(self, h: int) -> torch.Tensor:
+        return self.sums[:, h].sum(0) / max(self.n_tokens, 1)
+
+
 ACCUMULATORS: dict[str, type[Accumulator]] = {"sumsq": SumSq, "meanvar": MeanVar, "gram": Gram}
 
 

@@ -11,14 +11,14 @@ authors' public code there). Two parts, both folded into the weights (no inferen
 
 lambda (corp.md Sec. 3 [C]): ``max(lambda0, rho_sh tr(Sigma_SS)/|S|)``, lambda0 = 1e-3, rho_sh the OAS
 shrinkage intensity (:func:`corp_lambda`); at lambda -> 0 this is least squares with an intercept
-(corp.md K1). Ranking (CORP Sec. 3.3): ``E[h_i^2] * ||W2[:, i]||_2`` (:func:`corp_mlp_scores`).
+(corp.md K1). Ranking (CORP Sec. 3.3): ``E[h_i^2] * ||W2[:, i]||_2`` (:func:`secateur.scoring.corp.corp_mlp_scores`).
 
 **Q/K head dimensions** (non-RoPE models only: OPT, GPT-2). Per head and calibration sequence b:
 ``Q_b, K_b`` (tokens x d_h, biases included), kept dims S, missing logits ``T_b = Q_{P,b} K_{P,b}^T``.
 
     min_M  sum_b ||Q_{S,b} M K_{S,b}^T - T_b||_F^2 + lambda ||M||_F^2
     normal equations: sum_b A_b[S,S] M C_b[S,S] + lambda M = sum_b A_b[S,P] C_b[P,S],
-    A_b = Q_b^T Q_b,  C_b = K_b^T K_b   (per-sample second moments, :class:`PerSampleGram`)
+    A_b = Q_b^T Q_b,  C_b = K_b^T K_b   (per-sample second moments, :class:`secateur.calib.stats.PerSampleGram`)
 
 solved exactly as a ``d_s^2`` SPD system (``mode='exact'``, default, corp.md [A5]) or in the pooled
 Sylvester form ``A M C + lambda M = A_SP C_PS`` with ``A = sum_b A_b`` (``mode='pooled'``, the public
@@ -40,15 +40,15 @@ from typing import Any, Literal
 
 import torch
 
-from secateur.calib.stats import Accumulator, Gram
+from secateur.calib.stats import Gram, PerSampleGram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare, pruned_index
 from secateur.errors import SecateurError
 from secateur.linalg import one_thread, safe_eigh, safe_svd, solve_spd
+from secateur.scoring.corp import corp_qk_scores
 
 __all__ = [
-    "corp_lambda", "corp_mlp", "corp_mlp_scores", "corp_keep", "PerSampleGram", "QKHeadStats",
-    "corp_qk_scores", "corp_qk_solve", "qk_logit_errors", "fold_qk_balanced", "fold_q_one_sided",
-    "QKCompensation", "corp_qk_layer",
+    "corp_lambda", "corp_mlp", "corp_keep", "QKHeadStats", "corp_qk_solve", "qk_logit_errors",
+    "fold_qk_balanced", "fold_q_one_sided", "QKCompensation", "corp_qk_layer",
 ]
 
 
@@ -93,27 +93,6 @@ def corp_keep(scores: torch.Tensor, ratio: float, *, min_keep: int = 0) -> torch
 
 # --------------------------------------------------------------------------------------------------
 # MLP
-
-
-def corp_mlp_scores(w_down: torch.Tensor, energy: torch.Tensor, *,
-                    weight_factor: Literal["out_col", "in_row_out_col"] = "out_col",
-                    w_in: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-    """CORP MLP channel score (CORP Sec. 3.3, "combined", the paper's default):
-    ``score_i = E[h_i^2] * ||W2[:, i]||_2``. ``energy`` = ``E[h_i^2]`` (diag of the hidden second
-    moment). ``weight_factor='in_row_out_col'`` is the public code's variant (corp.md [A1]):
-    ``E[h_i^2] * (sum over w_in of ||W_in[i, :]||_2) * ||W2[:, i]||_2`` (w_in = [fc1] or [gate, up])."""
-    e = energy.to(torch.float64)
-    col = w_down.to(torch.float64).norm(dim=0)
-    if e.shape != col.shape:
-        raise SecateurError(f"energy has {e.numel()} channels but down_proj has {col.numel()} columns")
-    if weight_factor == "out_col":
-        return e * col
-    if weight_factor == "in_row_out_col":
-        if not w_in:
-            raise SecateurError("weight_factor='in_row_out_col' needs the MLP input projections (w_in=)")
-        rows = sum(w.to(torch.float64).norm(dim=1) for w in w_in)
-        return e * rows * col
-    raise SecateurError(f"unknown weight_factor {weight_factor!r}")
 
 
 def corp_mlp(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequence[int], *,
@@ -180,77 +159,6 @@ def corp_mlp(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Se
 # Q/K statistics
 
 
-class PerSampleGram(Accumulator):
-    """Per-sample (per-sequence) Gram matrices of per-head activations, for CORP's exact Q/K system.
-
-    ``update(x)`` takes ``x[B, T, n_heads * head_dim]`` (heads concatenated, Hugging Face layout; with
-    ``n_heads=1`` it is one head's ``[B, T, d]``) and appends, for every sequence b of the chunk,
-    ``X_{b,h}^T X_{b,h}`` (``head_dim x head_dim``) per head plus the per-sequence feature sum and token
-    count. Each sequence must arrive whole in one update (a sample is one sequence); state is float64
-    by default. Memory: ``n_seqs * n_heads * head_dim^2`` floats.
-    """
-
-    name = "per_sample_gram"
-
-    def __init__(self, head_dim: int, n_heads: int = 1, dtype: torch.dtype = torch.float64) -> None:
-        self.head_dim = head_dim
-        self.n_heads = n_heads
-        self.dtype = dtype
-        self._grams: list[torch.Tensor] = []
-        self._sums: list[torch.Tensor] = []
-        self._counts: list[torch.Tensor] = []
-
-    def update(self, x: torch.Tensor) -> None:
-        if x.dim() == 2:
-            x = x[None]
-        if x.dim() != 3 or x.shape[-1] != self.n_heads * self.head_dim:
-            raise SecateurError(f"PerSampleGram expects [B, T, {self.n_heads * self.head_dim}], got {tuple(x.shape)}")
-        b, t, _ = x.shape
-        xf = x.detach().to(self.dtype).reshape(b, t, self.n_heads, self.head_dim)
-        self._grams.append(torch.einsum("bthi,bthj->bhij", xf, xf).cpu())
-        self._sums.append(xf.sum(1).to(torch.float64).cpu())
-        self._counts.append(torch.full((b,), t, dtype=torch.long))
-
-    def merge(self, other: PerSampleGram) -> None:
-        if (other.head_dim, other.n_heads) != (self.head_dim, self.n_heads):
-            raise SecateurError("cannot merge PerSampleGram accumulators of different shapes")
-        self._grams += other._grams
-        self._sums += other._sums
-        self._counts += other._counts
-
-    def _cat(self, parts: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.cat(parts) if parts else torch.zeros((0, *shape), dtype=dtype)
-
-    @property
-    def grams(self) -> torch.Tensor:
-        """``[n_seqs, n_heads, head_dim, head_dim]``."""
-        return self._cat(self._grams, (self.n_heads, self.head_dim, self.head_dim), self.dtype)
-
-    @property
-    def sums(self) -> torch.Tensor:
-        """Per-sequence feature sums ``[n_seqs, n_heads, head_dim]`` (float64)."""
-        return self._cat(self._sums, (self.n_heads, self.head_dim), torch.float64)
-
-    @property
-    def counts(self) -> torch.Tensor:
-        return self._cat(self._counts, (), torch.long)
-
-    @property
-    def n_seqs(self) -> int:
-        return int(self.counts.numel())
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.counts.sum())
-
-    def head(self, h: int) -> torch.Tensor:
-        """Per-sample Grams of head h, ``[n_seqs, head_dim, head_dim]`` (float64)."""
-        return self.grams[:, h].to(torch.float64)
-
-    def mean(self, h: int) -> torch.Tensor:
-        return self.sums[:, h].sum(0) / max(self.n_tokens, 1)
-
-
 @dataclass
 class QKHeadStats:
     """Statistics of one (query head, its KV head) pair: per-sample ``A_b = Q_b^T Q_b`` and
@@ -276,13 +184,6 @@ class QKHeadStats:
             raise SecateurError("the auto ridge needs the query mean and token count")
         mu = self.q_mean.to(torch.float64)
         return self.q_grams.sum(0) / self.n_tokens - torch.outer(mu, mu)
-
-
-def corp_qk_scores(q_grams: torch.Tensor, k_grams: torch.Tensor) -> torch.Tensor:
-    """CORP Q/K dim score (CORP Sec. 3.3; corp.md [A2] reading (a)):
-    ``s_j = mean_b ||Q_b[:, j]||^2 ||K_b[:, j]||^2 = mean_b A_b[j, j] C_b[j, j]`` - the energy of the
-    removed rank-1 logit term ``Q_b[:, j] K_b[:, j]^T``. Inputs ``[N, d_h, d_h]``."""
-    return (q_grams.diagonal(dim1=-2, dim2=-1) * k_grams.diagonal(dim1=-2, dim2=-1)).mean(0)
 
 
 def qk_logit_errors(q_grams: torch.Tensor, k_grams: torch.Tensor, kept: torch.Tensor, m: torch.Tensor

@@ -49,6 +49,7 @@ from secateur.calib.stats import Accumulator, BlockInfluence, Gram, MeanVar, Sum
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.scoring.corp import corp_mlp_scores
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
 
 StatsLike = Accumulator | Mapping[str, Accumulator]
@@ -146,10 +147,8 @@ def rcpu(w: torch.Tensor, stats: StatsLike) -> torch.Tensor:
 def corp_mlp(w_down: torch.Tensor, stats: StatsLike, w_in: list[torch.Tensor] | None = None,
              weight_factor: str = "out_col") -> torch.Tensor:
     """CORP MLP channel score ``E[h_i^2] ||W2_:,i||`` (CORP §3.3, combined = paper default) from the
-    down_proj input statistics: :func:`secateur.compensate.corp.corp_mlp_scores` with ``E[h_i^2]`` read
+    down_proj input statistics: :func:`secateur.scoring.corp.corp_mlp_scores` with ``E[h_i^2]`` read
     from ``stats`` (``weight_factor='in_row_out_col'``: the public code's variant, corp.md [A1])."""
-    from secateur.compensate.corp import corp_mlp_scores
-
     mo = moments(stats)
     return corp_mlp_scores(_w(w_down), mo.energy / max(mo.n, 1), weight_factor=weight_factor,
                            w_in=[_w(w) for w in (w_in or [])])
