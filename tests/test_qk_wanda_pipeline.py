@@ -104,7 +104,7 @@ def test_projected_statistics_equal_qkstats():
     chunk code with the given projections) equal QKStats recomputing Q/K itself in float64."""
     import torch.nn.functional as F
 
-    from secateur.methods.qk_wanda import _QKStats
+    from secateur.calib.qk import ProjectedQKStats
 
     model = tiny_model("qwen2")
     ad = get_adapter(model)
@@ -115,10 +115,10 @@ def test_projected_statistics_equal_qkstats():
     for variant in ("base", "MRC"):
         ref = QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         ref.update(x)
-        mine = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
+        mine = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
         mine.update(x[:1])
         mine.update(x[1:])
-        hooked = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
+        hooked = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         hooked.update_projected(x, F.linear(x, Wq, bq), F.linear(x, Wk, bk))
         for st in (mine, hooked):
             assert st.n_seqs == 3 and st.n_tokens == 24

@@ -15,7 +15,7 @@ import torch
 from secateur.errors import SecateurError
 
 
-def _check_finite(x: torch.Tensor, where: str) -> None:
+def check_finite(x: torch.Tensor, where: str) -> None:
     # a sum is finite only if every term is (an overflowing sum of finite terms falls through to the full
     # test): one reduction instead of a bool tensor the size of x, ~25x cheaper on a CPU
     if not torch.isfinite(x.sum()) and not torch.isfinite(x).all():
@@ -262,6 +262,21 @@ class PerSampleGram(Accumulator):
         return self.sums[:, h].sum(0) / max(self.n_tokens, 1)
 
 
+class InputChunks(Accumulator):
+    """Keeps references to the input chunks of a group (QK-Wanda's progressive re-scoring re-reads them)."""
+
+    name = "inputs"
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        self.chunks.append(x.detach())
+
+    def merge(self, other: Accumulator) -> None:
+        self.chunks += other.chunks
+
+
 ACCUMULATORS: dict[str, type[Accumulator]] = {"sumsq": SumSq, "meanvar": MeanVar, "gram": Gram}
 
 
@@ -270,6 +285,6 @@ def make_accumulators(kinds: set[str] | list[str], d: int) -> dict[str, Accumula
 
 
 def update_all(accs: dict[str, Accumulator], x: torch.Tensor, where: str) -> None:
-    _check_finite(x, where)
+    check_finite(x, where)
     for a in accs.values():
         a.update(x)

@@ -47,10 +47,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from secateur.calib.rope import apply_rope
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter, get_adapter
 from secateur.models.linear import LinearRef
-from secateur.scoring.qk_rope import apply_rope
 
 QK_ERROR_SEED = 20260810
 QK_ERROR_N = 16
