@@ -198,3 +198,14 @@ def budget_counts(shapes: list[torch.Size], rho: float, budget: str, rounding: s
     if budget in ("matrix", "separate"):
         return [deletion_count(s.numel(), rho, rounding) for s in shapes]
     return deletion_count(sum(s.numel() for s in shapes), rho, rounding)
+
+
+def allocation_summary(blocks: list[dict]) -> dict:
+    """Per-block Q/K removal fractions (QK-Wanda paper Fig. 3) and their means, from per-block records
+    ``{"block", "q_removed", "k_removed", "q_total", "k_total", "rho_q", "rho_k"}``."""
+    blocks = sorted(blocks, key=lambda b: b["block"])
+    n = max(len(blocks), 1)
+    return {"per_block": blocks,
+            "mean_rho_q": sum(b["rho_q"] for b in blocks) / n, "mean_rho_k": sum(b["rho_k"] for b in blocks) / n,
+            "qk_removed": sum(b["q_removed"] + b["k_removed"] for b in blocks),
+            "qk_total": sum(b["q_total"] + b["k_total"] for b in blocks)}

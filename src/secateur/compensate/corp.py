@@ -342,28 +342,11 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
     ``kept`` ``[n_kv_heads, d_s]`` is given. fold: ``'auto'`` = balanced for MHA, one-sided under GQA.
     Raises for RoPE models (rotary embeddings do not commute with dim pruning/mixing, corp.md [A8]).
     """
-    if rope:
-        raise SecateurError("CORP Q/K compensation is defined only for non-RoPE models (OPT, GPT-2); "
-                            "this model uses rotary embeddings")
-    if n_heads % n_kv_heads:
-        raise SecateurError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    d_h = w_q.shape[0] // n_heads
-    if w_q.shape[0] != n_heads * d_h or w_k.shape[0] != n_kv_heads * d_h:
-        raise SecateurError("q/k projection rows do not match the head counts")
-    if (q_stats.n_heads, k_stats.n_heads) != (n_heads, n_kv_heads) or q_stats.head_dim != d_h:
-        raise SecateurError("PerSampleGram head layout does not match the projections")
-    g = n_heads // n_kv_heads
-    fold_mode = ("balanced" if g == 1 else "one_sided") if fold == "auto" else fold
-    if fold_mode == "balanced" and g != 1:
-        raise SecateurError("the balanced Q/K fold needs MHA; under GQA the key head is shared - use one_sided")
+    fold_mode = _check_layer(w_q, w_k, q_stats, k_stats, n_heads, n_kv_heads, rope, fold)
+    d_h, g = w_q.shape[0] // n_heads, n_heads // n_kv_heads
     head_stats = [QKHeadStats.from_accumulators(q_stats, k_stats, h, h // g) for h in range(n_heads)]
     if kept is None:
-        rows = []
-        for kv in range(n_kv_heads):
-            score = sum(corp_qk_scores(head_stats[h].q_grams, head_stats[h].k_grams)
-                        for h in range(kv * g, (kv + 1) * g))
-            rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
-        kept = torch.stack(rows)
+        kept = _kept_dims(head_stats, n_kv_heads, g, ratio, min_qk_dim)
     kept = torch.as_tensor(kept, dtype=torch.long)
     if kept.shape[0] != n_kv_heads:
         raise SecateurError(f"kept must be [n_kv_heads={n_kv_heads}, d_s], got {tuple(kept.shape)}")
@@ -393,12 +376,47 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
             wk_out.append(w_k[krows][kept[kv]])
             bk_out.append(None if b_k is None else b_k[krows][kept[kv]])
     cat = (lambda xs: None if xs[0] is None else torch.cat(xs))  # noqa: E731
+    return QKCompensation(w_q=torch.cat(wq_out), b_q=cat(bq_out), w_k=torch.cat(wk_out), b_k=cat(bk_out),
+                          kept=kept, m=torch.stack(ms) if ms else torch.zeros(0, ds, ds),
+                          diagnostics=_layer_diagnostics(per_head, mode, fold_mode, ds, fold_info))
+
+
+def _check_layer(w_q: torch.Tensor, w_k: torch.Tensor, q_stats: PerSampleGram, k_stats: PerSampleGram,
+                 n_heads: int, n_kv_heads: int, rope: bool, fold: str) -> str:
+    """Refuse what :func:`corp_qk_layer` cannot do; returns the fold actually used."""
+    if rope:
+        raise SecateurError("CORP Q/K compensation is defined only for non-RoPE models (OPT, GPT-2); "
+                            "this model uses rotary embeddings")
+    if n_heads % n_kv_heads:
+        raise SecateurError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    d_h = w_q.shape[0] // n_heads
+    if w_q.shape[0] != n_heads * d_h or w_k.shape[0] != n_kv_heads * d_h:
+        raise SecateurError("q/k projection rows do not match the head counts")
+    if (q_stats.n_heads, k_stats.n_heads) != (n_heads, n_kv_heads) or q_stats.head_dim != d_h:
+        raise SecateurError("PerSampleGram head layout does not match the projections")
+    g = n_heads // n_kv_heads
+    fold_mode = ("balanced" if g == 1 else "one_sided") if fold == "auto" else fold
+    if fold_mode == "balanced" and g != 1:
+        raise SecateurError("the balanced Q/K fold needs MHA; under GQA the key head is shared - use one_sided")
+    return fold_mode
+
+
+def _kept_dims(head_stats: list[QKHeadStats], n_kv_heads: int, g: int, ratio: float, min_qk_dim: int
+               ) -> torch.Tensor:
+    """Kept dims per KV head ``[n_kv_heads, d_s]``: the group score is the sum of its query heads' scores."""
+    rows = []
+    for kv in range(n_kv_heads):
+        score = sum(corp_qk_scores(head_stats[h].q_grams, head_stats[h].k_grams)
+                    for h in range(kv * g, (kv + 1) * g))
+        rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
+    return torch.stack(rows)
+
+
+def _layer_diagnostics(per_head: list[dict], mode: str, fold_mode: str, ds: int, fold_info: dict) -> dict:
     before = sum(d["logit_err_before"] for d in per_head)
     after = sum(d["logit_err_after"] for d in per_head)
     dense = sum(d["logit_dense"] for d in per_head)
-    diagnostics = {"method": "corp_qk", "mode": mode, "fold": fold_mode, "d_s": ds, "heads": per_head,
-                   "logit_rel_before": before / dense if dense > 0 else float("nan"),
-                   "logit_rel_after": after / dense if dense > 0 else float("nan"),
-                   "sv_clamped": fold_info.get("sv_clamped", 0)}
-    return QKCompensation(w_q=torch.cat(wq_out), b_q=cat(bq_out), w_k=torch.cat(wk_out), b_k=cat(bk_out),
-                          kept=kept, m=torch.stack(ms) if ms else torch.zeros(0, ds, ds), diagnostics=diagnostics)
+    return {"method": "corp_qk", "mode": mode, "fold": fold_mode, "d_s": ds, "heads": per_head,
+            "logit_rel_before": before / dense if dense > 0 else float("nan"),
+            "logit_rel_after": after / dense if dense > 0 else float("nan"),
+            "sv_clamped": fold_info.get("sv_clamped", 0)}

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from secateur.budgets.masks import allocation_summary
 from secateur.calib.rope import apply_rope
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter, get_adapter
@@ -292,8 +293,6 @@ class _Errors:
                 self.roll[c][j] = yr.to("cpu")
 
     def results(self, shape: list[int]) -> dict[str, dict]:
-        from secateur.methods.qk_wanda import allocation_summary
-
         out = {}
         for c, r in self.res.items():
             per_block = [100 * a / b for a, b in zip(r["qk_num"], r["qk_den"])]

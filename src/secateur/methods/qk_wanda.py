@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from secateur.budgets.masks import budget_counts, lowest_k_masks, prune_masks
+from secateur.budgets.masks import allocation_summary, budget_counts, lowest_k_masks, prune_masks
 from secateur.calib import engine
 from secateur.calib.qk import ProjectedQKStats
 from secateur.calib.stats import Accumulator, InputChunks, SumSq
@@ -282,16 +282,6 @@ class QKWandaResult:
     masks: dict[str, torch.Tensor]
     timings: dict[str, float] = field(default_factory=dict)
     details: dict = field(default_factory=dict)
-
-
-def allocation_summary(blocks: list[dict]) -> dict:
-    """Per-block Q/K removal fractions (paper Fig. 3) and their means."""
-    blocks = sorted(blocks, key=lambda b: b["block"])
-    n = max(len(blocks), 1)
-    return {"per_block": blocks,
-            "mean_rho_q": sum(b["rho_q"] for b in blocks) / n, "mean_rho_k": sum(b["rho_k"] for b in blocks) / n,
-            "qk_removed": sum(b["q_removed"] + b["k_removed"] for b in blocks),
-            "qk_total": sum(b["q_total"] + b["k_total"] for b in blocks)}
 
 
 def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, cfg: QKWandaConfig,
