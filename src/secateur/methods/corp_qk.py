@@ -6,7 +6,7 @@ Per block, in the calibration engine's ``attn_in`` group (the q/k input ``X``):
 1. statistics: the per-sequence second moments ``A_b = Q_b^T Q_b`` and ``C_b = K_b^T K_b`` of every head,
    from the block's current q/k projections (biases included) -- :class:`secateur.calib.qk.QKOutputGrams`;
 2. selection: per KV head, keep ``d_s = d_h - floor(rho d_h)`` dims (at least ``min_qk_dim``) by CORP's
-   score ``sum_b diag(A_b) * diag(C_b)`` summed over the head's query heads (:func:`corp_qk_scores`);
+   score ``sum_b diag(A_b) * diag(C_b)`` over the head's query heads (:func:`secateur.scoring.corp.corp_qk_scores`);
 3. compensation: the ridge solve ``M`` of Eq. (4.2) per query head (``q_s^T M k_s`` fits the dense logit
    ``q^T k`` over the calibration tokens), folded into W_Q/b_Q (one-sided, GQA) or split between W_Q and
    W_K (balanced, MHA) -- :func:`secateur.compensate.corp_qk_layer`;
