@@ -97,7 +97,7 @@ MASKS = WORK / "qk-masks"
 
 
 def _allocation_from_masks(masks: dict[str, torch.Tensor]) -> dict:
-    from secateur.methods.qk_wanda import allocation_summary
+    from secateur.budgets.masks import allocation_summary
 
     blocks = []
     for key in sorted(k for k in masks if k.endswith("q_proj")):

@@ -114,3 +114,30 @@ def test_unknown_family_names_supported_ones():
     model.config.model_type = "mamba"
     with pytest.raises(SecateurError, match="supported: gpt2, llama, mistral, opt, qwen2, qwen3"):
         get_adapter(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+def test_walk_visits_every_block_and_hands_on_the_dense_outputs(family):
+    """The one block walker: chunked inputs, every block once in order, outputs computed once and fed to the
+    next block; the last block's outputs equal the reference forward's."""
+    model = tiny_model(family)
+    adapter = get_adapter(model)
+    ids = random_ids(5, 8)
+    walk = engine.Walk(adapter, ids, 2)
+    assert [h.shape[0] for h in walk.hs] == [2, 2, 1] and all(h.device.type == "cpu" for h in walk.hs)
+    seen, prev = [], None
+    for visit in walk.blocks():
+        seen.append(visit.index)
+        if prev is not None:
+            assert all(a is b for a, b in zip(visit.inputs, prev))  # the previous block's outputs, not copies
+        y0 = visit.output(0)
+        assert torch.equal(visit.output(0), y0)  # computed once
+        expect = adapter.block_forward(visit.layer, visit.input(1), visit.kwargs)
+        assert torch.equal(visit.output(1), expect)
+        prev = visit.outputs
+        assert len(prev) == 3 and prev[2].shape[0] == 1
+    assert seen == list(range(adapter.n_layers))
+    ref = _last_block_output(model, adapter, ids)
+    torch.testing.assert_close(torch.cat(walk.hs), ref, rtol=1e-5, atol=1e-5)
+    sub = list(engine.Walk(adapter, ids, 5).blocks(layers=[1], progress=False))
+    assert [v.index for v in sub] == [1]

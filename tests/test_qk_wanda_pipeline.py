@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from secateur.budgets.masks import deletion_count, prune_masks, row_mask
+from secateur.budgets.masks import budget_counts, deletion_count, lowest_k_masks, prune_masks, row_mask
 from secateur.cli import main
 from secateur.errors import SecateurError
 from secateur.export.folder import MASKS_NAME
@@ -19,13 +19,12 @@ from secateur.export.hf import load_masks
 from secateur.methods.qk_wanda import (
     QKWandaConfig,
     QKWandaHandler,
-    final_counts,
-    lowest_k_masks,
     prune_qk_wanda,
 )
-from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
 from secateur.scoring import VARIANTS, QKStats, model_rope_tables, qk_wanda_scores
+from secateur.scoring.wanda import wanda_scores
 from secateur.testing import random_ids, save_tiny, tiny_model
 
 QK = ("self_attn.q_proj", "self_attn.k_proj")
@@ -105,7 +104,7 @@ def test_projected_statistics_equal_qkstats():
     chunk code with the given projections) equal QKStats recomputing Q/K itself in float64."""
     import torch.nn.functional as F
 
-    from secateur.methods.qk_wanda import _QKStats
+    from secateur.calib.qk import ProjectedQKStats
 
     model = tiny_model("qwen2")
     ad = get_adapter(model)
@@ -116,10 +115,10 @@ def test_projected_statistics_equal_qkstats():
     for variant in ("base", "MRC"):
         ref = QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         ref.update(x)
-        mine = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
+        mine = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
         mine.update(x[:1])
         mine.update(x[1:])
-        hooked = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
+        hooked = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         hooked.update_projected(x, F.linear(x, Wq, bq), F.linear(x, Wk, bk))
         for st in (mine, hooked):
             assert st.n_seqs == 3 and st.n_tokens == 24
@@ -243,8 +242,8 @@ def test_hybrid_wanda_part_uses_wanda_scores_in_sequential_mode():
 
 # --- progressive re-scoring (App. K) -------------------------------------------------------------------
 
-def test_lowest_k_masks_match_budget_module():
-    """The handler's linear-time selection equals budgets.prune_masks (stable argsort) exactly, heavy ties,
+def test_count_driven_masks_match_prune_masks():
+    """The count-driven selection (progressive re-scoring) equals budgets.prune_masks exactly, heavy ties,
     -inf entries (progressive re-scoring) and the edge counts included."""
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
@@ -253,7 +252,7 @@ def test_lowest_k_masks_match_budget_module():
             S[0][torch.rand(6, 10, generator=g) < 0.2] = -torch.inf
         for rho in (0.0, 0.05, 0.45, 0.5, 0.8, 0.99):
             for budget in ("row", "separate", "shared"):
-                k = final_counts([s.shape for s in S], rho, budget, "ceil")
+                k = budget_counts([s.shape for s in S], rho, budget, "ceil")
                 got = lowest_k_masks(S, budget, k)
                 ref = prune_masks(S, rho, budget=budget)
                 assert all(torch.equal(a, b) for a, b in zip(got, ref)), (trial, rho, budget)

@@ -7,12 +7,11 @@ import torch
 
 from secateur.budgets.allocate import allocate_uniform
 from secateur.budgets.select import select_units
-from secateur.calib.stats import Gram, MeanVar, SumSq
+from secateur.calib.collect import block_influence
+from secateur.calib.stats import BlockInfluence, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
 from secateur.scoring.structured import (
-    BlockInfluence,
-    block_influence,
     corp_mlp,
     flap,
     flap_alam_scores,

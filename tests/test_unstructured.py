@@ -8,8 +8,9 @@ import torch
 from secateur.budgets.masks import count, prune_mask
 from secateur.calib.stats import SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
-from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
+from secateur.scoring.wanda import wanda_scores
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 

@@ -19,7 +19,9 @@ No per-matrix or per-head normalization or quota is applied to pooled scores.
 
 API: ``deletion_count(n, rho, rounding)`` (alias ``count(rho, n, rounding)``), ``row_mask``,
 ``matrix_mask``, ``shared_mask``, ``nm_mask``, ``prune_mask(scores, rho, budget, rounding, pattern)`` (one matrix) and
-``prune_masks(scores_list, rho, budget, rounding, pattern)`` (several; ``shared`` pools them).
+``prune_masks(scores_list, rho, budget, rounding, pattern)`` (several; ``shared`` pools them);
+``budget_counts(shapes, rho, budget, rounding)`` and ``lowest_k_masks(scores, budget, k)``: the same
+selection for given per-pool counts (QK-Wanda's progressive re-scoring).
 ``rho`` must lie in ``[0, 1)``; violations raise :class:`SecateurError`.
 """
 
@@ -117,17 +119,13 @@ def shared_mask(scores: Sequence[torch.Tensor], rho: float, rounding: str = "cei
     if len(scores) == 0:
         raise SecateurError("a shared budget needs at least one score tensor")
     for i, s in enumerate(scores):
-        _check_scores(s, f"scores[{i}]")
+        _check_scores(s, f"scores[{i}]")  # before the cast (an integer score tensor is checked as such)
     dev = scores[0].device
     dtypes = {s.dtype for s in scores}
     dt = torch.float64 if len(dtypes) > 1 else scores[0].dtype
-    flat = torch.cat([s.reshape(-1).to(device=dev, dtype=dt) for s in scores])
-    pooled = lowest_k_flat(flat, deletion_count(flat.numel(), rho, rounding))
-    out, start = [], 0
-    for s in scores:
-        out.append(pooled[start:start + s.numel()].reshape(s.shape).to(s.device))
-        start += s.numel()
-    return out
+    same = [s.to(device=dev, dtype=dt) for s in scores]
+    pooled = lowest_k_masks(same, "shared", deletion_count(sum(s.numel() for s in same), rho, rounding))
+    return [m.to(s.device) for m, s in zip(pooled, scores)]
 
 
 def nm_mask(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
@@ -170,3 +168,44 @@ def prune_masks(scores: Sequence[torch.Tensor], rho: float, budget: str = "row",
     if budget == "shared":
         raise SecateurError("a shared budget cannot be combined with an N:M pattern")
     return [prune_mask(s, rho, budget, rounding, pattern) for s in scores]
+
+
+def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
+    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort):
+    the count-driven form of :func:`prune_masks` (QK-Wanda's progressive re-scoring, App. K).
+
+    ``row``: ``k`` per row of every matrix (increasing column on ties); ``separate``/``matrix``: ``k[i]`` in
+    matrix ``i`` (row-major); ``shared``: ``k`` over all matrices concatenated row-major in the given order
+    (QK-Wanda: all Q entries before all K entries)."""
+    for i, s in enumerate(scores):
+        _check_scores(s, f"scores[{i}]")
+    if budget == "row":
+        return [lowest_k_rows(s, k) for s in scores]
+    if budget in ("matrix", "separate"):
+        return [lowest_k_flat(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
+    m = lowest_k_flat(torch.cat([s.reshape(-1) for s in scores]), k)
+    out, start = [], 0
+    for s in scores:
+        out.append(m[start:start + s.numel()].reshape(s.shape))
+        start += s.numel()
+    return out
+
+
+def budget_counts(shapes: list[torch.Size], rho: float, budget: str, rounding: str) -> int | list[int]:
+    """Per-pool deletion counts ``M`` of a budget (row: per row; separate: per matrix; shared: total)."""
+    if budget == "row":
+        return deletion_count(shapes[0][1], rho, rounding)
+    if budget in ("matrix", "separate"):
+        return [deletion_count(s.numel(), rho, rounding) for s in shapes]
+    return deletion_count(sum(s.numel() for s in shapes), rho, rounding)
+
+
+def allocation_summary(blocks: list[dict]) -> dict:
+    """Per-block Q/K removal fractions (QK-Wanda paper Fig. 3) and their means, from per-block records
+    ``{"block", "q_removed", "k_removed", "q_total", "k_total", "rho_q", "rho_k"}``."""
+    blocks = sorted(blocks, key=lambda b: b["block"])
+    n = max(len(blocks), 1)
+    return {"per_block": blocks,
+            "mean_rho_q": sum(b["rho_q"] for b in blocks) / n, "mean_rho_k": sum(b["rho_k"] for b in blocks) / n,
+            "qk_removed": sum(b["q_removed"] + b["k_removed"] for b in blocks),
+            "qk_total": sum(b["q_total"] + b["k_total"] for b in blocks)}

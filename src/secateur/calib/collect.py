@@ -9,9 +9,12 @@ Usage (dense statistics, as COEC/FLAP/CoCurve baselines use)::
 
 from __future__ import annotations
 
-from secateur.calib.engine import BlockContext, Handler
-from secateur.calib.stats import Accumulator, make_accumulators
+import torch
+
+from secateur.calib.engine import BlockContext, Handler, Walk
+from secateur.calib.stats import Accumulator, BlockInfluence, make_accumulators
 from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
 
 # accumulators over the o_proj / down_proj inputs that each score reads
 REQUIRED_STATS: dict[str, tuple[str, ...]] = {
@@ -60,3 +63,16 @@ class StatsCollector(Handler):
 
         if state:
             self.stats[index] = {g: {k: unpack_accumulator(a) for k, a in accs.items()} for g, accs in state.items()}
+
+
+def block_influence(model, adapter: Adapter, ids: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """ShortGPT's BI of every block (:class:`BlockInfluence`) from one dense pass over ``ids [N, T]``: the
+    calibration engine's block walker, ``batch_size`` sequences per chunk (``model``: unused, the adapter's)."""
+    accs = [BlockInfluence() for _ in range(adapter.n_layers)]
+    with torch.no_grad():
+        walk = Walk(adapter, ids, batch_size)
+        for visit in walk.blocks():
+            for j in range(len(visit.inputs)):
+                h = visit.input(j)
+                accs[visit.index].update(h, visit.output(j, h))
+    return torch.tensor([a.bi for a in accs], dtype=torch.float64)

@@ -4,9 +4,9 @@ into the q/k projections (CORP, seed 002, Sec. 3.3-3.4; spec ``corp.md`` Sec. 2,
 Per block, in the calibration engine's ``attn_in`` group (the q/k input ``X``):
 
 1. statistics: the per-sequence second moments ``A_b = Q_b^T Q_b`` and ``C_b = K_b^T K_b`` of every head,
-   from the block's current q/k projections (biases included) -- :class:`secateur.compensate.PerSampleGram`;
+   from the block's current q/k projections (biases included) -- :class:`secateur.calib.qk.QKOutputGrams`;
 2. selection: per KV head, keep ``d_s = d_h - floor(rho d_h)`` dims (at least ``min_qk_dim``) by CORP's
-   score ``sum_b diag(A_b) * diag(C_b)`` summed over the head's query heads (:func:`corp_qk_scores`);
+   score ``sum_b diag(A_b) * diag(C_b)`` over the head's query heads (:func:`secateur.scoring.corp.corp_qk_scores`);
 3. compensation: the ridge solve ``M`` of Eq. (4.2) per query head (``q_s^T M k_s`` fits the dense logit
    ``q^T k`` over the calibration tokens), folded into W_Q/b_Q (one-sided, GQA) or split between W_Q and
    W_K (balanced, MHA) -- :func:`secateur.compensate.corp_qk_layer`;
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from secateur.calib import engine
+from secateur.calib.qk import QKOutputGrams
 from secateur.calib.stats import Accumulator
-from secateur.compensate.corp import PerSampleGram, corp_qk_layer
+from secateur.compensate.corp import corp_qk_layer
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
@@ -63,26 +63,6 @@ def check_supported(adapter: Adapter) -> None:
         raise SecateurError("CORP Q/K needs logits bilinear in the q/k projections; this model normalizes q/k")
 
 
-class _QKOutputs(Accumulator):
-    """Per-sequence Grams of the q and k projection outputs computed from the shared input ``X``."""
-
-    name = "corp_qk"
-
-    def __init__(self, q: LinearRef, k: LinearRef, n_heads: int, n_kv: int, d_h: int) -> None:
-        self.q, self.k = q, k
-        self.qa, self.ka = PerSampleGram(d_h, n_heads), PerSampleGram(d_h, n_kv)
-
-    def update(self, x: torch.Tensor) -> None:
-        x = x if x.dim() == 3 else x[None]
-        for ref, acc in ((self.q, self.qa), (self.k, self.ka)):
-            b = None if ref.bias is None else ref.bias.detach().float()
-            acc.update(F.linear(x.float(), ref.weight.detach().float(), b))
-
-    def merge(self, other: _QKOutputs) -> None:
-        self.qa.merge(other.qa)
-        self.ka.merge(other.ka)
-
-
 class CorpQKHandler(engine.Handler):
     resumable = True
 
@@ -96,12 +76,12 @@ class CorpQKHandler(engine.Handler):
             return {}
         g = ctx.adapter.geometry
         refs = ctx.adapter.role_refs(ctx.layer)
-        return {"corp_qk": _QKOutputs(refs["q"], refs["k"], g.n_heads, g.n_kv_heads, g.head_dim)}
+        return {"corp_qk": QKOutputGrams(refs["q"], refs["k"], g.n_heads, g.n_kv_heads, g.head_dim)}
 
     def on_group(self, ctx, group, names, accs) -> None:
         if group != "attn_in":
             return
-        acc: _QKOutputs = accs["corp_qk"]
+        acc: QKOutputGrams = accs["corp_qk"]
         g = ctx.adapter.geometry
         q, k = acc.q, acc.k
         # solve on the CPU, where the statistics are (the block may be visiting a GPU)

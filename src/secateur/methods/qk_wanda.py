@@ -47,18 +47,17 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from secateur.budgets.masks import deletion_count, lowest_k_flat, lowest_k_rows
+from secateur.budgets.masks import allocation_summary, budget_counts, lowest_k_masks, prune_masks
 from secateur.calib import engine
-from secateur.calib.stats import Accumulator, SumSq
+from secateur.calib.qk import ProjectedQKStats
+from secateur.calib.stats import Accumulator, InputChunks, SumSq
 from secateur.errors import SecateurError
 from secateur.methods.unstructured import UnstructuredConfig, block_masks, prune_linear
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
 from secateur.scoring import QKStats, QKVariant, segment_sequences
-from secateur.scoring.qk_wanda import _Chunk
 
 QK_BUDGETS = ("shared", "separate", "row")
 SCOPES = ("qk", "all")
@@ -120,105 +119,6 @@ def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: 
     return seg, chunk_size * (ids.shape[1] // segment_len)
 
 
-class _QKStats(QKStats):
-    """:class:`QKStats` fed with q/k projection outputs: taken from the model's own forward
-    (:meth:`update_projected`) or recomputed in the model's dtype from ``proj = (W_q, b_q, W_k, b_k)``
-    (:meth:`update`), as the model itself computes them.
-
-    Base variant fast path (Alg. 1 steps 2-3, spec §5-6): per-sequence energies ``e_X``, ``e_K`` and grouped
-    ``e~_Q`` in float32 (or the inputs' wider dtype), summed as ``A_K += e_K e_X^T``, ``A_Q += e~_Q e_X^T``
-    in float64 -- the same factors as :class:`QKStats` (Eqs. 31-32) without its float64 token-level copies.
-    Other variants go through :class:`QKStats`'s own per-chunk code with the given projections.
-    """
-
-    def __init__(self, *args, proj: tuple | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._proj = proj
-        self._base_only = self.variants == (QKVariant(),)
-
-    def update(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        if self._proj is None or rope is not None:
-            return super().update(x, rope)
-        Wq, bq, Wk, bk = self._proj
-        with torch.no_grad():
-            self.update_projected(x, F.linear(x, Wq, bq), F.linear(x, Wk, bk))
-
-    def update_projected(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        """Same as ``update(x)`` with ``Q = W_q x + b_q``, ``K = W_k x + b_k`` given (``[B, T, D_Q]``,
-        ``[B, T, D_K]``, pre-RoPE). The engine has already checked ``x`` for non-finite values."""
-        B, T = x.shape[0], x.shape[1]
-        if B == 0 or T == 0:
-            return
-        if self._base_only:
-            ct = torch.promote_types(x.dtype, torch.float32)
-
-            def energy(t: torch.Tensor) -> torch.Tensor:  # per-sequence squared row norms over tokens, [B, D]
-                return t.detach().to(ct).square().sum(1)
-
-            conv = dict(device=self.device, dtype=self.dtype)
-            ex = energy(x).to(**conv)  # ||X_j:||^2, [B, d]
-            ek = energy(k).to(**conv)  # ||K_i:||^2, [B, D_K]
-            eq = (energy(q).reshape(B, self.n_kv_heads, self.group_size, self.head_dim).sum(2)
-                  .reshape(B, -1).to(**conv))  # sum_{h in H_g} ||Q_i:||^2, [B, D_K]
-            v = self.variants[0]
-            self.A_K[v] += ek.T @ ex
-            self.A_Q[v] += eq.T @ ex
-        else:
-            conv = dict(dtype=self.dtype, device=self.device)
-            c = _Chunk(self, x.detach().to(**conv), None)
-            c.__dict__["q"] = q.detach().to(**conv).reshape(B, T, self.n_heads, self.head_dim)
-            c.__dict__["k"] = k.detach().to(**conv).reshape(B, T, self.n_kv_heads, self.head_dim)
-            for v in self.variants:
-                self.A_K[v] += self._query_factor(c, v)
-                self.A_Q[v] += self._key_factor(c, v)
-        self.n_seqs += B
-        self.n_tokens += B * T
-
-
-class _Inputs(Accumulator):
-    """Keeps references to the block's q/k input chunks (progressive re-scoring re-reads them)."""
-
-    name = "inputs"
-
-    def __init__(self) -> None:
-        self.chunks: list[torch.Tensor] = []
-
-    def update(self, x: torch.Tensor) -> None:
-        self.chunks.append(x.detach())
-
-    def merge(self, other: Accumulator) -> None:
-        self.chunks += other.chunks
-
-
-def lowest_k_masks(scores: list[torch.Tensor], budget: str, k: int | list[int]) -> list[torch.Tensor]:
-    """Masks of the ``k`` lowest scores per pool with the budgets' tie order (as a stable ascending sort,
-    :mod:`secateur.budgets.masks`): ``row`` -> ``k`` per row of every matrix (increasing column on ties),
-    ``separate`` -> ``k[i]`` in matrix ``i`` (row-major), ``shared`` -> ``k`` over all matrices concatenated
-    row-major in the given order (all Q entries before all K entries)."""
-    for i, s in enumerate(scores):
-        if s.is_floating_point() and bool(torch.isnan(s).any()):
-            raise SecateurError(f"scores[{i}] contain NaN; cannot rank them")
-    if budget == "row":
-        return [lowest_k_rows(s, k) for s in scores]
-    if budget == "separate":
-        return [lowest_k_flat(s.reshape(-1), ki).reshape(s.shape) for s, ki in zip(scores, k)]
-    m = lowest_k_flat(torch.cat([s.reshape(-1) for s in scores]), k)
-    out, start = [], 0
-    for s in scores:
-        out.append(m[start:start + s.numel()].reshape(s.shape))
-        start += s.numel()
-    return out
-
-
-def final_counts(shapes: list[torch.Size], rho: float, budget: str, rounding: str) -> int | list[int]:
-    """Per-pool deletion counts ``M`` of a budget (row: per row; separate: per matrix; shared: total)."""
-    if budget == "row":
-        return deletion_count(shapes[0][1], rho, rounding)
-    if budget == "separate":
-        return [deletion_count(s.numel(), rho, rounding) for s in shapes]
-    return deletion_count(sum(s.numel() for s in shapes), rho, rounding)
-
-
 class QKWandaHandler(engine.Handler):
     """Engine handler: QK-Wanda masks for q/k (and row-wise Wanda for v/o/MLP in the hybrid scope).
 
@@ -236,7 +136,7 @@ class QKWandaHandler(engine.Handler):
         self.blocks: list[dict] = []
         self.timings: dict[str, float] = {}
         self._hooks: list = []
-        self._hook_stats: _QKStats | None = None
+        self._hook_stats: ProjectedQKStats | None = None
         self._wanda = UnstructuredConfig(method="wanda", sparsity=cfg.sparsity, budget="row", rounding=cfg.rounding)
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -253,14 +153,14 @@ class QKWandaHandler(engine.Handler):
         refs = ctx.adapter.role_refs(ctx.layer)
         return [refs[r] for r in WANDA_ROLES if r in refs and id(refs[r].module) in mods]
 
-    def _new_stats(self, ctx: engine.BlockContext, Wq: torch.Tensor, Wk: torch.Tensor) -> _QKStats:
+    def _new_stats(self, ctx: engine.BlockContext, Wq: torch.Tensor, Wk: torch.Tensor) -> ProjectedQKStats:
         """Statistics for the weights ``Wq, Wk`` (model dtype, ``[out, in]``) with the block's biases."""
         q, k = self._qk(ctx)
         rope = ctx.kwargs.get("position_embeddings") if self.variant.rope else None
         bq = None if q.bias is None else q.bias.detach()
         bk = None if k.bias is None else k.bias.detach()
-        return _QKStats(Wq, Wk, bq, bk, ctx.adapter.geometry, self.variant, rope=rope, dtype=self.cfg.stats_dtype,
-                        proj=(Wq.detach(), bq, Wk.detach(), bk))
+        return ProjectedQKStats(Wq, Wk, bq, bk, ctx.adapter.geometry, self.variant, rope=rope,
+                                dtype=self.cfg.stats_dtype, proj=(Wq.detach(), bq, Wk.detach(), bk))
 
     def _store(self, ctx: engine.BlockContext, ref: LinearRef, mask: torch.Tensor) -> None:
         """Record ``mask`` ([out, in] of ``ref``) under its module's full name, merging fused row slices."""
@@ -311,7 +211,7 @@ class QKWandaHandler(engine.Handler):
             else:
                 accs["qk"] = self._new_stats(ctx, q.weight, k.weight)
             if self.cfg.progressive > 1:
-                accs["inputs"] = _Inputs()
+                accs["inputs"] = InputChunks()
         tg = self._wanda_refs(ctx, names)
         if tg:
             accs["sumsq"] = SumSq(tg[0].in_features)
@@ -339,13 +239,12 @@ class QKWandaHandler(engine.Handler):
         self.blocks += state["blocks"]
 
     # --- Q/K selection ------------------------------------------------------------------------------
-    def _prune_qk(self, ctx: engine.BlockContext, stats: QKStats, inputs: _Inputs | None) -> None:
+    def _prune_qk(self, ctx: engine.BlockContext, stats: QKStats, inputs: InputChunks | None) -> None:
         q, k = self._qk(ctx)
         cfg = self.cfg
         Sq, Sk = stats.scores(self.variant)  # the statistics hold exactly this block's current q/k weights
-        if cfg.progressive == 1:  # same masks as budgets.prune_masks (tested), in linear time for pooled budgets
-            M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
-            mq, mk = lowest_k_masks([Sq, Sk], cfg.budget, M)
+        if cfg.progressive == 1:
+            mq, mk = prune_masks([Sq, Sk], cfg.sparsity, cfg.budget, cfg.rounding)
         else:
             mq, mk = self._progressive(ctx, Sq, Sk, inputs)
         with torch.no_grad():  # both masks are selected before either is applied
@@ -357,12 +256,12 @@ class QKWandaHandler(engine.Handler):
         self.blocks.append({"block": ctx.index, "q_removed": nq, "k_removed": nk, "q_total": mq.numel(),
                             "k_total": mk.numel(), "rho_q": nq / mq.numel(), "rho_k": nk / mk.numel()})
 
-    def _progressive(self, ctx, Sq, Sk, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _progressive(self, ctx, Sq, Sk, inputs: InputChunks) -> tuple[torch.Tensor, torch.Tensor]:
         """App. K: J simultaneous re-scoring steps, cumulative targets ``M_r = floor(r M / J)`` (Eq. 53)."""
         cfg, J = self.cfg, self.cfg.progressive
         q, k = self._qk(ctx)
         Wq0, Wk0 = q.weight.detach().clone(), k.weight.detach().clone()
-        M = final_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
+        M = budget_counts([Sq.shape, Sk.shape], cfg.sparsity, cfg.budget, cfg.rounding)
         masks = [torch.zeros(Sq.shape, dtype=torch.bool), torch.zeros(Sk.shape, dtype=torch.bool)]
         for r in range(1, J + 1):
             if r > 1:  # re-score from the current sparse pair on the same block inputs
@@ -383,16 +282,6 @@ class QKWandaResult:
     masks: dict[str, torch.Tensor]
     timings: dict[str, float] = field(default_factory=dict)
     details: dict = field(default_factory=dict)
-
-
-def allocation_summary(blocks: list[dict]) -> dict:
-    """Per-block Q/K removal fractions (paper Fig. 3) and their means."""
-    blocks = sorted(blocks, key=lambda b: b["block"])
-    n = max(len(blocks), 1)
-    return {"per_block": blocks,
-            "mean_rho_q": sum(b["rho_q"] for b in blocks) / n, "mean_rho_k": sum(b["rho_k"] for b in blocks) / n,
-            "qk_removed": sum(b["q_removed"] + b["k_removed"] for b in blocks),
-            "qk_total": sum(b["q_total"] + b["k_total"] for b in blocks)}
 
 
 def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, cfg: QKWandaConfig,

@@ -24,6 +24,7 @@ from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
+from secateur.scoring.wanda import wanda_scores
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
 ALL_ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down")
@@ -85,11 +86,6 @@ class UnstructuredConfig:
         if self.budget is not None:
             return self.budget
         return "matrix" if self.method == "magnitude" else "row"
-
-
-def wanda_scores(W: torch.Tensor, sumsq: SumSq) -> torch.Tensor:
-    """``S_ij = |W_ij| * ||X_j||_2`` (Wanda Eq. 1), float64."""
-    return W.detach().abs().to(torch.float64) * sumsq.sumsq.sqrt().to(W.device).unsqueeze(0)
 
 
 def block_masks(masks: dict[str, torch.Tensor], ctx: engine.BlockContext) -> dict[str, torch.Tensor]:

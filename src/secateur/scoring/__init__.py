@@ -15,7 +15,7 @@ API::
 Masks: :mod:`secateur.budgets.masks` (``shared_mask([Sq, Sk], rho)`` is the paper's default budget).
 """
 
-from secateur.scoring.qk_rope import model_rope_tables, rope_tables
+from secateur.calib.rope import model_rope_tables, rope_tables
 from secateur.scoring.qk_segments import segment_sequences
 from secateur.scoring.qk_wanda import VARIANTS, QKStats, QKVariant, qk_wanda_scores
 

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from secateur.calib import dist
+from secateur.calib import dist, engine
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory
@@ -163,7 +163,9 @@ def unit_specs(inv: Inventory, units: torch.Tensor | None = None) -> list[_UnitS
 
 
 class _Walker:
-    """Dense and ablated forwards of one block of sequences through the adapter's staged API."""
+    """Dense and ablated forwards of one block of sequences: the dense pass is the calibration engine's
+    block walker (:class:`secateur.calib.engine.Walk`, kept on the device), the ablated re-runs of the upper
+    layers go through the adapter's staged API."""
 
     def __init__(self, model: nn.Module, adapter: Adapter, kw: dict, positions: torch.Tensor) -> None:
         self.model, self.a, self.kw = model, adapter, kw
@@ -172,11 +174,10 @@ class _Walker:
 
     def dense_inputs(self, ids: torch.Tensor) -> list[torch.Tensor]:
         """Hidden states entering every layer, plus the last layer's output (``L + 1`` tensors)."""
-        h, _ = self.a.capture_inputs(ids)
-        hs = [h]
-        for layer in self.a.layers:
-            h = self.a.block_forward(layer, h, self.kw)
-            hs.append(h)
+        walk = engine.Walk(self.a, ids, ids.shape[0], store=None, kwargs=self.kw)
+        hs = list(walk.hs)
+        for visit in walk.blocks():
+            hs.append(visit.output(0))
         return hs
 
     def logits_at_positions(self, h: torch.Tensor) -> torch.Tensor:
@@ -184,9 +185,7 @@ class _Walker:
         return self.head(self.a.final_hidden(h[:, self.pos])).float()
 
     def run_from(self, start: int, h: torch.Tensor) -> torch.Tensor:
-        for layer in self.a.layers[start:]:
-            h = self.a.block_forward(layer, h, self.kw)
-        return h
+        return engine.run_blocks(self.a, h, self.kw, start)
 
     def layer_parts(self, li: int, h_in: torch.Tensor) -> dict:
         """Dense staged intermediates of layer ``li`` (computed once per block and layer)."""
@@ -211,6 +210,114 @@ class _Walker:
         return h_next - parts["mlp_act"][..., spec.cols] @ parts["w_down"][:, spec.cols].T
 
 
+@dataclass
+class _Plan:
+    """The units to ablate: their specs by layer, their column in ``Phi`` and the ablated mask."""
+
+    M: int
+    specs: list[_UnitSpec]
+    ablated: torch.Tensor
+    col_of: dict[int, int]
+    by_layer: dict[int, list[_UnitSpec]]
+
+    @classmethod
+    def build(cls, inv: Inventory, units: torch.Tensor | None) -> _Plan:
+        specs = unit_specs(inv, units)
+        if not specs:
+            raise SecateurError("no unit to ablate")
+        ablated = torch.zeros(len(inv), dtype=torch.bool)
+        ablated[[s.index for s in specs]] = True
+        by_layer: dict[int, list[_UnitSpec]] = {}
+        for s in specs:
+            by_layer.setdefault(s.layer, []).append(s)
+        return cls(len(inv), specs, ablated, {s.index: j for j, s in enumerate(specs)}, by_layer)
+
+
+class _Teacher:
+    """The dense logits of one block of sequences at the sampled positions and their top-r support."""
+
+    def __init__(self, z0: torch.Tensor, top_r: int) -> None:
+        self.shape = z0.shape  # [B, P, V]
+        self.logp0 = torch.log_softmax(z0.double(), dim=-1)  # float64: KL of weak units is tiny
+        self.idx, self.p_sup = teacher_support(z0, top_r)
+        self.z0_sup = z0.gather(-1, self.idx)
+
+    def response(self, z: torch.Tensor, cfg: SweepConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fisher features (``[B, P, r]``) and full-vocabulary KL(p_0 || p_{-u}) sum of one ablation's logits."""
+        dz = self.z0_sup - z.gather(-1, self.idx)
+        f = fisher_features(dz, self.p_sup, cfg.renormalize, cfg.center)
+        logq = torch.log_softmax(z.double(), dim=-1)
+        return f, (self.logp0.exp() * (self.logp0 - logq)).sum()
+
+
+def _check_sweep(adapter: Adapter, ids: torch.Tensor, cfg: SweepConfig) -> None:
+    if ids.dim() != 2:
+        raise SecateurError(f"calibration ids must be [N, T], got {tuple(ids.shape)}")
+    if cfg.top_r < 1 or cfg.unit_batch < 1 or cfg.seqs_per_block < 1:
+        raise SecateurError("top_r, unit_batch and seqs_per_block must be >= 1")
+    if cfg.center not in CENTERS:
+        raise SecateurError(f"center must be one of {CENTERS}, not {cfg.center!r}")
+    adapter.check_calibration_length(ids.shape[1])
+
+
+def _ablate_layer(walker: _Walker, plan: _Plan, teacher: _Teacher, li: int, hs: list[torch.Tensor],
+                  cfg: SweepConfig, phi: torch.Tensor, kl: torch.Tensor) -> int:
+    """Every planned unit of layer ``li``, ``unit_batch`` ablations per re-run of the upper layers; fills their
+    columns of ``phi`` and entries of ``kl``. Returns the number of ablations."""
+    parts = walker.layer_parts(li, hs[li])
+    todo = plan.by_layer[li]
+    for c in range(0, len(todo), cfg.unit_batch):
+        group = todo[c:c + cfg.unit_batch]
+        h = torch.cat([walker.ablated_output(parts, hs[li + 1], sp) for sp in group])
+        h = walker.run_from(li + 1, h)
+        z = walker.logits_at_positions(h).view(len(group), *teacher.shape)
+        for k, sp in enumerate(group):
+            f, kl[sp.index] = teacher.response(z[k], cfg)
+            phi[:, plan.col_of[sp.index]] = f.reshape(-1)
+    return len(todo)
+
+
+def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig,
+                 clock: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block of sequences -> (its ``M x M`` Gram, per-unit KL sums, support mass sum); adds to ``clock``."""
+    t0 = time.perf_counter()
+    hs = walker.dense_inputs(x)
+    teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg.top_r)
+    clock["dense"] += time.perf_counter() - t0
+    phi = torch.zeros(teacher.idx.numel(), len(plan.specs), dtype=torch.float64)
+    kl = torch.zeros(plan.M, dtype=torch.float64)
+    t1 = time.perf_counter()
+    for li in sorted(plan.by_layer):
+        clock["n_abl"] += _ablate_layer(walker, plan, teacher, li, hs, cfg, phi, kl)
+    t2 = time.perf_counter()
+    g = gram(phi)
+    full = torch.zeros(plan.M, plan.M, dtype=torch.float64)
+    sel = torch.tensor([sp.index for sp in plan.specs])
+    full[sel[:, None], sel[None, :]] = g
+    clock["abl"] += t2 - t1
+    clock["gram"] += time.perf_counter() - t2
+    return full, kl, teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1)
+
+
+def _reduce(local: dict[str, dict[int, torch.Tensor]], plan: _Plan, n_blocks: int, n_pos: int,
+            clock: dict[str, float], extra: dict) -> SweepResult:
+    """Block-ordered sums over the processes -> :class:`SweepResult` (``H`` symmetrized, timings)."""
+    M = plan.M
+    H = dist.ordered_block_sum(local["gram"], n_blocks, (M, M))
+    kl_sum = dist.ordered_block_sum(local["kl"], n_blocks, (M,))
+    mass = dist.ordered_block_sum(local["mass"], n_blocks, (1,))
+    H = H / n_pos
+    H = 0.5 * (H + H.T)  # exact symmetry (Phi^T Phi is symmetric up to GEMM rounding)
+    times = dist.sum_floats([clock["dense"], clock["abl"], clock["gram"], float(clock["n_abl"])])
+    dense_per_block = times[0] / n_blocks
+    per_abl = times[1] / max(times[3], 1.0)
+    timings = {"dense_s": times[0], "ablations_s": times[1], "gram_s": times[2], "n_ablations": int(times[3]),
+               "per_ablation_s": per_abl, "dense_forward_per_block_s": dense_per_block,
+               "ablation_over_dense": per_abl / dense_per_block if dense_per_block > 0 else None} | extra
+    return SweepResult(H=H, ablated=plan.ablated, kl_single=kl_sum / n_pos, n_positions=n_pos,
+                       support_mass=float(mass[0]) / n_pos, timings=timings)
+
+
 def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torch.Tensor,
                    cfg: SweepConfig | None = None, units: torch.Tensor | None = None) -> SweepResult:
     """Single-unit ablation sweep over the calibration set ``ids [N, T]`` -> :class:`SweepResult`.
@@ -220,24 +327,8 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     reduces the result in block order (identical ``H`` for any number of processes).
     """
     cfg = cfg or SweepConfig()
-    if ids.dim() != 2:
-        raise SecateurError(f"calibration ids must be [N, T], got {tuple(ids.shape)}")
-    if cfg.top_r < 1 or cfg.unit_batch < 1 or cfg.seqs_per_block < 1:
-        raise SecateurError("top_r, unit_batch and seqs_per_block must be >= 1")
-    if cfg.center not in CENTERS:
-        raise SecateurError(f"center must be one of {CENTERS}, not {cfg.center!r}")
-    adapter.check_calibration_length(ids.shape[1])
-    M = len(inv)
-    specs = unit_specs(inv, units)
-    if not specs:
-        raise SecateurError("no unit to ablate")
-    ablated = torch.zeros(M, dtype=torch.bool)
-    ablated[[s.index for s in specs]] = True
-    col_of = {s.index: j for j, s in enumerate(specs)}
-    by_layer: dict[int, list[_UnitSpec]] = {}
-    for s in specs:
-        by_layer.setdefault(s.layer, []).append(s)
-
+    _check_sweep(adapter, ids, cfg)
+    plan = _Plan.build(inv, units)
     device = adapter.device
     N, T = ids.shape
     pos = sample_positions(T, cfg.positions_per_seq).to(device)
@@ -245,70 +336,14 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     walker = _Walker(model, adapter, kw, pos)
     rank, world = dist.rank_world()
     blocks = [(b, s, min(s + cfg.seqs_per_block, N)) for b, s in enumerate(range(0, N, cfg.seqs_per_block))]
-    mine = [blk for blk in blocks if blk[0] % world == rank]
-
-    local_gram: dict[int, torch.Tensor] = {}
-    local_kl: dict[int, torch.Tensor] = {}
-    local_mass: dict[int, torch.Tensor] = {}
-    t_dense = t_abl = t_gram = 0.0
-    n_abl = 0
+    local: dict[str, dict[int, torch.Tensor]] = {"gram": {}, "kl": {}, "mass": {}}
+    clock = {"dense": 0.0, "abl": 0.0, "gram": 0.0, "n_abl": 0}
     with torch.no_grad():
-        for b, s, e in mine:
-            t0 = time.perf_counter()
-            x = ids[s:e].to(device)
-            hs = walker.dense_inputs(x)
-            z0 = walker.logits_at_positions(hs[-1])  # [B, P, V]
-            logp0 = torch.log_softmax(z0.double(), dim=-1)  # float64: KL of weak units is tiny
-            idx, p_sup = teacher_support(z0, cfg.top_r)
-            z0_sup = z0.gather(-1, idx)
-            t_dense += time.perf_counter() - t0
-            rows = idx.numel()
-            phi = torch.zeros(rows, len(specs), dtype=torch.float64)
-            kl = torch.zeros(M, dtype=torch.float64)
-            t1 = time.perf_counter()
-            for li in sorted(by_layer):
-                parts = walker.layer_parts(li, hs[li])
-                todo = by_layer[li]
-                for c in range(0, len(todo), cfg.unit_batch):
-                    group = todo[c:c + cfg.unit_batch]
-                    h = torch.cat([walker.ablated_output(parts, hs[li + 1], sp) for sp in group])
-                    h = walker.run_from(li + 1, h)
-                    z = walker.logits_at_positions(h).view(len(group), *z0.shape)
-                    for k, sp in enumerate(group):
-                        dz = z0_sup - z[k].gather(-1, idx)
-                        f = fisher_features(dz, p_sup, cfg.renormalize, cfg.center)
-                        phi[:, col_of[sp.index]] = f.reshape(-1)
-                        logq = torch.log_softmax(z[k].double(), dim=-1)
-                        kl[sp.index] = (logp0.exp() * (logp0 - logq)).sum()
-                    n_abl += len(group)
-                del parts
-            t2 = time.perf_counter()
-            g = gram(phi)
-            full = torch.zeros(M, M, dtype=torch.float64)
-            sel = torch.tensor([sp.index for sp in specs])
-            full[sel[:, None], sel[None, :]] = g
-            local_gram[b] = full
-            local_kl[b] = kl
-            local_mass[b] = p_sup.sum(-1).to(torch.float64).sum().reshape(1)
-            t_abl += t2 - t1
-            t_gram += time.perf_counter() - t2
+        for b, s, e in (blk for blk in blocks if blk[0] % world == rank):
+            local["gram"][b], local["kl"][b], local["mass"][b] = _sweep_block(walker, plan, ids[s:e].to(device),
+                                                                              cfg, clock)
             if cfg.progress:
-                print(f"[cocurve] rank {rank} block {b + 1}/{len(blocks)}: dense {t_dense:.1f}s "
-                      f"ablations {t_abl:.1f}s", flush=True)
-    n_blocks = len(blocks)
-    H = dist.ordered_block_sum(local_gram, n_blocks, (M, M))
-    kl_sum = dist.ordered_block_sum(local_kl, n_blocks, (M,))
-    mass = dist.ordered_block_sum(local_mass, n_blocks, (1,))
-    n_pos = N * pos.numel()
-    H = H / n_pos
-    H = 0.5 * (H + H.T)  # exact symmetry (Phi^T Phi is symmetric up to GEMM rounding)
-    times = dist.sum_floats([t_dense, t_abl, t_gram, float(n_abl)])
-    dense_per_block = times[0] / n_blocks
-    per_abl = times[1] / max(times[3], 1.0)
-    timings = {"dense_s": times[0], "ablations_s": times[1], "gram_s": times[2], "n_ablations": int(times[3]),
-               "per_ablation_s": per_abl, "dense_forward_per_block_s": dense_per_block,
-               "ablation_over_dense": per_abl / dense_per_block if dense_per_block > 0 else None,
-               "world_size": world, "n_blocks": n_blocks,
-               "tokens_per_block": cfg.seqs_per_block * T}
-    return SweepResult(H=H, ablated=ablated, kl_single=kl_sum / n_pos, n_positions=n_pos,
-                       support_mass=float(mass[0]) / n_pos, timings=timings)
+                print(f"[cocurve] rank {rank} block {b + 1}/{len(blocks)}: dense {clock['dense']:.1f}s "
+                      f"ablations {clock['abl']:.1f}s", flush=True)
+    extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T}
+    return _reduce(local, plan, len(blocks), N * pos.numel(), clock, extra)

@@ -44,10 +44,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from secateur.calib.stats import Accumulator, Gram, MeanVar, SumSq
+from secateur.calib.collect import block_influence  # noqa: F401  (re-exported: ShortGPT's pass lives in calib)
+from secateur.calib.stats import Accumulator, BlockInfluence, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.scoring.corp import corp_mlp_scores
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
 
 StatsLike = Accumulator | Mapping[str, Accumulator]
@@ -145,70 +147,14 @@ def rcpu(w: torch.Tensor, stats: StatsLike) -> torch.Tensor:
 def corp_mlp(w_down: torch.Tensor, stats: StatsLike, w_in: list[torch.Tensor] | None = None,
              weight_factor: str = "out_col") -> torch.Tensor:
     """CORP MLP channel score ``E[h_i^2] ||W2_:,i||`` (CORP §3.3, combined = paper default) from the
-    down_proj input statistics: :func:`secateur.compensate.corp.corp_mlp_scores` with ``E[h_i^2]`` read
+    down_proj input statistics: :func:`secateur.scoring.corp.corp_mlp_scores` with ``E[h_i^2]`` read
     from ``stats`` (``weight_factor='in_row_out_col'``: the public code's variant, corp.md [A1])."""
-    from secateur.compensate.corp import corp_mlp_scores
-
     mo = moments(stats)
     return corp_mlp_scores(_w(w_down), mo.energy / max(mo.n, 1), weight_factor=weight_factor,
                            w_in=[_w(w) for w in (w_in or [])])
 
 
-# --- block influence (ShortGPT) -----------------------------------------------------------------------
-
-class BlockInfluence(Accumulator):
-    """ShortGPT block influence ``BI = 1 - E_{x,t}[cos(x_in, x_out)]`` (baselines.md §8).
-
-    Unlike the single-input accumulators, ``update`` takes the block's input AND output ``[B, T, d]``.
-    Cosines are computed per token in float64; a zero-norm token counts as cos = 1 (no change).
-    ``BI`` lies in [0, 2]; an identity block gives 0 (baselines.md B7).
-    """
-
-    name = "block_influence"
-
-    def __init__(self) -> None:
-        self.sum_cos = 0.0
-        self.n = 0
-
-    def update(self, x_in: torch.Tensor, x_out: torch.Tensor | None = None) -> None:  # type: ignore[override]
-        if x_out is None:
-            raise TypeError("BlockInfluence.update needs (block input, block output)")
-        a = x_in.reshape(-1, x_in.shape[-1]).to(torch.float64)
-        b = x_out.reshape(-1, x_out.shape[-1]).to(torch.float64)
-        na, nb = a.norm(dim=1), b.norm(dim=1)
-        denom = na * nb
-        cos = torch.where(denom > 0, (a * b).sum(1) / denom.clamp_min(1e-300), torch.ones_like(denom))
-        self.sum_cos += float(cos.clamp(-1, 1).sum())
-        self.n += a.shape[0]
-
-    def merge(self, other: BlockInfluence) -> None:
-        self.sum_cos += other.sum_cos
-        self.n += other.n
-
-    @property
-    def bi(self) -> float:
-        return 1.0 - self.sum_cos / max(self.n, 1)
-
-
-def block_influence(model: nn.Module, adapter: Adapter, ids: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
-    """BI of every block from one dense pass over ``ids [N, T]`` (forward hooks on the decoder layers)."""
-    accs = [BlockInfluence() for _ in range(adapter.n_layers)]
-    handles = []
-    for i, layer in enumerate(adapter.layers):
-        def hook(_m, args, kwargs, out, acc=accs[i]):
-            x = args[0] if args else kwargs["hidden_states"]
-            y = out[0] if isinstance(out, tuple) else out
-            acc.update(x, y)
-        handles.append(layer.register_forward_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            for s in range(0, ids.shape[0], batch_size):
-                model(input_ids=ids[s:s + batch_size].to(adapter.device), use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.tensor([a.bi for a in accs], dtype=torch.float64)
-
+# --- block influence (ShortGPT): the accumulator and its pass live in secateur.calib -----------------------
 
 # --- unit scores ----------------------------------------------------------------------------------------
 
