@@ -48,6 +48,7 @@ from secateur.calib.stats import Accumulator, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.models.families import layout_of
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
 
 StatsLike = Accumulator | Mapping[str, Accumulator]
@@ -236,7 +237,7 @@ def _in_weights(adapter: Adapter, layer: nn.Module) -> list[torch.Tensor]:
 
 def _qkv(fam: str, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v weights as ``[out, in]`` (a fused q|k|v projection, GPT-2's ``c_attn``, split in thirds)."""
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     attn = hetero.attention_module(fam, layer)
     ws = [hetero.weight_oi(layout, getattr(attn, name)) for name in layout.qkv]
     if layout.fused_qkv:
@@ -297,7 +298,7 @@ def register_scorer(name: str, fn: Callable[..., torch.Tensor]) -> None:
 
 
 def _magnitude_unit(inv: Inventory, adapter: Adapter) -> torch.Tensor:
-    fam = hetero.family_of(adapter.config)
+    fam = adapter.family
     out = torch.zeros(len(inv), dtype=torch.float64)
     m = inv.head_dim
     for p in inv.pools:
