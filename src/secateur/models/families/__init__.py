@@ -8,11 +8,13 @@ GGUF architecture, and the staged forward the calibration engine runs. Shared be
 :mod:`~secateur.models.families.base`; a family close to another subclasses it (Mistral, Qwen2 and Qwen3
 extend Llama's adapter with their own layout).
 
-This package finds the family modules itself (every module here with an ``ADAPTER``) and derives every
-per-family table from them: :data:`ADAPTERS` (family -> adapter class, read by :func:`get_adapter`,
+This package imports the modules named in :data:`FAMILY_MODULES` (in that order: it is the order of every
+list of families secateur prints) and derives every per-family table from their ``ADAPTER`` classes:
+:data:`ADAPTERS` (family -> adapter class, read by :func:`get_adapter`,
 :func:`adapter_class` and the model checks), the heterogeneous export classes and layouts of
 :mod:`secateur.models.hetero` (via :func:`~secateur.models.hetero.define_family`) and the GGUF families of
-:mod:`secateur.models.gguf_cache`. Nothing else in secateur names a family.
+:mod:`secateur.models.gguf_cache`. No other module keeps a per-family table (the test fixtures of
+:mod:`secateur.testing` aside).
 
 Adding a family (say ``phi3``):
 
@@ -20,7 +22,9 @@ Adding a family (say ``phi3``):
    family's adapter) with ``family = "phi3"``, ``config_class, model_class = Phi3Config, Phi3ForCausalLM``,
    ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the structure/staged-forward methods
    the base leaves abstract (``base``, ``layers``, ``geometry``, ``linears``, ``attn_norm``, ``attn_core``,
-   ``mlp_norm``, ``mlp_core``, ``final_hidden``); end with ``ADAPTER = Phi3Adapter``.
+   ``mlp_norm``, ``mlp_core``, ``final_hidden``); end with ``ADAPTER = Phi3Adapter``. Add ``"phi3"`` to
+   :data:`FAMILY_MODULES`. ``Phi3Adapter(model).check_layout()`` on a model of the family says whether the
+   layout matches its modules.
 2. Its tiny-model fixture: one entry in :data:`secateur.testing.TINY_CONFIGS` (a small random config).
    Every test parametrized over :data:`secateur.testing.FAMILIES` then covers it, and
    ``tests/test_structured_layout.py`` checks that the fixtures and the registry name the same families and
@@ -30,7 +34,6 @@ Adding a family (say ``phi3``):
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 from torch import nn
 
@@ -39,13 +42,14 @@ from secateur.models import hetero
 from secateur.models.families.base import HETERO_PREFIX, Adapter
 from secateur.models.hetero import FamilyLayout
 
+# The family modules of this package, in registration order.
+FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
 
-def _discover() -> dict[str, type[Adapter]]:
+
+def _load() -> dict[str, type[Adapter]]:
     found: dict[str, type[Adapter]] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        cls = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ADAPTER", None)
-        if cls is None:
-            continue
+    for name in FAMILY_MODULES:
+        cls = importlib.import_module(f"{__name__}.{name}").ADAPTER
         check_adapter(cls)
         if cls.family in found:
             raise RuntimeError(f"family {cls.family!r} is declared by both {found[cls.family].__name__} and "
@@ -65,7 +69,7 @@ def check_adapter(cls: type[Adapter]) -> None:
                         f"{cls.config_class.__name__} has model_type {cls.config_class.model_type!r}")
 
 
-ADAPTERS: dict[str, type[Adapter]] = _discover()
+ADAPTERS: dict[str, type[Adapter]] = _load()
 for _cls in ADAPTERS.values():
     hetero.define_family(_cls.family, _cls.layout, _cls.config_class, _cls.model_class)
 
