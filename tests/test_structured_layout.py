@@ -20,7 +20,6 @@ from secateur.models.adapters import adapter_class, get_adapter, supported_model
 from secateur.models.families import ADAPTERS, check_adapter, family_of, layout_of
 from secateur.models.families.gpt2 import GPT2Adapter
 from secateur.models.families.llama import LlamaAdapter
-from secateur.models.families.qwen2 import Qwen2Adapter
 from secateur.testing import FAMILIES, TINY_CONFIGS, tiny_config, tiny_model
 
 
@@ -73,7 +72,7 @@ def test_heterogeneous_classes_extend_the_adapters_stock_classes(family):
     (LlamaAdapter, "llama", {"heads_key": "num_key_value_heads"},
      r"config key 'num_key_value_heads' \(heads_key\) reads 2, the geometry says 4"),
     (LlamaAdapter, "llama", {"qk_norm": True}, "qk_norm=True"),
-    (Qwen2Adapter, "qwen2", {"qkv_bias": False}, "self_attn.q_proj has a bias but the layout's rule False"),
+    (ADAPTERS["qwen2"], "qwen2", {"qkv_bias": False}, "self_attn.q_proj has a bias but the layout's rule False"),
     (GPT2Adapter, "gpt2", {"conv1d": False}, r"attn.c_attn weight is \[32, 96\] as \[out, in\] \(conv1d=False\)"),
     (GPT2Adapter, "gpt2", {"fused_qkv": False}, r"weight is \[96, 32\] as \[out, in\] \(conv1d=True\), the "
                                                 r"geometry says \[32, 32\]"),

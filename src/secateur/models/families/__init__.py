@@ -5,8 +5,9 @@ subclass and names it ``ADAPTER``. The subclass is everything secateur knows abo
 ``model_type`` (``family``), its stock Hugging Face config/model classes, its
 :class:`~secateur.models.hetero.FamilyLayout` (where structured pruning finds layers and projections), its
 GGUF architecture, and the staged forward the calibration engine runs. Shared behaviour lives in
-:mod:`~secateur.models.families.base`; a family close to another subclasses it (Mistral, Qwen2 and Qwen3
-extend Llama's adapter with their own layout).
+:mod:`~secateur.models.families.base`; a family close to another subclasses its adapter (Mistral, Qwen2 and
+Qwen3 are one line each: :func:`~secateur.models.families.llama.llama_like`, Llama's adapter with their own
+stock classes and layout).
 
 This package imports the modules named in :data:`FAMILY_MODULES` (in that order: it is the order of every
 list of families secateur prints) and derives every per-family table from their ``ADAPTER`` classes:
@@ -18,12 +19,14 @@ list of families secateur prints) and derives every per-family table from their 
 
 Adding a family (say ``phi3``):
 
-1. ``src/secateur/models/families/phi3.py``: ``class Phi3Adapter(Adapter)`` (or a subclass of a close
-   family's adapter) with ``family = "phi3"``, ``config_class, model_class = Phi3Config, Phi3ForCausalLM``,
-   ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the structure/staged-forward methods
-   the base leaves abstract (``base``, ``layers``, ``geometry``, ``linears``, ``attn_norm``, ``attn_core``,
-   ``mlp_norm``, ``mlp_core``, ``final_hidden``); end with ``ADAPTER = Phi3Adapter``. Add ``"phi3"`` to
-   :data:`FAMILY_MODULES`. ``Phi3Adapter(model).check_layout()`` on a model of the family says whether the
+1. ``src/secateur/models/families/phi3.py``: a subclass of :class:`~secateur.models.families.base.Adapter` (or of
+   a close family's adapter) with ``family = "phi3"``, ``config_class, model_class = Phi3Config,
+   Phi3ForCausalLM``, ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the
+   structure/staged-forward methods the base leaves abstract (``base``, ``layers``, ``geometry``, ``linears``,
+   ``attn_norm``, ``attn_core``, ``mlp_norm``, ``mlp_core``, ``final_hidden``); end with
+   ``ADAPTER = Phi3Adapter``. A family with Llama's module names and forward is one line:
+   ``ADAPTER = llama_like(Phi3Config, Phi3ForCausalLM, **layout_changes)``. Add ``"phi3"`` to
+   :data:`FAMILY_MODULES`. ``ADAPTER(model).check_layout()`` on a model of the family says whether the
    layout matches its modules.
 2. Its tiny-model fixture: one entry in :data:`secateur.testing.TINY_CONFIGS` (a small random config).
    Every test parametrized over :data:`secateur.testing.FAMILIES` then covers it, and

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -73,3 +75,15 @@ class LlamaAdapter(Adapter):
 
 
 ADAPTER = LlamaAdapter
+
+
+def llama_like(config_class: type, model_class: type, **layout_changes) -> type[LlamaAdapter]:
+    """The adapter of a family with Llama's modules and staged forward: its own stock classes (``family`` is the
+    config's ``model_type``, also its GGUF architecture) and Llama's layout with ``layout_changes``
+    (:class:`~secateur.models.hetero.FamilyLayout` fields, e.g. ``qkv_bias=True``)."""
+    family = config_class.model_type
+    return type(f"{config_class.__name__.removesuffix('Config')}Adapter", (LlamaAdapter,), {
+        "__doc__": f"``model_type = {family!r}``: Llama's modules and staged forward, its own layout.",
+        "__module__": f"{__name__.rpartition('.')[0]}.{family}",
+        "family": family, "config_class": config_class, "model_class": model_class,
+        "layout": replace(LlamaAdapter.layout, **layout_changes), "gguf_architecture": family})

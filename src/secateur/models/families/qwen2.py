@@ -1,21 +1,7 @@
-"""Qwen2 / Qwen2.5: the Llama layout with q/k/v biases (always) and none elsewhere."""
-
-from __future__ import annotations
-
-from dataclasses import replace
+"""Qwen2 / Qwen2.5: Llama's modules and staged forward, q/k/v biases (always) and none elsewhere."""
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from secateur.models.families.llama import LlamaAdapter
+from secateur.models.families.llama import llama_like
 
-
-class Qwen2Adapter(LlamaAdapter):
-    """``model_type = "qwen2"``: modules and staged forward as Llama's."""
-
-    family = "qwen2"
-    config_class, model_class = Qwen2Config, Qwen2ForCausalLM
-    layout = replace(LlamaAdapter.layout, qkv_bias=True, o_bias=False, mlp_bias=False)
-    gguf_architecture = "qwen2"
-
-
-ADAPTER = Qwen2Adapter
+ADAPTER = llama_like(Qwen2Config, Qwen2ForCausalLM, qkv_bias=True, o_bias=False, mlp_bias=False)
