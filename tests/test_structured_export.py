@@ -101,11 +101,13 @@ def test_removed_attention_blocks_and_biases_reload(family, tmp_path):
     assert torch.equal(a1, a2)
 
 
-def test_trust_remote_code_without_secateur(tmp_path):
-    m = tiny_model("gpt2", layers=3)
+@pytest.mark.parametrize(("family", "kind", "cls"), [("gpt2", "head", "SecateurGPT2LMHeadModel"),
+                                                    ("qwen3", "kv_group", "SecateurQwen3ForCausalLM")])
+def test_trust_remote_code_without_secateur(family, kind, cls, tmp_path):
+    m = tiny_model(family, layers=3)
     a = get_adapter(m)
-    apply_selection(m, a, select_units(a, "random", 0.4, kinds=("head", "channel"), allocation="global"))
-    save_pruned(m, tmp_path / "o")
+    apply_selection(m, a, select_units(a, "random", 0.4, kinds=(kind, "channel"), allocation="global"))
+    assert save_pruned(m, tmp_path / "o")["route"] == "hetero"
     ids = random_ids(1, 7)
     # bitwise equality across processes holds only for the same kernels: one thread on both sides (a loaded
     # machine can otherwise give the two processes different OpenMP splits of the same reduction)
@@ -128,7 +130,7 @@ def test_trust_remote_code_without_secateur(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "OK SecateurGPT2LMHeadModel" in out.stdout
+    assert f"OK {cls}" in out.stdout
 
 
 def test_atomic_write_and_overwrite(tmp_path):

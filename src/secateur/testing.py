@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -9,31 +11,39 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
 )
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+
+def _common(vocab: int, layers: int) -> dict:
+    return dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
+                num_attention_heads=4, max_position_embeddings=256)
+
+
+# The tiny-model fixture of every family (``model_type`` -> config builder ``(vocab, layers)``): a new family
+# adds its entry here, next to its adapter module in ``secateur.models.families``.
+TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
+    "llama": lambda vocab, layers: LlamaConfig(num_key_value_heads=2, **_common(vocab, layers)),
+    "mistral": lambda vocab, layers: MistralConfig(num_key_value_heads=2, sliding_window=None,
+                                                   **_common(vocab, layers)),
+    "qwen2": lambda vocab, layers: Qwen2Config(num_key_value_heads=2, **_common(vocab, layers)),  # q/k/v biases
+    "qwen3": lambda vocab, layers: Qwen3Config(num_key_value_heads=2, head_dim=8,  # q/k norms, explicit head_dim
+                                               **_common(vocab, layers)),
+    "opt": lambda vocab, layers: OPTConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, ffn_dim=64,
+                                           num_attention_heads=4, max_position_embeddings=256,
+                                           word_embed_proj_dim=32),
+    "gpt2": lambda vocab, layers: GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64,
+                                             n_positions=256, bos_token_id=0, eos_token_id=0),
+}
+FAMILIES = tuple(TINY_CONFIGS)
 
 
 def tiny_config(family: str, vocab: int = 128, layers: int = 2):
-    common = dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                  num_attention_heads=4, max_position_embeddings=256)
-    if family == "llama":
-        return LlamaConfig(num_key_value_heads=2, **common)
-    if family == "mistral":
-        return MistralConfig(num_key_value_heads=2, sliding_window=None, **common)
-    if family == "qwen2":  # q/k/v biases
-        return Qwen2Config(num_key_value_heads=2, **common)
-    if family == "qwen3":  # q/k norms, explicit head_dim
-        return Qwen3Config(num_key_value_heads=2, head_dim=8, **common)
-    if family == "opt":
-        return OPTConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, ffn_dim=64,
-                         num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32)
-    if family == "gpt2":
-        return GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64, n_positions=256,
-                          bos_token_id=0, eos_token_id=0)
-    raise ValueError(family)
+    if family not in TINY_CONFIGS:
+        raise ValueError(family)
+    return TINY_CONFIGS[family](vocab, layers)
 
 
 def tiny_model(family: str, seed: int = 0, **kw) -> torch.nn.Module:

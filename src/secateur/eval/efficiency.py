@@ -32,6 +32,7 @@ from torch import nn
 from secateur.budgets.allocate import keep_count
 from secateur.errors import SecateurError
 from secateur.models import hetero
+from secateur.models.families import family_of, layout_of
 
 
 def count_params(model: nn.Module) -> int:
@@ -54,7 +55,7 @@ def _spec_list(config, layers: list[dict] | None) -> list[dict]:
     got = getattr(config, "secateur_layers", None)
     if got:
         return [dict(s) for s in got]
-    layout = hetero.layout_of(hetero.family_of(config))
+    layout = layout_of(family_of(config))
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     inter = getattr(config, layout.inter_key) or layout.default_inner_mult * config.hidden_size
@@ -70,7 +71,7 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
     Read from the family's :class:`~secateur.models.hetero.FamilyLayout` (bias rules, gating, norms,
     learned positions) and the standard config fields (``word_embed_proj_dim``,
     ``layer_norm_elementwise_affine``, ``do_layer_norm_before`` where a family has them)."""
-    layout = hetero.layout_of(hetero.family_of(config))
+    layout = layout_of(family_of(config))
     specs = _spec_list(config, layers)
     d, v = config.hidden_size, config.vocab_size
     m = hetero.head_dim_of(config)

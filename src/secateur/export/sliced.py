@@ -10,7 +10,8 @@ Route (chosen automatically, recorded in the returned dict and in ``config.json`
 * ``hetero`` anything else (uneven widths, removed attention, biases added to a bias-free
   architecture, GPT-2/OPT head pruning whose stock classes derive ``head_dim`` from the head count):
   ``model_type = secateur_<family>`` with ``secateur_layers`` (see :mod:`secateur.models.hetero`),
-  ``hetero.py`` copied into the folder as ``secateur_hetero.py`` and ``auto_map`` pointing at it. Loads
+  ``hetero.py`` copied into the folder as ``secateur_hetero.py`` (with the family's layout appended, so the
+  copy is self-contained: :func:`secateur.models.hetero.standalone_source`) and ``auto_map`` pointing at it. Loads
   with plain ``from_pretrained(dir)`` once secateur is imported (``secateur.models.loading`` registers the
   classes), and without secateur via ``from_pretrained(dir, trust_remote_code=True)``.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from secateur.errors import SecateurError
 from secateur.export.folder import EXPORT_MARKER, atomic_dir, check_output_dir, export_size
 from secateur.models import hetero
+from secateur.models.families import ADAPTERS, family_of, layout_of
 
 _DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
          "_name_or_path")
@@ -51,13 +52,6 @@ def _meta_shapes(config_cls, model_cls, d: dict) -> dict[str, tuple[int, ...]] |
         return None
 
 
-def _stock_classes(fam: str):
-    from transformers import AutoModelForCausalLM
-
-    cfg_cls = hetero.HETERO_CLASSES[fam][0].__mro__[1]  # the stock config the hetero class extends
-    return cfg_cls, AutoModelForCausalLM._model_mapping[cfg_cls]
-
-
 def _base_dict(model: nn.Module) -> dict:
     d = model.config.to_dict()
     for k in _DROP:
@@ -69,7 +63,7 @@ def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
     first = specs[0]
     if any(s != first for s in specs) or first["n_heads"] == 0:
         return None
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     d = dict(d)
     if layout.gqa:  # explicit head_dim: head counts can change
         d.update({layout.heads_key: first["n_heads"], layout.kv_heads_key: first["n_kv_heads"]})
@@ -85,13 +79,13 @@ def export_config(model: nn.Module):
 
     sync_config(model)
     cfg = model.config
-    fam = hetero.family_of(cfg)
+    fam = family_of(cfg)
     specs = cfg.secateur_layers
     want = _shapes(model)
     base = _base_dict(model)
     stock = _stock_dict(fam, base, specs)
     if stock is not None:
-        cfg_cls, mdl_cls = _stock_classes(fam)
+        cfg_cls, mdl_cls = ADAPTERS[fam].config_class, ADAPTERS[fam].model_class
         if _meta_shapes(cfg_cls, mdl_cls, stock) == want:
             return cfg_cls.from_dict(stock), "stock"
     h_cfg, h_mdl = hetero.HETERO_CLASSES[fam]
@@ -129,7 +123,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
         cfg.architectures = arch or [type(model).__name__]  # save_pretrained writes the in-memory class
         cfg.save_pretrained(tmp)
         if route == "hetero":
-            shutil.copyfile(hetero.__file__, tmp / "secateur_hetero.py")
+            (tmp / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg)))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"route": route, "architectures": cfg.architectures}))

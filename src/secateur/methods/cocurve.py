@@ -274,7 +274,7 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":
-        files["secateur_hetero.py"] = Path(hetero.__file__).read_bytes()
+        files["secateur_hetero.py"] = hetero.standalone_source(adapter.family).encode()
     rep["export_route"] = route
     rep["heldout_sha256"] = token_sha256(held)
     timings = {"graph_s": rep["graph_s"], **{f"sweep_{k}": v for k, v in rep["graph"]["timings"].items()

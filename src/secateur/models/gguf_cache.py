@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 
 from secateur.errors import SecateurError
+from secateur.models.families import gguf_families
 
-# GGUF ``general.architecture`` -> Hugging Face model_type, for the families secateur's adapters handle
+# GGUF ``general.architecture`` -> Hugging Face model_type, for the families whose adapter declares one
 # (llama.cpp writes Mistral as "llama"; transformers tells them apart by general.name, and so do we).
-GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
+GGUF_FAMILIES = gguf_families()
 TMP_PREFIX = ".secateur-tmp-"  # unfinished cache entries: safe to delete when no secateur run is active
 SHARD_BYTES = 2 << 30  # bounds the memory of one write; smaller models get one model.safetensors
 _CHUNK = 1 << 20

@@ -1,13 +1,15 @@
 """Per-layer widths for structurally pruned models: module surgery, null attention, custom HF classes.
 
 This module is deliberately self-contained (it imports only ``torch`` and ``transformers``): ``export``
-copies it verbatim into every heterogeneous checkpoint folder as ``secateur_hetero.py`` and points the
-config's ``auto_map`` at it, so the folder loads in two ways with ONE ``from_pretrained`` call:
+copies it into every heterogeneous checkpoint folder as ``secateur_hetero.py`` (with the checkpoint's family
+appended, :func:`standalone_source`) and points the config's ``auto_map`` at it, so the folder loads in two
+ways with ONE ``from_pretrained`` call:
 
-* with secateur installed: ``secateur.models.loading._register_custom_classes`` imports this module,
-  which registers the ``secateur_<family>`` config/model classes with ``AutoConfig`` /
-  ``AutoModelForCausalLM``; ``AutoModelForCausalLM.from_pretrained(dir)`` then uses the local classes
-  (no ``trust_remote_code`` needed: transformers prefers registered local code);
+* with secateur installed: ``secateur.models.loading._register_custom_classes`` imports the family
+  registry (:mod:`secateur.models.families`), which defines every family here and so registers the
+  ``secateur_<family>`` config/model classes with ``AutoConfig`` / ``AutoModelForCausalLM``;
+  ``AutoModelForCausalLM.from_pretrained(dir)`` then uses the local classes (no ``trust_remote_code``
+  needed: transformers prefers registered local code);
 * without secateur: ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` imports the
   copied file from the folder.
 
@@ -23,9 +25,12 @@ allocated twice). A layer with ``n_heads == 0`` gets a :class:`NullAttention` (i
 bias, or zero), a layer with ``intermediate == 0`` keeps zero-width MLP projections (the output is the
 down-projection bias, or zero).
 
-Family knowledge lives in one table, :data:`LAYOUTS` (a :class:`FamilyLayout` per stock model type: module
-paths, projection names, fused/Conv1D storage, bias rules, config keys); the surgery here and the rest of
-``secateur.structured`` read it instead of branching on the model type.
+This file knows no family by itself: each family's adapter (:mod:`secateur.models.families`) declares its
+:class:`FamilyLayout` (module paths, projection names, fused/Conv1D storage, bias rules, config keys) and its
+stock classes, and the family registry passes them to :func:`define_family`, which fills :data:`LAYOUTS` and
+creates the ``Secateur<Stock>`` classes. The surgery here reads :data:`LAYOUTS` instead of branching on the
+model type. The copy shipped with an export is this source plus one :func:`define_family` call for the
+checkpoint's family (:func:`standalone_source`).
 """
 
 from __future__ import annotations
@@ -33,28 +38,15 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+import transformers
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    OPTConfig,
-    OPTForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
 
-PREFIX = "secateur_"  # keep in sync with adapters.HETERO_PREFIX; this file is self-contained (shipped as remote code)
+PREFIX = "secateur_"  # model_type prefix of the heterogeneous classes (adapters.HETERO_PREFIX reads it)
 
 
 def base_model_type(model_type: str) -> str:
@@ -136,15 +128,15 @@ class NullAttention(nn.Module):
         return getattr(self, self.out_name)(x), None
 
 
-# --- per-family layout table -------------------------------------------------------------------------
+# --- family layouts --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class FamilyLayout:
     """Where a family keeps its decoder layers and projections, and the few rules that differ.
 
     Every structured-pruning module (surgery here, ``slicing``, ``units``, ``scores``, ``export``,
-    ``efficiency``) reads this table instead of branching on the model type; a new family is one entry in
-    :data:`LAYOUTS` plus its ``secateur_<family>`` config/model classes in :data:`HETERO_CLASSES`.
+    ``efficiency``) reads it instead of branching on the model type; each family's adapter declares one
+    (``Adapter.layout``) and :func:`define_family` records it in :data:`LAYOUTS`.
 
     Names are attribute names (``""`` = the object itself); weights are ``nn.Linear`` (``[out, in]``)
     unless ``conv1d`` (GPT-2 ``Conv1D``, ``[in, out]``, always biased). Bias rules: ``True`` / ``False``
@@ -189,40 +181,18 @@ class FamilyLayout:
         return rule if isinstance(rule, bool) else bool(getattr(config, rule, False))
 
 
-_LLAMA = dict(layers="model.layers", attn="self_attn", q="q_proj", k="k_proj", v="v_proj", out="o_proj",
-              mlp="mlp", mlp_in=("gate_proj", "up_proj"), mlp_out="down_proj", heads_key="num_attention_heads",
-              inter_key="intermediate_size", kv_heads_key="num_key_value_heads", gqa=True,
-              mlp_width_attr="intermediate_size")
-
-LAYOUTS: dict[str, FamilyLayout] = {
-    "llama": FamilyLayout(**_LLAMA, qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias"),
-    "mistral": FamilyLayout(**_LLAMA),
-    "qwen2": FamilyLayout(**_LLAMA, qkv_bias=True),
-    "qwen3": FamilyLayout(**_LLAMA, qkv_bias="attention_bias", o_bias="attention_bias", qk_norm=True),
-    "opt": FamilyLayout(layers="model.decoder.layers", attn="self_attn", q="q_proj", k="k_proj", v="v_proj",
-                        out="out_proj", mlp="", mlp_in=("fc1",), mlp_out="fc2", heads_key="num_attention_heads",
-                        inter_key="ffn_dim", qkv_bias="enable_bias", o_bias="enable_bias",
-                        mlp_bias="enable_bias", layer_norm=True, positions="max_position_embeddings",
-                        position_offset=2),
-    "gpt2": FamilyLayout(layers="transformer.h", attn="attn", q="c_attn", k="c_attn", v="c_attn", out="c_proj",
-                         mlp="mlp", mlp_in=("c_fc",), mlp_out="c_proj", heads_key="n_head", inter_key="n_inner",
-                         fused_qkv=True, conv1d=True, qkv_bias=True, o_bias=True, mlp_bias=True,
-                         layer_norm=True, positions="n_positions", default_inner_mult=4),
-}
+LAYOUTS: dict[str, FamilyLayout] = {}            # family (stock model_type) -> layout
+HETERO_CLASSES: dict[str, tuple[type, type]] = {}  # family -> (Secateur<Stock>Config, Secateur<Stock>Model)
+STOCK_CLASSES: dict[str, tuple[type, type]] = {}   # family -> the stock (config, model) classes they extend
 
 
 # --- per-family surgery ----------------------------------------------------------------------------
 
-def family_of(config) -> str:
+def _family_of(config) -> str:
     fam = base_model_type(getattr(config, "model_type", ""))
     if fam not in LAYOUTS:
         raise ValueError(f"no structured-pruning layout for model type {fam!r}")
     return fam
-
-
-def layout_of(family: str) -> FamilyLayout:
-    """The :class:`FamilyLayout` of a family name (as returned by :func:`family_of`)."""
-    return LAYOUTS[family]
 
 
 def head_dim_of(config) -> int:
@@ -343,7 +313,7 @@ def apply_layer_spec(model: nn.Module, specs: list[dict] | None = None) -> None:
     specs = specs if specs is not None else getattr(model.config, "secateur_layers", None)
     if not specs:
         return
-    fam = family_of(model.config)
+    fam = _family_of(model.config)
     hd = head_dim_of(model.config)
     layers = decoder_layers(fam, model)
     if len(specs) != len(layers):
@@ -367,78 +337,43 @@ class _HeteroModel:
         apply_layer_spec(self)
 
 
-class SecateurLlamaConfig(LlamaConfig):
-    model_type = "secateur_llama"
-    secateur_layers: list | None = None
-
-
-class SecateurLlamaForCausalLM(_HeteroModel, LlamaForCausalLM):
-    config_class = SecateurLlamaConfig
-
-
-class SecateurMistralConfig(MistralConfig):
-    model_type = "secateur_mistral"
-    secateur_layers: list | None = None
-
-
-class SecateurMistralForCausalLM(_HeteroModel, MistralForCausalLM):
-    config_class = SecateurMistralConfig
-
-
-class SecateurQwen2Config(Qwen2Config):
-    model_type = "secateur_qwen2"
-    secateur_layers: list | None = None
-
-
-class SecateurQwen2ForCausalLM(_HeteroModel, Qwen2ForCausalLM):
-    config_class = SecateurQwen2Config
-
-
-class SecateurQwen3Config(Qwen3Config):
-    model_type = "secateur_qwen3"
-    secateur_layers: list | None = None
-
-
-class SecateurQwen3ForCausalLM(_HeteroModel, Qwen3ForCausalLM):
-    config_class = SecateurQwen3Config
-
-
-class SecateurOPTConfig(OPTConfig):
-    model_type = "secateur_opt"
-    secateur_layers: list | None = None
-
-
-class SecateurOPTForCausalLM(_HeteroModel, OPTForCausalLM):
-    config_class = SecateurOPTConfig
-
-
-class SecateurGPT2Config(GPT2Config):
-    model_type = "secateur_gpt2"
-    secateur_layers: list | None = None
-
-
-class SecateurGPT2LMHeadModel(_HeteroModel, GPT2LMHeadModel):
-    config_class = SecateurGPT2Config
-
-
-HETERO_CLASSES: dict[str, tuple[type, type]] = {
-    "llama": (SecateurLlamaConfig, SecateurLlamaForCausalLM),
-    "mistral": (SecateurMistralConfig, SecateurMistralForCausalLM),
-    "qwen2": (SecateurQwen2Config, SecateurQwen2ForCausalLM),
-    "qwen3": (SecateurQwen3Config, SecateurQwen3ForCausalLM),
-    "opt": (SecateurOPTConfig, SecateurOPTForCausalLM),
-    "gpt2": (SecateurGPT2Config, SecateurGPT2LMHeadModel),
-}
-
-
-def register() -> None:
-    """Register the ``secateur_<family>`` classes with the Auto factories (idempotent)."""
-    for cfg, mdl in HETERO_CLASSES.values():
+def define_family(family: str, layout: FamilyLayout, config_class: type, model_class: type) -> None:
+    """Record ``family``'s layout and create its ``Secateur<Stock>`` config/model classes (module globals, so
+    ``auto_map`` can name them); registered with the Auto factories when this is secateur's own module."""
+    cfg = type(f"Secateur{config_class.__name__}", (config_class,), {
+        "__module__": __name__, "__annotations__": {"secateur_layers": "list | None"},
+        "model_type": PREFIX + family, "secateur_layers": None})
+    mdl = type(f"Secateur{model_class.__name__}", (_HeteroModel, model_class),
+               {"__module__": __name__, "config_class": cfg})
+    LAYOUTS[family] = layout
+    HETERO_CLASSES[family] = (cfg, mdl)
+    STOCK_CLASSES[family] = (config_class, model_class)
+    globals().update({cfg.__name__: cfg, mdl.__name__: mdl})
+    if _OWN_MODULE:
         AutoConfig.register(cfg.model_type, cfg, exist_ok=True)
         AutoModelForCausalLM.register(cfg, mdl, exist_ok=True)
 
 
-# Register only as secateur's own module: the copy loaded through trust_remote_code must not replace the
-# globally registered classes of a process that also imported secateur.
-if __name__.startswith("secateur."):
-    register()
+def _class_ref(cls: type, imports: list[str]) -> str:
+    """Source naming a stock class: ``transformers.LlamaConfig`` when exported at the top level, else the bare
+    name with its ``from ... import`` line added to ``imports``."""
+    if getattr(transformers, cls.__name__, None) is cls:
+        return f"transformers.{cls.__name__}"
+    imports.append(f"from {cls.__module__} import {cls.__name__}  # noqa: E402\n")
+    return cls.__name__
+
+
+def standalone_source(family: str) -> str:
+    """This module's source plus the definition of ``family`` alone: the self-contained
+    ``secateur_hetero.py`` of an exported folder (loads with ``trust_remote_code`` without secateur)."""
+    imports: list[str] = []
+    cfg, mdl = (_class_ref(c, imports) for c in STOCK_CLASSES[family])
+    return (Path(__file__).read_text()
+            + "\n\n# --- the family of this checkpoint (appended by secateur's exporter) ---\n\n"
+            + "".join(imports) + f"define_family({family!r}, {LAYOUTS[family]!r},\n"
+            + f"              {cfg}, {mdl})\n")
+
+
+# The Auto factories learn the classes only from secateur's own module: the copy loaded through
+# trust_remote_code must not replace the globally registered classes of a process that also imported secateur.
+_OWN_MODULE = __name__.startswith("secateur.")

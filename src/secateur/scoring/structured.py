@@ -49,6 +49,7 @@ from secateur.calib.stats import Accumulator, BlockInfluence, Gram, MeanVar, Sum
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.models.families import layout_of
 from secateur.scoring.corp import corp_mlp_scores
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
 
@@ -182,7 +183,7 @@ def _in_weights(adapter: Adapter, layer: nn.Module) -> list[torch.Tensor]:
 
 def _qkv(fam: str, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v weights as ``[out, in]`` (a fused q|k|v projection, GPT-2's ``c_attn``, split in thirds)."""
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     attn = hetero.attention_module(fam, layer)
     ws = [hetero.weight_oi(layout, getattr(attn, name)) for name in layout.qkv]
     if layout.fused_qkv:
@@ -243,7 +244,7 @@ def register_scorer(name: str, fn: Callable[..., torch.Tensor]) -> None:
 
 
 def _magnitude_unit(inv: Inventory, adapter: Adapter) -> torch.Tensor:
-    fam = hetero.family_of(adapter.config)
+    fam = adapter.family
     out = torch.zeros(len(inv), dtype=torch.float64)
     m = inv.head_dim
     for p in inv.pools:

@@ -34,6 +34,7 @@ from transformers.pytorch_utils import Conv1D
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.models.families import family_of, layout_of
 from secateur.structured.selection import LayerKeep, Selection
 from secateur.structured.units import family, head_dim, layer_shape
 
@@ -130,14 +131,14 @@ def _bias(module: nn.Module, idx: torch.Tensor | None = None) -> torch.Tensor | 
 
 
 def _out_module(fam: str, layer: nn.Module) -> nn.Module:
-    return getattr(hetero.attention_module(fam, layer), hetero.layout_of(fam).out)
+    return getattr(hetero.attention_module(fam, layer), layout_of(fam).out)
 
 
 def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Tensor
               ) -> list[tuple[str, torch.Tensor]]:
     """(projection name, output rows) of q, k, v; a fused q|k|v projection gets one row set, its k and v
     blocks offset by a third of its width."""
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     if layout.fused_qkv:
         s = _oi(getattr(attn, layout.q)).shape[0] // 3
         return [(layout.q, torch.cat([q_rows, s + kv_rows, 2 * s + kv_rows]))]
@@ -178,7 +179,7 @@ def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int]
 
 def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]], tuple[nn.Module, str]]:
     """(input projections, output projection) as (parent, attribute) pairs."""
-    layout, mlp = hetero.layout_of(fam), hetero.mlp_module(fam, layer)
+    layout, mlp = layout_of(fam), hetero.mlp_module(fam, layer)
     return [(mlp, name) for name in layout.mlp_in], (mlp, layout.mlp_out)
 
 
@@ -203,7 +204,7 @@ def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacemen
 def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
     """Drop whole decoder layers; renumber ``layer_idx``; update ``num_hidden_layers`` / ``layer_types``."""
     cfg = model.config
-    fam = hetero.family_of(cfg)
+    fam = family_of(cfg)
     if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
         raise SecateurError("GPT-2 with scale_attn_by_inverse_layer_idx scales by layer position; removing "
                             "blocks would change the remaining blocks")
@@ -226,9 +227,9 @@ def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
 def sync_config(model: nn.Module) -> None:
     """Record the actual per-layer widths in ``config.secateur_layers`` (and an explicit ``head_dim``)."""
     cfg = model.config
-    fam = hetero.family_of(cfg)
+    fam = family_of(cfg)
     m = hetero.head_dim_of(cfg)
-    if hetero.layout_of(fam).gqa:  # stock configs of these families carry an explicit head_dim
+    if layout_of(fam).gqa:  # stock configs of these families carry an explicit head_dim
         cfg.head_dim = m
     cfg.secateur_layers = [hetero.current_spec(fam, lay, m).to_dict() for lay in hetero.decoder_layers(fam, model)]
 

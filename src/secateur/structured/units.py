@@ -34,6 +34,7 @@ from torch import nn
 from secateur.errors import SecateurError
 from secateur.models import hetero
 from secateur.models.adapters import Adapter
+from secateur.models.families import layout_of
 
 ATTN_KINDS = ("kv_group", "head")
 MLP_KINDS = ("channel", "ffn_group")
@@ -41,8 +42,8 @@ KINDS = ATTN_KINDS + MLP_KINDS + ("block",)
 
 
 def family(adapter: Adapter) -> str:
-    """The layout family (``llama``/``mistral``/``qwen2``/``qwen3``/``opt``/``gpt2``)."""
-    return hetero.family_of(adapter.config)
+    """The adapter's family (``llama``/``mistral``/``qwen2``/``qwen3``/``opt``/``gpt2``), the key of its layout."""
+    return adapter.family
 
 
 def head_dim(adapter: Adapter) -> int:
@@ -91,7 +92,7 @@ def layer_shape(adapter: Adapter, index: int) -> LayerShape:
     layer = adapter.layers[index]
     m = head_dim(adapter)
     spec = hetero.current_spec(fam, layer, m)
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     attn = hetero.attention_module(fam, layer)
     q, k = getattr(attn, layout.q), getattr(attn, layout.k)
     mlp = hetero.mlp_module(fam, layer)
