@@ -79,6 +79,7 @@ def test_flat_knobs_equal_typed_options(tiny_path):
     ({"method": "wanda", "variant": "MR"}, "--variant only apply to --method qk-wanda"),
     ({"method": "cocurve", "allocation": "uniform"}, "selects its own units"),
     ({"method": "wanda", "bogus": 1}, "unknown option bogus"),
+    ({"method": "wanda-sp", "extra": {"compensation": "ls"}}, "extra= is gone"),
     ({"method": "rcpu", "compensation": "nope"}, "unknown compensation 'nope'; choose from none, bias"),
     ({"method": "rcpu", "coec_rounds": "two"}, "--coec-rounds: 'two' is not a valid value"),
     ({"method": "qk-wanda", "variant": "XYZ"}, "variant"),

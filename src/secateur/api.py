@@ -75,6 +75,9 @@ class PruneOptions:
     def from_kwargs(cls, **kwargs) -> PruneOptions:
         """Common fields by name, every other keyword a knob of the method (``None`` = unset), validated
         into the method's typed options; a knob of another method is refused."""
+        if "extra" in kwargs:
+            raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
+                                "coec_rounds=2, ...)")
         common = {k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON}
         opts = cls(**common)
         opts.structured = bool(opts.structured)
@@ -176,6 +179,7 @@ def prune(**kwargs) -> dict:
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
+    result.extra_files |= _figures(result.details)
     report = {
         "method": opts.method, "kind": method.kind, "model": opts.model_name,
         # GGUF input: file, sha256, cached folder; else None
@@ -199,6 +203,21 @@ def prune(**kwargs) -> dict:
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _figures(details: dict) -> dict[str, bytes]:
+    """``qk-removal.png`` for a method whose details carry a per-block Q/K allocation (QK-Wanda); nothing
+    without matplotlib (extra "plots")."""
+    alloc = details.get("allocation")
+    if not (isinstance(alloc, dict) and alloc.get("per_block")):
+        return {}
+    try:
+        from secateur.report.plots import qk_removal_png
+    except ImportError:
+        return {}
+    cfg = details.get("config") or {}
+    title = f"{details['method']}, {cfg.get('budget')} budget, {cfg.get('sparsity'):.0%}"
+    return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
 
 
 def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):

@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prune_parser(sub)
     _eval_parser(sub)
     try:
-        from secateur.report.build import build as report_mod
+        from secateur.report import build as report_mod
 
         report_mod.register_cli(sub)
     except (ImportError, AttributeError):

@@ -447,17 +447,7 @@ def qk_wanda_config(opts) -> QKWandaConfig:
 
 
 def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
-    """Registry runner: prune in place; the per-block removal plot travels as ``qk-removal.png``."""
-    cfg = qk_wanda_config(opts)
-    res = prune_qk_wanda(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=opts.chunk_size,
+    """Registry runner: prune in place; the details carry the per-block Q/K allocation (the report draws it)."""
+    res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
                          device=opts.device, progress=not opts.quiet)
-    extra = {}
-    try:
-        from secateur.report.plots import qk_removal_png
-
-        extra["qk-removal.png"] = qk_removal_png({res.details["method"]: res.details["allocation"]},
-                                                 title=f"{res.details['method']}, {cfg.budget} budget, "
-                                                       f"{cfg.sparsity:.0%}")
-    except ImportError:  # matplotlib is optional (extra "plots")
-        pass
-    return MethodResult(masks=res.masks, timings=res.timings, details=res.details, extra_files=extra)
+    return MethodResult(masks=res.masks, timings=res.timings, details=res.details)

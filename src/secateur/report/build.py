@@ -587,7 +587,7 @@ def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
     note = None
     if with_plots:
         try:
-            from secateur.report.build import plots  # colleague's QK plots; needs matplotlib
+            from secateur.report import plots  # colleague's QK plots; needs matplotlib
         except ImportError:
             note = "Plots skipped: matplotlib is not installed (`pip install 'secateur[plots]'`)."
     runs = sorted(runs, key=_order_key)  # stable: input order within a sparsity level
