@@ -54,10 +54,11 @@ from secateur.budgets.masks import deletion_count, lowest_k_flat, lowest_k_rows
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, SumSq
 from secateur.errors import SecateurError
-from secateur.methods.knobs import MethodOptions, knob
+from secateur.methods.knobs import knob
 from secateur.methods.result import MethodResult
 from secateur.methods.unstructured import (  # noqa: F401 (segment_calibration: re-exported)
     UnstructuredConfig,
+    UnstructuredOptions,
     block_masks,
     prune_linear,
     segment_calibration,
@@ -418,17 +419,14 @@ def _variant_code(v: str) -> str:
 
 
 @dataclass
-class QKWandaOptions(MethodOptions):
-    """QK-Wanda's knobs (its budget and rounding are the common ``--budget`` and ``--rounding``)."""
-
-    CLI_GROUP = "unstructured and QK-Wanda pruning (every default below is None = unset)"
+class QKWandaOptions(UnstructuredOptions):
+    """QK-Wanda's knobs: ``--segment-len`` (as Wanda's) and its own (its budget and rounding are the common
+    ``--budget`` and ``--rounding``)."""
 
     variant: str | None = knob("qk-wanda score: base (unmasked, pre-RoPE) or any of base, M, R, C, MR, MC, RC, MRC "
                                "(M causal, R RoPE-aware, C centered; default: base)", type=_variant_code)
     scope: str | None = knob("qk-wanda: qk prunes only W_Q, W_K (default); all adds row-wise Wanda on v, o and the "
                              "MLP", choices=SCOPES)
-    segment_len: int | None = knob("cut every calibration window into independent sequences of T tokens "
-                                   "(QK-Wanda paper: 64)", type=int, metavar="T")
     progressive: int | None = knob("qk-wanda: re-score in J simultaneous steps (paper App. K ablation; default 1 = "
                                    "one-shot)", type=int, metavar="J")
 
