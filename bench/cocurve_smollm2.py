@@ -343,18 +343,14 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows."""
     from secateur.budgets.allocate import report
     from secateur.budgets.heldout import HeldoutKL
+    from secateur.calib.collect import SCORE_STATS, collect_stats
     from secateur.compensate import COECOptions
     from secateur.data.sources import eval_text
     from secateur.data.windows import eval_ids, token_sha256
     from secateur.eval.efficiency import count_params
     from secateur.methods.cocurve import cocurve_inventory
-    from secateur.methods.structured import (
-        SCORE_STATS,
-        StructuredConfig,
-        collect_stats,
-        compensate_selection,
-        prune_structured,
-    )
+    from secateur.methods.compensation import compensate_selection
+    from secateur.methods.structured import StructuredConfig, prune_structured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
@@ -563,7 +559,7 @@ def render() -> None:
         L.append("\n## CoCurve selection + COEC compensation vs each alone\n")
         L.append("`X+coec`: the mask of row X above (CoCurve: its saved mask; Wanda-sp: recomputed, sha256 checked), "
                  f"then COEC with the paper's defaults (alpha 0.9, GCV, reduced Stiefel, alignment on o_proj, <= "
-                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.methods.structured.compensate_selection`, "
+                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.methods.compensation.compensate_selection`, "
                  "slice-only fallback where COEC would raise the calibration error) on every o_proj/down_proj that "
                  "lost columns. `coec`: COEC's own pipeline (RCPU score, KV groups + single MLP channels, uniform "
                  "ceil allocation per layer, **no layer guard**; `prune_structured(score='rcpu', "

@@ -118,7 +118,8 @@ def calib_ids(tok):
 
 def load_or_collect_stats(b: Bench):
     """Dense statistics for every row (cached on disk: ~0.7 GB for SmolLM2's Grams)."""
-    from secateur.methods.structured import collect_stats
+    from secateur.calib.collect import collect_stats
+    from secateur.methods.structured import add_block_influence
 
     if STATS_PATH.exists():
         blob = torch.load(STATS_PATH, weights_only=False)
@@ -126,8 +127,9 @@ def load_or_collect_stats(b: Bench):
             return blob["stats"]
     print("collecting dense statistics (one engine pass + block influence)...", flush=True)
     # ShortGPT's block influence (one more dense forward) only for the sweep preset: the full one runs no ShortGPT row
-    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"),
-                       block_influence=PRESET["name"] == QUICK, chunk_size=4, progress=True)
+    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"), chunk_size=4, progress=True)
+    if PRESET["name"] == QUICK:
+        add_block_influence(st, b.model, b.adapter, b.ids, chunk_size=4)
     torch.save({"calib_sha256": b.manifest["sha256"], "stats": st}, STATS_PATH)
     return st
 

@@ -36,7 +36,7 @@ def _prune(tiny_dir, out, *extra):
     (["--data-dir", "/nonexistent/data"], "does not exist"),
     (["--targets", "q,zz"], "unknown projection roles"),
     (["--calib", "/nonexistent/file.txt"], "missing data file"),
-    (["--heldout", "4"], "only apply to --method cocurve"),
+    (["--heldout", "4"], "only applies to --method cocurve"),
     (["--method", "cocurve", "--units", "channel"], "selects its own units"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tiny_dir, tmp_path, capsys, extra, msg):

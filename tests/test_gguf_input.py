@@ -148,7 +148,7 @@ def test_prune_structured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, tm
     path, _ = tiny_gguf
     out = tmp_path / "sp"
     report = api.prune(model=str(path), method="wanda-sp", sparsity=0.3, calib=calib_txt, nsamples=2, seqlen=32,
-                       out=str(out), quiet=True, extra={"structured": True})
+                       out=str(out), quiet=True, structured=True)
     ids = random_ids(2, 12)
     reloaded, _ = load_model(str(out))
     assert torch.equal(_logits(reloaded, ids), _logits(report["_model"], ids))

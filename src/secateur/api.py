@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -28,7 +29,9 @@ from secateur.export.folder import (
     write_file_atomic,
 )
 from secateur.export.hf import save_run
-from secateur.methods.registry import METHODS
+from secateur.export.sliced import save_structured
+from secateur.methods.knobs import MethodOptions
+from secateur.methods.registry import METHODS, method_options, resolve
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
@@ -37,7 +40,14 @@ from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, versio
 
 @dataclass
 class PruneOptions:
-    model: str = "smollm2-135m"
+    """The options of ``secateur prune``: the fields every method shares, and ``method_options``, the method's
+    typed knobs (its :class:`~secateur.methods.knobs.MethodOptions` subclass, e.g.
+    :class:`~secateur.methods.structured.StructuredOptions`; ``None``: every knob unset).
+    :meth:`from_kwargs` builds it from flat keywords (``compensation="coec", coec_rounds=2``), as ``api.prune``
+    and the CLI do. ``model`` is a name, folder or ``.gguf`` file, or an already loaded model (then pass its
+    ``tokenizer``)."""
+
+    model: str | torch.nn.Module = "smollm2-135m"
     method: str = "wanda"
     sparsity: float = 0.5
     pattern: str | None = None
@@ -57,26 +67,57 @@ class PruneOptions:
     overwrite: bool = False
     quiet: bool = False
     resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.resume)
-    extra: dict = field(default_factory=dict)  # method-specific knobs (variant, scope, compensation, ...)
+    structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
+    tokenizer: Any = None  # the tokenizer of an in-memory ``model``
+    method_options: MethodOptions | None = None
 
-    def __getattr__(self, name: str):  # method runners read their own knobs from ``extra``
-        extra = self.__dict__.get("extra", {})
-        if name in extra:
-            return extra[name]
-        raise AttributeError(name)
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> PruneOptions:
+        """Common fields by name, every other keyword a knob of the method (``None`` = unset), validated
+        into the method's typed options; a knob of another method is refused."""
+        if "extra" in kwargs:
+            raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
+                                "coec_rounds=2, ...)")
+        common = {k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON}
+        opts = cls(**common)
+        opts.structured = bool(opts.structured)
+        opts.method_options = method_options(resolve(opts.method, opts.structured), kwargs)
+        return opts
+
+    @property
+    def in_memory(self) -> bool:
+        return not isinstance(self.model, str)
+
+    @property
+    def model_name(self) -> str:
+        """The model spec, or an in-memory model's ``config._name_or_path`` (``in-memory`` when unnamed)."""
+        if not self.in_memory:
+            return self.model
+        return getattr(getattr(self.model, "config", None), "_name_or_path", None) or "in-memory"
 
     @property
     def pattern_nm(self) -> tuple[int, int] | None:
         return parse_pattern(self.pattern)
 
+    def to_dict(self) -> dict:
+        """The options as reports and checkpoints record them: the common fields (the model by name, no
+        tokenizer) and every knob of the method (``None`` = unset)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("method_options", "tokenizer")}
+        d["model"] = self.model_name
+        return d | (self.method_options.to_dict() if self.method_options is not None else {})
+
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
-        from secateur.methods import structured
-
-        self.method = structured.structured_method_name(self.method, bool(self.extra.get("structured")))
-        if self.method not in METHODS:
-            raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
-        structured.check_options(self.method, self)
+        method = resolve(self.method, bool(self.structured))
+        self.method = method.name
+        if self.method_options is None:
+            self.method_options = method.options()
+        elif type(self.method_options) is not method.options:
+            raise SecateurError(f"{method.name} takes {method.options.__name__}, not "
+                                f"{type(self.method_options).__name__}")
+        self.method_options.validate()
+        if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
+            method.config(self)
         if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
             raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
         parse_pattern(self.pattern)
@@ -89,10 +130,16 @@ class PruneOptions:
         resolve_data_dir(self.data_dir)
         if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
             read_text_file(self.calib)
+        if self.in_memory:
+            _check_tokenizer(self.model, self.tokenizer)
         if self.resume and self.out is None:
             raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
         if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
-            check_output_dir(self.out, self.overwrite, protect=model_paths(self.model))
+            protect = () if self.in_memory else model_paths(self.model)
+            check_output_dir(self.out, self.overwrite, protect=protect)
+
+
+_COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -105,24 +152,22 @@ def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) ->
 
 
 def prune(**kwargs) -> dict:
-    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set)."""
-    opts = kwargs.pop("options", None) or PruneOptions(**kwargs)
+    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set).
+
+    ``model``: a name, folder or ``.gguf`` file, or an already loaded model with its ``tokenizer`` (pruned in
+    place; its model-file checks are skipped). The method's knobs are plain keywords (``compensation="coec",
+    coec_rounds=2``; see ``secateur prune --help``), or pass a ready ``options=PruneOptions(...)``."""
+    opts = kwargs.pop("options", None)
+    if opts is not None and kwargs:
+        raise SecateurError(f"pass either options= or keywords, not both (got {', '.join(sorted(kwargs))})")
+    opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
     method = METHODS[opts.method]
-    needs_calibration = method.needs_calibration or opts.extra.get("compensation") not in (None, "none")
-    cfg = check_model(opts.model)  # family, shipped code, weight files: before any weight is read
-    if needs_calibration:
-        check_seqlen(opts.model, opts.seqlen, cfg)
+    needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
-    with timer("load"):
-        model, tok = load_model(opts.model, opts.dtype, opts.device)
-        adapter = get_adapter(model)
-    if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
-        method.check(adapter)
-    if method.kind == "structured":  # a target the selection rule cannot reach: refuse before calibrating
-        from secateur.methods.structured import check_reachable
-
-        check_reachable(opts.method, adapter, opts)
+    model, tok, adapter = _load(opts, needs_calibration, timer)
+    if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
+        method.check(adapter, opts)
     if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
         keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
         check_free_space(opts.out, export_size(model, keep=keep))
@@ -134,12 +179,14 @@ def prune(**kwargs) -> dict:
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
+    result.extra_files |= _figures(result.details)
     report = {
-        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model,
-        "model_source": model_source(opts.model, opts.dtype),  # GGUF input: file, sha256, cached folder; else None
+        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model_name,
+        # GGUF input: file, sha256, cached folder; else None
+        "model_source": None if opts.in_memory else model_source(opts.model, opts.dtype),
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
-        "options": {k: v for k, v in asdict(opts).items() if k not in ("extra",)} | opts.extra,
+        "options": opts.to_dict(),
         "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
         "calibration": manifest.to_dict() if manifest else None,
         "timings": {"phases": timer.phases, "engine": result.timings},
@@ -148,8 +195,6 @@ def prune(**kwargs) -> dict:
     if opts.out:
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
-                from secateur.methods.structured import save_structured
-
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
             else:
                 save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
@@ -158,6 +203,37 @@ def prune(**kwargs) -> dict:
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _figures(details: dict) -> dict[str, bytes]:
+    """``qk-removal.png`` for a method whose details carry a per-block Q/K allocation (QK-Wanda); nothing
+    without matplotlib (extra "plots")."""
+    alloc = details.get("allocation")
+    if not (isinstance(alloc, dict) and alloc.get("per_block")):
+        return {}
+    try:
+        from secateur.report.plots import qk_removal_png
+    except ImportError:
+        return {}
+    cfg = details.get("config") or {}
+    title = f"{details['method']}, {cfg.get('budget')} budget, {cfg.get('sparsity'):.0%}"
+    return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
+
+
+def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
+    """``(model, tokenizer, adapter)``: the model files checked (family, shipped code, weight files, context)
+    before any weight is read, then loaded; an in-memory model is used as it is (its context checked)."""
+    if opts.in_memory:
+        if needs_calibration:
+            check_seqlen(opts.model_name, opts.seqlen, opts.model.config.to_dict())
+        with timer("load"):
+            return opts.model, opts.tokenizer, get_adapter(opts.model)
+    cfg = check_model(opts.model)
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
+    with timer("load"):
+        model, tok = load_model(opts.model, opts.dtype, opts.device)
+        return model, tok, get_adapter(model)
 
 
 def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):

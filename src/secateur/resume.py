@@ -90,17 +90,16 @@ def _weights_digest(model: torch.nn.Module) -> str:
 
 def fingerprint(opts, model: torch.nn.Module, token_sha: str | None) -> dict[str, Any]:
     """Everything that determines the result of ``secateur prune`` with options ``opts``."""
-    from dataclasses import asdict
-
     from secateur.models.loading import gguf_file, resolve
     from secateur.runinfo import versions
 
-    options = {k: v for k, v in asdict(opts).items() if k not in NEUTRAL_OPTIONS and k != "extra"}
-    options |= {k: v for k, v in sorted(opts.extra.items()) if k not in NEUTRAL_OPTIONS}
-    local = gguf_file(opts.model)  # a GGUF input: its file (the cached folder is derived from it)
-    if local is None:
-        local = Path(resolve(opts.model, opts.dtype)[0])
-    weights: Any = _file_stats(local) if local.exists() else _weights_digest(model)
+    options = {k: v for k, v in sorted(opts.to_dict().items()) if k not in NEUTRAL_OPTIONS}
+    local = None  # an in-memory model: the digest of its weights before pruning
+    if isinstance(opts.model, str):
+        local = gguf_file(opts.model)  # a GGUF input: its file (the cached folder is derived from it)
+        if local is None:
+            local = Path(resolve(opts.model, opts.dtype)[0])
+    weights: Any = _file_stats(local) if local is not None and local.exists() else _weights_digest(model)
     fp = {"options": options, "model_files": weights, "calibration_sha256": token_sha, "versions": versions()}
     return json.loads(json.dumps(fp, default=str))  # the same value as after a round trip through the manifest
 

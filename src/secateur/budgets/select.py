@@ -18,7 +18,8 @@ from secateur.scoring.structured import flap_alam_scores, unit_scores
 from secateur.structured.selection import Selection
 from secateur.structured.units import inventory
 
-ALLOCATIONS = ("uniform", "global", "flap", "blocks")
+#: the allocators select_units runs (the CLI's --allocation names map onto them: secateur.methods.structured)
+ALLOCATORS = ("uniform", "global", "flap", "blocks")
 
 
 def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
@@ -37,8 +38,8 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
     ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). The allocation report
     (realized fraction etc.) is ``selection.info``.
     """
-    if allocation not in ALLOCATIONS:
-        raise SecateurError(f"allocation must be one of {', '.join(ALLOCATIONS)}, not {allocation!r}")
+    if allocation not in ALLOCATORS:
+        raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
     inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
     if allocation == "flap":
         if method != "flap":

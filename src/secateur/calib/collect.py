@@ -9,8 +9,12 @@ Usage (dense statistics, as COEC/FLAP/CoCurve baselines use)::
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+
 import torch
 
+from secateur.calib import engine
 from secateur.calib.engine import BlockContext, Handler, Walk
 from secateur.calib.stats import Accumulator, BlockInfluence, make_accumulators
 from secateur.errors import SecateurError
@@ -26,7 +30,7 @@ REQUIRED_STATS: dict[str, tuple[str, ...]] = {
 
 class StatsCollector(Handler):
     """Keeps ``stats[layer][group] = {name: accumulator}`` for the ``attn_out`` and ``mlp_out`` groups (the
-    o_proj / down_proj inputs); :func:`secateur.methods.structured.collect_stats` runs it and times the pass."""
+    o_proj / down_proj inputs); :func:`collect_stats` runs it and times the pass."""
 
     resumable = True
     modifies_weights = False
@@ -76,3 +80,39 @@ def block_influence(model, adapter: Adapter, ids: torch.Tensor, batch_size: int 
                 h = visit.input(j)
                 accs[visit.index].update(h, visit.output(j, h))
     return torch.tensor([a.bi for a in accs], dtype=torch.float64)
+
+
+#: the structured pipeline's statistics groups: the inputs of o_proj (``attn_out``) and down_proj (``mlp_out``)
+GROUP_ROLE = {"attn_out": "o", "mlp_out": "down"}
+#: the accumulators every structured selection score reads (so the selection never depends on the compensator)
+SCORE_STATS = ("sumsq", "meanvar")
+
+
+@dataclass
+class StructuredStats:
+    """Dense calibration statistics: ``groups[layer][group] = {name: accumulator}`` and, for ShortGPT,
+    the per-block influence; ``n_tokens`` and the engine timings for the report."""
+
+    groups: dict[int, dict[str, dict[str, Accumulator]]] = field(default_factory=dict)
+    block_influence: torch.Tensor | None = None
+    n_tokens: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def has(self, kinds: tuple[str, ...] | set[str]) -> bool:
+        return all(k in accs for g in self.groups.values() for accs in g.values() for k in kinds) and \
+            bool(self.groups)
+
+
+def collect_stats(model: torch.nn.Module, adapter, ids: torch.Tensor, kinds: tuple[str, ...] = SCORE_STATS,
+                  chunk_size: int = 8, device=None, progress: bool = False) -> StructuredStats:
+    """One dense engine pass (COEC Sec. 3.1 "a single forward pass accumulates all Grams"; CORP Alg. 1
+    "global" schedule) collecting ``kinds`` on the o_proj / down_proj inputs of every layer. No ``kinds``:
+    empty statistics (ShortGPT's block influence is its own forward, see
+    :func:`secateur.methods.structured.add_block_influence`)."""
+    if not kinds:
+        return StructuredStats()
+    h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE))
+    t = time.perf_counter()
+    rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress)
+    return StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
+                                                         **{f"engine_{k}": v for k, v in rep.timings.items()}})

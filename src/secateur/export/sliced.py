@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
-from secateur.export.folder import EXPORT_MARKER, atomic_dir, check_output_dir, export_size
+from secateur.export.folder import EXPORT_MARKER, REPORT_NAME, atomic_dir, check_output_dir, export_size
 from secateur.models import hetero
 from secateur.models.families import ADAPTERS, family_of, layout_of
 
@@ -133,3 +133,22 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
             else:
                 (tmp / name).write_text(json.dumps(doc, indent=1))
     return {"path": str(out), "route": route}
+
+
+def save_structured(model: nn.Module, tokenizer, out, report: dict, extra_files: dict[str, bytes] | None = None,
+                    overwrite: bool = False) -> dict:
+    """Write a sliced model with :func:`save_pruned` (stock config when every layer has the same widths, else the
+    heterogeneous classes; one ``from_pretrained(dir)`` reloads it), plus ``secateur-report.json`` and
+    ``extra_files``, all in one atomic folder. No masks: the removed units are gone from the tensors."""
+    with atomic_dir(out, overwrite, need=export_size(model)) as tmp:
+        info = save_pruned(model, tmp / "model", tokenizer)
+        for f in sorted((tmp / "model").iterdir()):
+            os.replace(f, tmp / f.name)
+        (tmp / "model").rmdir()
+        for name, data in (extra_files or {}).items():
+            if name == "secateur_hetero.py" and (tmp / name).exists():
+                continue  # the exporter already wrote the current copy
+            (tmp / name).write_bytes(data)
+        report["export_route"] = info["route"]
+        (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    return {"path": str(out), "route": info["route"]}

@@ -12,12 +12,12 @@ protected layers (first/last two) are never eligible, so by default they are not
 
 Registered methods (``secateur prune --method cocurve|cocurve-diag``): the last ``heldout`` (16) rows
 of the calibration set are the disjoint held-out split C', the others build ``H`` - pass
-``--nsamples 144`` for the paper's 128 + 16. Method knobs come from ``PruneOptions.extra``:
-``heldout``, ``positions`` (P_tok, 128), ``top_r`` (256), ``unit_batch``, ``seqs_per_block``,
-``n_ffn_groups`` (16), ``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``,
-``--top-r``, ``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
+``--nsamples 144`` for the paper's 128 + 16. Method knobs (:class:`CoCurveOptions`): ``heldout``,
+``positions`` (P_tok, 128), ``top_r`` (256), ``unit_batch``, ``seqs_per_block``, ``n_ffn_groups`` (16),
+``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``, ``--top-r``,
+``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
 after the selection on the dense Grams of the graph windows, then the model is sliced
-(:func:`secateur.methods.structured.materialize_selection`). The output folder gets
+(:func:`secateur.methods.compensation.materialize_selection`). The output folder gets
 ``cocurve_graph.npz`` (H, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its lambda and
 every candidate) and ``secateur_selection.json``; their sha256 are in the report.
 """
@@ -37,8 +37,17 @@ from torch import nn
 from secateur.budgets.allocate import Guard, report
 from secateur.budgets.greedy import DEFAULT_LAMBDAS, lambda_path
 from secateur.budgets.heldout import HeldoutKL, select_heldout
+from secateur.calib.collect import collect_stats
 from secateur.data.windows import token_sha256
 from secateur.errors import SecateurError
+from secateur.methods.compensation import (
+    CompensationConfig,
+    CompensationOptions,
+    compensation_details,
+    materialize_selection,
+)
+from secateur.methods.knobs import knob
+from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
 from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep
@@ -221,42 +230,68 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
     return rep
 
 
-# --- registry entry point ----------------------------------------------------------------------------
+# --- the registered methods (--method cocurve|cocurve-diag) ---------------------------------------------------
 
-def config_from_options(opts) -> CoCurveConfig:
-    extra = {k: v for k, v in (getattr(opts, "extra", {}) or {}).items() if v is not None}  # None = CLI unset
-    sweep = SweepConfig(positions_per_seq=int(extra.get("positions", 128)), top_r=int(extra.get("top_r", 256)),
-                        unit_batch=int(extra.get("unit_batch", 8)),
-                        seqs_per_block=int(extra.get("seqs_per_block", 1)),
-                        progress=not getattr(opts, "quiet", True))
-    return replace(CoCurveConfig(), sweep=sweep, n_ffn_groups=int(extra.get("n_ffn_groups", 16)),
-                   bisect_depth=int(extra.get("bisect_depth", 0)), heldout=int(extra.get("heldout", 16)),
-                   ablate_protected=bool(extra.get("ablate_protected", False)))
+@dataclass
+class CoCurveOptions(CompensationOptions):
+    """CoCurve's knobs (and any compensator after its selection)."""
+
+    CLI_GROUP = ("CoCurve (--method cocurve|cocurve-diag; the last --heldout calibration windows choose lambda, the "
+                 "others build the graph)")
+
+    heldout: int | None = knob("held-out windows for the lambda choice (default 16)", type=int)
+    positions: int | None = knob("sampled positions per graph window (default 128)", type=int)
+    top_r: int | None = knob("teacher top-r support of the features (default 256)", type=int)
+    n_ffn_groups: int | None = knob("FFN channel groups per layer (default 16)", flag="--ffn-groups", type=int)
+    unit_batch: int | None = knob("units ablated per forward (default 8)", flag=None, type=int)
+    seqs_per_block: int | None = knob("graph windows per sweep block (default 1)", flag=None, type=int)
+    bisect_depth: int | None = knob("lambda-path bisection depth (default 0)", flag=None, type=int)
+    ablate_protected: bool | None = knob("also ablate the protected layers' units", flag=None,
+                                         action="store_true")
 
 
-def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts):
+def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
+    """CoCurve's configuration and the compensation after it, from ``PruneOptions`` and its
+    :class:`CoCurveOptions` (unset knobs: the paper's values)."""
+    o: CoCurveOptions = opts.method_options
+    sweep = SweepConfig(positions_per_seq=128 if o.positions is None else int(o.positions),
+                        top_r=256 if o.top_r is None else int(o.top_r),
+                        unit_batch=8 if o.unit_batch is None else int(o.unit_batch),
+                        seqs_per_block=1 if o.seqs_per_block is None else int(o.seqs_per_block),
+                        progress=not opts.quiet)
+    cfg = replace(CoCurveConfig(), sweep=sweep, n_ffn_groups=16 if o.n_ffn_groups is None else int(o.n_ffn_groups),
+                  bisect_depth=0 if o.bisect_depth is None else int(o.bisect_depth),
+                  heldout=16 if o.heldout is None else int(o.heldout), ablate_protected=bool(o.ablate_protected))
+    ccfg = o.compensation_config()
+    ccfg.validate()
+    return cfg, ccfg
+
+
+def _compensate(model, adapter, selection, ccfg: CompensationConfig, graph_ids, opts) -> tuple[dict, dict]:
+    """Any compensator after CoCurve's selection: dense Grams of the graph windows, then slice. Returns the
+    report fields and the timings."""
+    t = time.perf_counter()
+    stats = collect_stats(model, adapter, graph_ids, ("gram",), chunk_size=opts.chunk_size, progress=not opts.quiet)
+    records, timings = materialize_selection(model, adapter, selection, ccfg, stats)
+    timings["comp_stats_s"] = time.perf_counter() - t - sum(timings.values())
+    return compensation_details(ccfg, records, timings["compensation_s"]), timings
+
+
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:
     """``secateur prune --method cocurve|cocurve-diag``: slice in place; artifacts travel as extra files.
 
     The in-memory model's config is replaced by its export config (stock or heterogeneous, see
     :mod:`secateur.export.sliced`) so that the generic saver writes a folder that one
     ``from_pretrained`` reloads."""
     from secateur.export.sliced import export_config
-    from secateur.methods.registry import MethodResult
-    from secateur.methods.structured import (
-        collect_stats,
-        compensation_config,
-        compensation_details,
-        materialize_selection,
-    )
     from secateur.models import hetero
 
-    cfg = config_from_options(opts)
+    cfg, ccfg = cocurve_config(opts)
     n = calib_ids.shape[0]
     if n <= cfg.heldout:
         raise SecateurError(f"{name} holds out the last {cfg.heldout} calibration sequences for the lambda choice: "
                             f"pass --nsamples > {cfg.heldout} (the paper: {128 + cfg.heldout})")
     graph_ids, held = calib_ids[:n - cfg.heldout], calib_ids[n - cfg.heldout:]
-    ccfg = compensation_config(opts)
     compensate = ccfg.compensation != "none"
     rep = prune(model, adapter, graph_ids, held, opts.sparsity, cfg, diagonal=name == "cocurve-diag",
                 materialize="none" if compensate else "slice")
@@ -264,13 +299,9 @@ def run_registered(name: str, model: nn.Module, adapter: Adapter, calib_ids: tor
     rep.pop("_graph")
     files: dict[str, bytes] = rep.pop("_files")
     comp_timings: dict[str, float] = {}
-    if compensate:  # any compensator after CoCurve's selection: dense Grams of the graph windows, then slice
-        t = time.perf_counter()
-        stats = collect_stats(model, adapter, graph_ids, ("gram",), chunk_size=getattr(opts, "chunk_size", 8),
-                              progress=not getattr(opts, "quiet", True))
-        records, comp_timings = materialize_selection(model, adapter, result.selection, ccfg, stats)
-        comp_timings["comp_stats_s"] = time.perf_counter() - t - sum(comp_timings.values())
-        rep.update(compensation_details(ccfg, records, comp_timings["compensation_s"]))
+    if compensate:
+        fields, comp_timings = _compensate(model, adapter, result.selection, ccfg, graph_ids, opts)
+        rep.update(fields)
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":

@@ -33,6 +33,8 @@ from secateur.calib.qk import QKOutputGrams
 from secateur.calib.stats import Accumulator
 from secateur.compensate.corp import corp_qk_layer
 from secateur.errors import SecateurError
+from secateur.methods.knobs import MethodOptions
+from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
 
@@ -156,3 +158,27 @@ def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, c
                "logit_rel_before_mean": sum(r["logit_rel_before"] for r in h.layers) / max(n, 1),
                "logit_rel_after_mean": sum(r["logit_rel_after"] for r in h.layers) / max(n, 1)}
     return {"masks": h.masks, "timings": rep.timings, "details": details}
+
+
+# --- the registered method (--method corp-qk) ----------------------------------------------------------------
+
+@dataclass
+class CorpQKOptions(MethodOptions):
+    """CORP Q/K takes no knob beyond ``--sparsity`` (its ridge and fold follow corp.md Sec. 5)."""
+
+
+def corp_qk_config(opts) -> CorpQKConfig:
+    """The validated :class:`CorpQKConfig` from ``PruneOptions``."""
+    if opts.pattern or opts.targets or opts.budget:
+        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
+                            "fraction of every head's query/key dims removed")
+    cfg = CorpQKConfig(sparsity=opts.sparsity)
+    cfg.validate()
+    return cfg
+
+
+def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:
+    """Registry runner: prune q/k dims in place, return the masks of the zeroed rows."""
+    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
+                        device=opts.device, progress=not opts.quiet)
+    return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])

@@ -54,10 +54,18 @@ from secateur.calib import engine
 from secateur.calib.qk import ProjectedQKStats
 from secateur.calib.stats import Accumulator, InputChunks, SumSq
 from secateur.errors import SecateurError
-from secateur.methods.unstructured import UnstructuredConfig, block_masks, prune_linear
+from secateur.methods.knobs import knob
+from secateur.methods.result import MethodResult
+from secateur.methods.unstructured import (  # noqa: F401 (segment_calibration: re-exported)
+    UnstructuredConfig,
+    UnstructuredOptions,
+    block_masks,
+    prune_linear,
+    segment_calibration,
+)
 from secateur.models.adapters import Adapter
 from secateur.models.linear import LinearRef
-from secateur.scoring import QKStats, QKVariant, segment_sequences
+from secateur.scoring import QKStats, QKVariant
 
 QK_BUDGETS = ("shared", "separate", "row")
 SCOPES = ("qk", "all")
@@ -109,14 +117,6 @@ def check_supported(adapter: Adapter) -> None:
         raise SecateurError(f"qk-wanda needs separate query and key projections; {type(adapter).__name__} has none")
 
 
-def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: int) -> tuple[torch.Tensor, int]:
-    """Cut ``ids [N, L]`` into ``[N L / s, s]`` independent sequences (positions restart in each, App. E.1);
-    the chunk size scales by ``L / s`` so each forward still carries ``chunk_size`` windows of tokens
-    (the paper's batches of 2048/T segments). Masks do not depend on the chunking (I9)."""
-    if not segment_len or segment_len == ids.shape[1]:
-        return ids, chunk_size
-    seg = segment_sequences(ids, segment_len)
-    return seg, chunk_size * (ids.shape[1] // segment_len)
 
 
 class QKWandaHandler(engine.Handler):
@@ -301,3 +301,42 @@ def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
                "calibration_sequences": list(ids.shape), "projections_reused": handler.reuse,
                "allocation": allocation_summary(handler.blocks)}
     return QKWandaResult(handler.masks, timings, details)
+
+
+# --- the registered method (--method qk-wanda) ---------------------------------------------------------------
+
+def _variant_code(v: str) -> str:
+    return QKVariant.parse(v).code
+
+
+@dataclass
+class QKWandaOptions(UnstructuredOptions):
+    """QK-Wanda's knobs: ``--segment-len`` (as Wanda's) and its own (its budget and rounding are the common
+    ``--budget`` and ``--rounding``)."""
+
+    variant: str | None = knob("qk-wanda score: base (unmasked, pre-RoPE) or any of base, M, R, C, MR, MC, RC, MRC "
+                               "(M causal, R RoPE-aware, C centered; default: base)", type=_variant_code)
+    scope: str | None = knob("qk-wanda: qk prunes only W_Q, W_K (default); all adds row-wise Wanda on v, o and the "
+                             "MLP", choices=SCOPES)
+    progressive: int | None = knob("qk-wanda: re-score in J simultaneous steps (paper App. K ablation; default 1 = "
+                                   "one-shot)", type=int, metavar="J")
+
+
+def qk_wanda_config(opts) -> QKWandaConfig:
+    """The validated :class:`QKWandaConfig` from ``PruneOptions`` and its :class:`QKWandaOptions`."""
+    if opts.pattern or opts.targets:
+        raise SecateurError("qk-wanda takes neither --pattern nor --targets; choose the projections with "
+                            "--scope qk (W_Q, W_K) or --scope all (hybrid with row-wise Wanda)")
+    o: QKWandaOptions = opts.method_options
+    cfg = QKWandaConfig(sparsity=opts.sparsity, budget=opts.budget or "shared", variant=o.variant or "base",
+                        scope=o.scope or "qk", rounding=opts.rounding, segment_len=o.segment_len,
+                        progressive=o.progressive or 1)
+    cfg.validate()
+    return cfg
+
+
+def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
+    """Registry runner: prune in place; the details carry the per-block Q/K allocation (the report draws it)."""
+    res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
+                         device=opts.device, progress=not opts.quiet)
+    return MethodResult(masks=res.masks, timings=res.timings, details=res.details)

@@ -23,6 +23,8 @@ from secateur.calib import engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError
+from secateur.methods.knobs import MethodOptions, knob
+from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.scoring.wanda import wanda_scores
 
@@ -164,3 +166,51 @@ def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tens
     rep = engine.run(model, adapter, calib_ids, handler, mode=mode, chunk_size=chunk_size, device=device,
                      progress=progress)
     return UnstructuredResult(handler.masks, rep.timings)
+
+
+# --- the registered methods (--method magnitude|wanda|sparsegpt) ---------------------------------------------
+
+def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: int) -> tuple[torch.Tensor, int]:
+    """Cut ``ids [N, L]`` into ``[N L / s, s]`` independent sequences (positions restart in each, QK-Wanda
+    App. E.1); the chunk size scales by ``L / s`` so each forward still carries ``chunk_size`` windows of tokens
+    (the paper's batches of 2048/T segments). Masks do not depend on the chunking (I9)."""
+    from secateur.scoring import segment_sequences
+
+    if not segment_len or segment_len == ids.shape[1]:
+        return ids, chunk_size
+    seg = segment_sequences(ids, segment_len)
+    return seg, chunk_size * (ids.shape[1] // segment_len)
+
+
+@dataclass
+class UnstructuredOptions(MethodOptions):
+    """Magnitude, Wanda and SparseGPT's knob (the rest are the common ``--pattern``, ``--budget``, ...)."""
+
+    CLI_GROUP = "unstructured and QK-Wanda pruning (every default below is None = unset)"
+
+    segment_len: int | None = knob("cut every calibration window into independent sequences of T tokens "
+                                   "(QK-Wanda paper: 64)", type=int, metavar="T")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.segment_len is not None and self.segment_len < 1:
+            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
+
+
+def unstructured_config(name: str, opts) -> UnstructuredConfig:
+    """The validated :class:`UnstructuredConfig` of method ``name`` from ``PruneOptions``."""
+    cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=parse_pattern(opts.pattern),
+                             budget=opts.budget, rounding=opts.rounding, targets=parse_targets(opts.targets))
+    cfg.validate()
+    return cfg
+
+
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
+    """Registry runner: prune in place, return the masks."""
+    cfg = unstructured_config(name, opts)
+    chunk = opts.chunk_size
+    if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
+        calib_ids, chunk = segment_calibration(calib_ids, opts.method_options.segment_len, chunk)
+    res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk, device=opts.device,
+                             progress=not opts.quiet)
+    return MethodResult(masks=res.masks, timings=res.timings)

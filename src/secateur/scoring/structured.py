@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from secateur.calib.collect import block_influence  # noqa: F401  (re-exported: ShortGPT's pass lives in calib)
 from secateur.calib.stats import Accumulator, BlockInfluence, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
 from secateur.models import hetero
