@@ -327,7 +327,7 @@ def render() -> None:
 
 def _figure(rows: list[dict]) -> None:
     try:
-        from secateur.report.plots import plot_qk_removal
+        from secateur.plots import plot_qk_removal
     except ImportError:
         return
     best: tuple[str, dict] | None = None  # the preset with the most sparsities (full has the 50% main row only)

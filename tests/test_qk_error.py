@@ -274,7 +274,7 @@ def test_heldout_sequences_come_from_heldout_documents():
 # --- plots ------------------------------------------------------------------------------------------------
 
 def test_plots_write_png(tmp_path):
-    from secateur.report.plots import plot_block_errors, plot_qk_removal
+    from secateur.plots import plot_block_errors, plot_qk_removal
 
     al = {"per_block": [{"block": i, "rho_q": 0.5 + 0.01 * i, "rho_k": 0.5 - 0.02 * i} for i in range(4)],
           "qk_removed": 50, "qk_total": 100}

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from secateur import resume as _resume
+from secateur.calib import resume as _resume
 from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
@@ -66,7 +66,7 @@ class PruneOptions:
     out: str | None = None
     overwrite: bool = False
     quiet: bool = False
-    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.resume)
+    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.calib.resume)
     structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
     tokenizer: Any = None  # the tokenizer of an in-memory ``model``
     method_options: MethodOptions | None = None
@@ -212,7 +212,7 @@ def _figures(details: dict) -> dict[str, bytes]:
     if not (isinstance(alloc, dict) and alloc.get("per_block")):
         return {}
     try:
-        from secateur.report.plots import qk_removal_png
+        from secateur.plots import qk_removal_png
     except ImportError:
         return {}
     cfg = details.get("config") or {}

@@ -57,13 +57,13 @@ class StatsCollector(Handler):
             self.stats.setdefault(ctx.index, {})[group] = accs
 
     def block_state(self, ctx: BlockContext) -> dict:
-        from secateur.resume import pack_accumulator
+        from secateur.calib.resume import pack_accumulator
 
         stats = self.stats.get(ctx.index, {})
         return {g: {k: pack_accumulator(a) for k, a in accs.items()} for g, accs in stats.items()}
 
     def load_block_state(self, index: int, state: dict) -> None:
-        from secateur.resume import unpack_accumulator
+        from secateur.calib.resume import unpack_accumulator
 
         if state:
             self.stats[index] = {g: {k: unpack_accumulator(a) for k, a in accs.items()} for g, accs in state.items()}

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from secateur import resume
+from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
 from secateur.models.adapters import GROUPS, Adapter
 from secateur.models.linear import LinearRef

@@ -443,7 +443,7 @@ def cli_qk_error(args) -> int:
         write_file_atomic(args.json, json.dumps(res, indent=2, default=str))
     if args.plot or args.plot_errors:
         try:
-            from secateur.report import plots
+            from secateur import plots
         except ImportError:
             raise SecateurError("plots need matplotlib: pip install 'secateur[plots]'") from None
         if args.plot:

@@ -240,7 +240,7 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
     """Replacements ``{(layer, group): Compensation}`` for every projection that lost columns, the
     per-layer records and the total compensation time (seconds). With an active checkpoint (``--resume``)
     every compensated projection is saved as it is done and reloaded instead of solved again."""
-    from secateur import resume
+    from secateur.calib import resume
     from secateur.compensate.base import Compensation
 
     reps: dict = {}

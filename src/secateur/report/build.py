@@ -29,7 +29,7 @@ protocols or window subsets never share a column. Plots need matplotlib (extra `
 the report says so and keeps every table.
 
 Modules: :mod:`~secateur.report.load` (inputs -> :class:`Run`), :mod:`~secateur.report.sections` (one
-function per section), :mod:`~secateur.report.render` (the Markdown/HTML document), :mod:`~secateur.report.plots`;
+function per section), :mod:`~secateur.report.render` (the Markdown/HTML document), :mod:`~secateur.plots`;
 this module composes them, writes the folder and registers the CLI.
 """
 
@@ -53,7 +53,7 @@ def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
     note = None
     if with_plots:
         try:
-            from secateur.report import plots  # needs matplotlib
+            from secateur import plots  # needs matplotlib
         except ImportError:
             note = "Plots skipped: matplotlib is not installed (`pip install 'secateur[plots]'`)."
     runs = sorted(runs, key=sections.order_key)  # stable: input order within a sparsity level

@@ -1,7 +1,7 @@
 """The sections of a ``secateur report``, each a function that appends its blocks to a :class:`Doc`:
 perplexity/sparsity/cost (with method x sparsity pivots and perplexity plots), zero-shot accuracy,
 structured runs (parameters and kept widths), per-layer allocation plots, QK reconstruction error, and
-the protocol manifests. ``plots`` is :mod:`secateur.report.plots` or ``None`` (matplotlib missing).
+the protocol manifests. ``plots`` is :mod:`secateur.plots` or ``None`` (matplotlib missing).
 
 Perplexity columns are keyed by (dataset, protocol id, windows used): numbers from different protocols
 or window subsets never share a column.
