@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -36,6 +37,12 @@ TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
                                            word_embed_proj_dim=32),
     "gpt2": lambda vocab, layers: GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64,
                                              n_positions=256, bos_token_id=0, eos_token_id=0),
+    # MQA (one KV head), explicit head_dim, q/k norms, four norms per block; sliding (window 8, RoPE 1e4) and
+    # global (RoPE 1e6) layers alternating, so any two layers hold both types
+    "gemma3_text": lambda vocab, layers: Gemma3TextConfig(
+        num_key_value_heads=1, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, **_common(vocab, layers)),
 }
 FAMILIES = tuple(TINY_CONFIGS)
 

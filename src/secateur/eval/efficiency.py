@@ -91,7 +91,7 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
         kv = s["n_kv_heads"] if layout.gqa else h
         o_b = s["o_bias"] or layout.o_bias is True  # an always-biased projection cannot lose its bias
         down_b = s["down_bias"] or layout.mlp_bias is True
-        total += d * m * (2 * h + 2 * kv) + qkv_b * (h + 2 * kv) * m + o_b * d + 2 * norm
+        total += d * m * (2 * h + 2 * kv) + qkv_b * (h + 2 * kv) * m + o_b * d + layout.norms_per_layer * norm
         total += (n_in + 1) * d * f + n_in * f * in_b + down_b * d + 2 * m * layout.qk_norm
     return int(total)
 

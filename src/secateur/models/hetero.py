@@ -167,6 +167,7 @@ class FamilyLayout:
     positions: str | None = None  # config key of a learned position-embedding table
     position_offset: int = 0
     default_inner_mult: int = 0   # intermediate = mult * hidden when the config leaves it unset
+    norms_per_layer: int = 2      # hidden-size norms per block (Gemma-3: 4, with its post-attention/MLP norms)
 
     @property
     def qkv(self) -> tuple[str, ...]:

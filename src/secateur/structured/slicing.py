@@ -147,6 +147,8 @@ def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Te
 
 def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
     gs = n_heads // n_kv
+    if n_kv == 1 and kv == [0] and heads and set(heads) <= set(range(n_heads)):
+        return  # MQA: any query heads may share the one KV head
     expect = [g * gs + r for g in kv for r in range(gs)]
     if sorted(heads) != expect:
         raise SecateurError(

@@ -63,6 +63,12 @@ class _Stop(Exception):
     pass
 
 
+class ByLayerType(dict):
+    """A block keyword argument whose value depends on the block's attention type (``config.layer_types``):
+    ``{"sliding_attention": mask_s, "full_attention": mask_f}``. :meth:`Adapter.layer_kwargs` picks a block's
+    value; :func:`secateur.calib.engine.kwargs_to` moves every value."""
+
+
 def run_until(call: Callable[[], Any], stop_at: nn.Module) -> torch.Tensor:
     """Run ``call`` and return the input that reaches ``stop_at``, aborting the forward there.
 
@@ -171,6 +177,26 @@ class Adapter:
         """The residual-writing module of ``attn_out`` or ``mlp_out``."""
         role = {"attn_out": "o", "mlp_out": "down"}[group]
         return self.role_refs(layer)[role].module
+
+    # Residual adds (the engine's ``h2 = attn_residual(h, o(a))``, ``out = mlp_residual(h2, down(m))``): a plain
+    # sum unless the family normalizes a sublayer's output before adding it (Gemma's post-norms).
+    plain_residual = True
+
+    def attn_residual(self, layer: nn.Module, h: torch.Tensor, o_out: torch.Tensor) -> torch.Tensor:
+        """The block's hidden state after attention, from its input ``h`` and the output projection's output."""
+        return h + o_out
+
+    def mlp_residual(self, layer: nn.Module, h2: torch.Tensor, down_out: torch.Tensor) -> torch.Tensor:
+        """The block's output, from the post-attention hidden state ``h2`` and the down projection's output."""
+        return h2 + down_out
+
+    def layer_kwargs(self, index: int, kw: dict) -> dict:
+        """Block ``index``'s keyword arguments from those :meth:`capture_inputs` returned (per-type values
+        resolved, :class:`ByLayerType`); the identity for families whose blocks all take the same."""
+        if not any(isinstance(v, ByLayerType) for v in kw.values()):
+            return kw
+        kind = self.config.layer_types[index]
+        return {k: v[kind] if isinstance(v, ByLayerType) else v for k, v in kw.items()}
 
     def block_forward(self, layer: nn.Module, h: torch.Tensor, kw: dict) -> torch.Tensor:
         """Reference forward of one block (the family's own module)."""
