@@ -8,7 +8,8 @@ Kinds (one attention kind and one MLP kind per layer at most, plus optional whol
 ``head``       one query head; where each KV head serves one query head (MHA: OPT, GPT-2,
                Llama-family with ``n_kv == n_heads``), where it is the same structure as ``kv_group``, and
                under MQA (one KV head, Gemma-3 270M), where it is q rows + o columns and the KV head stays
-               while any query head does (a ``kv_group`` there is the whole attention).
+               while any query head does. A ``kv_group`` there would be the whole attention, so on an MQA
+               layer either attention kind enumerates query heads (pools of kind ``head``).
 ``channel``    one MLP intermediate channel: gate/up rows (OPT ``fc1`` rows, GPT-2 ``c_fc`` columns in
                Conv1D storage) and the matching down-projection column.
 ``ffn_group``  ``n_ffn_groups`` channel groups per layer (CoCurve: 16). Default: contiguous index blocks
@@ -206,9 +207,9 @@ def _attn_pool(shape: LayerShape, layer: int, kind: str, offset: int) -> Pool | 
     if shape.n_heads == 0:
         return None
     gs = shape.group_size
-    if kind == "head" and gs != 1 and shape.n_kv_heads == 1:  # MQA: query heads go, the one KV head stays
+    if gs != 1 and shape.n_kv_heads == 1:  # MQA: query heads go, the one KV head stays (either kind)
         n = shape.n_heads
-        return Pool(layer, kind, offset, torch.full((n,), shape.attn_unit_params(1, 0), dtype=torch.long),
+        return Pool(layer, "head", offset, torch.full((n,), shape.attn_unit_params(1, 0), dtype=torch.long),
                     torch.arange(n), torch.arange(n + 1), torch.zeros(n, dtype=torch.long))
     if kind == "head" and gs != 1:
         raise SecateurError(
