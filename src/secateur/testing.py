@@ -12,6 +12,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -43,6 +44,9 @@ TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
         num_key_value_heads=1, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         pad_token_id=0, bos_token_id=1, eos_token_id=2, **_common(vocab, layers)),
+    # fused qkv_proj ([q; k; v] rows, GQA 4 query / 2 KV heads) and gate_up_proj ([gate; up] rows)
+    "phi3": lambda vocab, layers: Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                             **_common(vocab, layers)),
 }
 FAMILIES = tuple(TINY_CONFIGS)
 
@@ -72,9 +76,10 @@ def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (n, t), generator=g)
 
 
-def tiny_tokenizer():
-    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+def tiny_tokenizer(bos: bool = False):
+    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline; ``bos``: it prepends
+    ``<s>`` (id 1) to every text it tokenizes with special tokens (Gemma's and Llama-2's convention)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -82,6 +87,9 @@ def tiny_tokenizer():
         vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 

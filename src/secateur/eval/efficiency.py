@@ -85,7 +85,7 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
         total += norm  # final norm
     qkv_b = layout.flag(config, layout.qkv_bias)
     in_b = layout.flag(config, layout.mlp_bias)
-    n_in = len(layout.mlp_in)
+    n_in = layout.n_mlp_in
     for s in specs:
         h, f = s["n_heads"], s["intermediate"]
         kv = s["n_kv_heads"] if layout.gqa else h

@@ -99,7 +99,7 @@ def layer_shape(adapter: Adapter, index: int) -> LayerShape:
     attn = hetero.attention_module(fam, layer)
     q, k = getattr(attn, layout.q), getattr(attn, layout.k)
     mlp = hetero.mlp_module(fam, layer)
-    in_biases = sum(getattr(mlp, name).bias is not None for name in layout.mlp_in)
+    in_biases = sum(getattr(mlp, name).bias is not None for name in layout.mlp_in) * (1 + layout.fused_gate_up)
     return LayerShape(hetero.in_features(layout, q), m, spec.n_heads, spec.n_kv_heads, spec.intermediate,
                       q.bias is not None, k.bias is not None, spec.o_bias, in_biases, spec.down_bias,
                       layout.gated)

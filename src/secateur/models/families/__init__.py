@@ -46,7 +46,7 @@ from secateur.models.families.base import HETERO_PREFIX, Adapter
 from secateur.models.hetero import FamilyLayout
 
 # The family modules of this package, in registration order.
-FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3")
+FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3", "phi3")
 
 
 def _load() -> dict[str, type[Adapter]]:
