@@ -35,7 +35,6 @@ checkpoint's family (:func:`standalone_source`).
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -258,7 +257,9 @@ def set_attention_widths(family: str, attn: nn.Module, n_heads: int, n_kv: int, 
         attn.split_size = n_heads * head_dim
     if layout.fused_qkv and layout.gqa and getattr(attn, "config", None) is not None:
         # Phi-3 splits q|k|v at config.num_attention_heads * head_dim: the layer gets its own config copy
-        attn.config = copy.copy(attn.config)
+        own = object.__new__(type(attn.config))  # a shallow copy (this file imports only torch and transformers)
+        own.__dict__.update(attn.config.__dict__)
+        attn.config = own
         attn.config.num_attention_heads, attn.config.num_key_value_heads = n_heads, n_kv
 
 
