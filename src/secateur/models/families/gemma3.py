@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 
 import torch
-from torch import nn
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from secateur.models.families.base import ByLayerType, _Stop
