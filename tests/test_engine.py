@@ -112,7 +112,7 @@ def test_nan_activations_raise_clear_error():
 def test_unknown_family_names_supported_ones():
     model = tiny_model("llama")
     model.config.model_type = "mamba"
-    with pytest.raises(SecateurError, match="supported: gpt2, llama, mistral, opt, qwen2, qwen3"):
+    with pytest.raises(SecateurError, match="supported: gemma3_text, gpt2, llama, mistral, opt, phi3, qwen2, qwen3"):
         get_adapter(model)
 
 
