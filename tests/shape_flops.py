@@ -33,6 +33,8 @@ def _heads(layer: nn.Module, head_dim: int) -> int:
     attn = getattr(layer, "self_attn", None) or layer.attn
     if hasattr(attn, "q_proj"):
         return attn.q_proj.out_features // head_dim
+    if hasattr(attn, "qkv_proj"):  # Phi-3: fused [q; k; v], q as wide as o_proj's input
+        return attn.o_proj.in_features // head_dim
     return attn.c_attn.nf // 3 // head_dim  # GPT-2: fused q, k, v
 
 

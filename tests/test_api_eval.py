@@ -32,3 +32,18 @@ def test_in_memory_model_needs_its_tokenizer(tmp_path):
 def test_eval_zeroshot_from_a_folder(tmp_path):
     r = api.eval_zeroshot(save_tiny("llama", tmp_path / "m"), tasks="boolq", limit=2, progress=False)
     assert set(r["tasks"]) == {"boolq"} and 0.0 <= r["summary"]["mean"] <= 100.0 and r["model"].endswith("m")
+
+
+def test_eval_ppl_names_the_tokenizers_bos_convention(tmp_path):
+    """``eval ppl`` follows the tokenizer: no BOS added -> today's protocol; BOS added -> ``+bos-first``."""
+    from secateur.testing import tiny_model, tiny_tokenizer
+
+    text = tmp_path / "eval.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    model = tiny_model("llama")
+    plain = api.eval_ppl(model, str(text), seqlen=32, max_windows=2, tokenizer=tiny_tokenizer(), progress=False)
+    first = api.eval_ppl(model, str(text), seqlen=32, max_windows=2, tokenizer=tiny_tokenizer(bos=True),
+                         progress=False)
+    assert (plain["protocol"], plain["bos"]) == ("nonoverlap-32", "none")
+    assert (first["protocol"], first["bos"]) == ("nonoverlap-32+bos-first", "first")
+    assert first["tokens_sha256"] == plain["tokens_sha256"] and first["ppl"] != plain["ppl"]

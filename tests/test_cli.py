@@ -84,7 +84,7 @@ def test_unknown_family(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(tmp_path / "neox")
     assert main(["prune", "--model", str(tmp_path / "neox"), "--method", "magnitude", "--out",
                  str(tmp_path / "o")]) == 2
-    assert "unsupported model family 'gpt_neox'; supported: gpt2, llama" in capsys.readouterr().err
+    assert "unsupported model family 'gpt_neox'; supported: gemma3_text, gpt2, llama" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("method", ["magnitude", "wanda", "sparsegpt"])

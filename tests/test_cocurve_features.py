@@ -95,8 +95,8 @@ def _brute_H(model, inv, ids, cfg: SweepConfig, units: list[int]) -> torch.Tenso
     return phi.T @ phi / pos.numel() / ids.shape[0]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "opt", "gpt2"])
-def test_sweep_equals_brute_force_ablations(family):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "opt", "gpt2", "gemma3_text", "phi3"])
+def test_sweep_equals_brute_force_ablations(family):  # gemma3_text: post-norms inside the residual, MQA heads
     model = tiny_model(family, layers=3)
     a = get_adapter(model)
     inv = cocurve_inventory(a, n_ffn_groups=4)

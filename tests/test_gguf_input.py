@@ -247,3 +247,13 @@ def test_smollm2_gguf_by_path_prunes_exports_and_reloads(tmp_path, monkeypatch):
             assert set(a.keys()) == set(b.keys())
             for k in a.keys():
                 assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+
+
+def test_real_gemma3_gguf_header_reads_as_gemma3_text():
+    """The Gemma-3-270M GGUF (Gemma Terms of Use: never committed; skipped when absent) is a supported family."""
+    path = Path.home() / ".cache" / "secateur" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        pytest.skip("Gemma-3-270M GGUF not in the model cache")
+    info = gguf_cache.inspect_gguf(path)
+    assert (info.architecture, info.model_type) == ("gemma3", "gemma3_text")
+    assert info.metadata["gemma3.block_count"] == 18 and info.metadata["gemma3.attention.head_count_kv"] == 1

@@ -208,11 +208,13 @@ def reference_per_block(dense, masks, ids):
 
     def parts(layer):
         a = getattr(layer, "self_attn", getattr(layer, "attn", None))
-        return a, (a.c_attn,) if hasattr(a, "c_attn") else (a.q_proj, a.k_proj)
+        fused = getattr(a, "c_attn", getattr(a, "qkv_proj", None))  # GPT-2's thirds, Phi-3's [q; k; v] (GQA)
+        return a, (fused,) if fused is not None else (a.q_proj, a.k_proj)
 
     def qk(layer, x):
         a, mods = parts(layer)
-        q, k = (mods[0](x).split(hq * m, dim=-1)[:2]) if len(mods) == 1 else (mods[0](x), mods[1](x))
+        y = mods[0](x) if len(mods) == 1 else None
+        q, k = (y[..., :hq * m], y[..., hq * m:(hq + hk) * m]) if len(mods) == 1 else (mods[0](x), mods[1](x))
         q, k = q.reshape(*x.shape[:2], hq, m), k.reshape(*x.shape[:2], hk, m)
         if hasattr(a, "q_norm"):
             q, k = a.q_norm(q), a.k_norm(k)
@@ -232,13 +234,13 @@ def reference_per_block(dense, masks, ids):
     return out
 
 
-@pytest.mark.parametrize("family", ["opt", "gpt2", "qwen3"])
+@pytest.mark.parametrize("family", ["opt", "gpt2", "qwen3", "gemma3_text", "phi3"])
 def test_other_families_equal_an_independent_computation(family):
     """OPT (biases, no RoPE), GPT-2 (fused Conv1D ``c_attn``, masks stored [out, in]) and Qwen3 (q/k norms):
     Eq. 49 per block equals the hook-based reference, zero without pruning; the other stages run."""
     dense = tiny_model(family)
     ids = random_ids(2, 8)
-    masks = random_masks(dense, roles=("q_proj", "k_proj", "c_attn"))
+    masks = random_masks(dense, roles=("q_proj", "k_proj", "c_attn", "qkv_proj"))
     res = qk_errors(dense, {"m": masks, "none": {}}, ids, stages=("qk", "logits", "block"), progress=False)
     ref = reference_per_block(dense, masks, ids)
     assert res["m"]["per_block"] == pytest.approx(ref, rel=1e-4) and min(ref) > 1.0

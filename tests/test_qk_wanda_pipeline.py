@@ -315,8 +315,9 @@ def test_config_and_model_refusals():
     with pytest.raises(SecateurError, match="variant"):
         QKWandaConfig(variant="X").validate()
     assert QKWandaConfig(budget="matrix").validate() is None
-    with pytest.raises(SecateurError, match="q/k norms"):
-        run("qwen3", random_ids(1, 8))
+    for family in ("qwen3", "gemma3_text"):
+        with pytest.raises(SecateurError, match="q/k norms"):
+            run(family, random_ids(1, 8))
     with pytest.raises(SecateurError, match="rotary"):
         run("opt", random_ids(1, 8), variant="R")
     h = QKWandaHandler(QKWandaConfig(progressive=2), reuse_projections=True)
@@ -410,3 +411,17 @@ def test_cli_refuses_qwen3_clearly(tmp_path, calib_txt, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("secateur:")]
     assert len(err) == 1 and "q/k norms" in err[0] and "qwen3" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_phi3_fused_qkv_prunes_its_q_and_k_slices():
+    """Phi-3's fused qkv_proj ([q; k; v] rows, GQA sizes): QK-Wanda prunes the q and k row slices to the shared
+    budget, leaves v alone, and stores one mask for the fused module."""
+    model, res = run("phi3", random_ids(2, 16), sparsity=0.5)
+    g = get_adapter(model).geometry
+    qw, kw = g.n_heads * g.head_dim, g.n_kv_heads * g.head_dim
+    assert sorted(res.masks) == [f"model.layers.{i}.self_attn.qkv_proj" for i in range(2)]
+    for layer in model.model.layers:
+        w = layer.self_attn.qkv_proj.weight
+        zq, zk = int((w[:qw] == 0).sum()), int((w[qw:qw + kw] == 0).sum())
+        assert zq + zk == (qw + kw) * w.shape[1] // 2 and zq and zk
+        assert not (w[qw + kw:] == 0).any()

@@ -95,7 +95,8 @@ def test_registration_refuses_an_incomplete_adapter():
 def test_unknown_model_type_is_refused():
     cfg = PretrainedConfig()
     cfg.model_type = "falcon"
-    with pytest.raises(SecateurError, match="unsupported model family 'falcon'; supported: gpt2, llama, mistral"):
+    with pytest.raises(SecateurError,
+                       match="unsupported model family 'falcon'; supported: gemma3_text, gpt2, llama, mistral"):
         family_of(cfg)
 
 

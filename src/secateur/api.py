@@ -300,7 +300,7 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
     if ids.numel() < seqlen:
         raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
                             f"{seqlen}; use a longer text or a smaller --seqlen")
-    res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
+    res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer)  # BOS rule: the tokenizer
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine(), "schema_version": SCHEMA_VERSION})
     if json_path:

@@ -7,10 +7,12 @@ from collections.abc import Callable
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -36,6 +38,15 @@ TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
                                            word_embed_proj_dim=32),
     "gpt2": lambda vocab, layers: GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64,
                                              n_positions=256, bos_token_id=0, eos_token_id=0),
+    # MQA (one KV head), explicit head_dim, q/k norms, four norms per block; sliding (window 8, RoPE 1e4) and
+    # global (RoPE 1e6) layers alternating, so any two layers hold both types
+    "gemma3_text": lambda vocab, layers: Gemma3TextConfig(
+        num_key_value_heads=1, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, **_common(vocab, layers)),
+    # fused qkv_proj ([q; k; v] rows, GQA 4 query / 2 KV heads) and gate_up_proj ([gate; up] rows)
+    "phi3": lambda vocab, layers: Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                             **_common(vocab, layers)),
 }
 FAMILIES = tuple(TINY_CONFIGS)
 
@@ -65,9 +76,10 @@ def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (n, t), generator=g)
 
 
-def tiny_tokenizer():
-    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+def tiny_tokenizer(bos: bool = False):
+    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline; ``bos``: it prepends
+    ``<s>`` (id 1) to every text it tokenizes with special tokens (Gemma's and Llama-2's convention)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -75,6 +87,9 @@ def tiny_tokenizer():
         vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 

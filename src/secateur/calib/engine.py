@@ -115,15 +115,20 @@ def embed_chunks(adapter: Adapter, ids: torch.Tensor, chunk_size: int) -> tuple[
 
 
 def kwargs_to(kw: dict, device: torch.device) -> dict:
-    """The block kwargs with every tensor (and tuple of tensors, e.g. RoPE tables) on ``device``."""
-    return {k: (tuple(t.to(device) for t in v) if isinstance(v, tuple) else
-                v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    """The block kwargs with every tensor (and tuple of tensors, e.g. RoPE tables; per-layer-type values) on
+    ``device``."""
+    def move(v):
+        if isinstance(v, dict):
+            return type(v)({k: move(x) for k, x in v.items()})
+        return tuple(t.to(device) for t in v) if isinstance(v, tuple) else v.to(device) if torch.is_tensor(v) else v
+
+    return {k: move(v) for k, v in kw.items()}
 
 
 def run_blocks(adapter: Adapter, h: torch.Tensor, kw: dict, start: int = 0) -> torch.Tensor:
     """``h`` through blocks ``start .. L-1`` with the family's own block forward (no chunking, no copies)."""
-    for layer in adapter.layers[start:]:
-        h = adapter.block_forward(layer, h, kw)
+    for i in range(start, adapter.n_layers):
+        h = adapter.block_forward(adapter.layers[i], h, adapter.layer_kwargs(i, kw))
     return h
 
 
@@ -210,7 +215,8 @@ class Walk:
             layer = self.adapter.layers[todo[pos]]
             layer.to(self.device)
             try:
-                visit = BlockVisit(todo[pos], layer, self.adapter, self.kwargs, self.hs, self.device, self.store)
+                visit = BlockVisit(todo[pos], layer, self.adapter, self.adapter.layer_kwargs(todo[pos], self.kwargs),
+                                   self.hs, self.device, self.store)
                 yield visit
                 self.hs = visit.outputs
             finally:
@@ -240,7 +246,7 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
         start, restored = _restore(ck, stage, todo, adapter, handler)
         walk.hs = restored if restored is not None else walk.hs
     for pos, visit in enumerate(walk.blocks(todo, start, progress, f"blocks ({mode})"), start):
-        ctx = BlockContext(visit.index, visit.layer, adapter, adapter.linears(visit.layer), walk.kwargs)
+        ctx = BlockContext(visit.index, visit.layer, adapter, adapter.linears(visit.layer), visit.kwargs)
         visit.outputs = _run_block(ctx, visit.inputs, handler, mode, walk.device, rep)
         handler.on_block_end(ctx)
         if ck is not None:
@@ -307,7 +313,7 @@ def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode
     tick("forward", t)
     prune("attn_out")
     t = time.perf_counter()
-    h2 = _map2(hs, att, lambda h, y: h + o_mod(y), device)
+    h2 = _map2(hs, att, lambda h, y: a.attn_residual(layer, h, o_mod(y)), device)
     del att
     x2 = _map(h2, lambda h: a.mlp_norm(layer, h), device, accs["mlp_in"], f"block {ctx.index} mlp_in")
     tick("forward", t)
@@ -318,7 +324,7 @@ def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode
     tick("forward", t)
     prune("mlp_out")
     t = time.perf_counter()
-    out = _map2(h2, m, lambda h, y: h + down_mod(y), device)
+    out = _map2(h2, m, lambda h, y: a.mlp_residual(layer, h, down_mod(y)), device)
     tick("forward", t)
     if mode != "sequential":
         t = time.perf_counter()

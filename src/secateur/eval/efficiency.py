@@ -85,13 +85,13 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
         total += norm  # final norm
     qkv_b = layout.flag(config, layout.qkv_bias)
     in_b = layout.flag(config, layout.mlp_bias)
-    n_in = len(layout.mlp_in)
+    n_in = layout.n_mlp_in
     for s in specs:
         h, f = s["n_heads"], s["intermediate"]
         kv = s["n_kv_heads"] if layout.gqa else h
         o_b = s["o_bias"] or layout.o_bias is True  # an always-biased projection cannot lose its bias
         down_b = s["down_bias"] or layout.mlp_bias is True
-        total += d * m * (2 * h + 2 * kv) + qkv_b * (h + 2 * kv) * m + o_b * d + 2 * norm
+        total += d * m * (2 * h + 2 * kv) + qkv_b * (h + 2 * kv) * m + o_b * d + layout.norms_per_layer * norm
         total += (n_in + 1) * d * f + n_in * f * in_b + down_b * d + 2 * m * layout.qk_norm
     return int(total)
 
@@ -99,11 +99,14 @@ def count_params_from_config(config, layers: list[dict] | None = None) -> int:
 def uniform_layer_specs(config, rho: float, rounding: str = "ceil", attention: bool = True,
                         mlp: bool = True) -> list[dict]:
     """Per-layer widths of a uniform structured prune: keep ``ceil((1 - rho) H_K)`` KV groups (whole
-    groups of query heads) and ``ceil((1 - rho) f)`` channels in every layer (COEC §1 [A6])."""
+    groups of query heads; under MQA ``ceil((1 - rho) H_Q)`` query heads and the KV head) and
+    ``ceil((1 - rho) f)`` channels in every layer (COEC §1 [A6])."""
     out = []
     for s in _spec_list(config, None):
         s = dict(s)
-        if attention:
+        if attention and s["n_kv_heads"] == 1 < s["n_heads"]:  # MQA: query heads go, the KV head stays
+            s["n_heads"] = keep_count(s["n_heads"], rho, rounding)
+        elif attention:
             gs = s["n_heads"] // s["n_kv_heads"]
             kv = keep_count(s["n_kv_heads"], rho, rounding)
             s.update(n_kv_heads=kv, n_heads=kv * gs)

@@ -214,8 +214,7 @@ class _Errors:
         self.ad, self.cands, self.stages = ad, cands, stages
         g = ad.geometry
         self.hq, self.hk, self.m = g.n_heads, g.n_kv_heads, g.head_dim
-        rope = walk.kwargs.get("position_embeddings")
-        self.tables = None if rope is None else (rope[0].float(), rope[1].float())
+        self.tables = None  # the RoPE tables of the block being visited (per layer type: Gemma-3)
         self.causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=walk.device).tril()
         self.roll = {c: [h.clone() for h in walk.hs] for c in cands} if "rollout" in stages else {}
         self.res = {c: {"qk_num": [], "qk_den": [], "removal": [], "sums": dict.fromkeys(stages[1:], 0.0)}
@@ -229,6 +228,8 @@ class _Errors:
     def block(self, visit) -> None:
         """All sums of one block: Q/K products per chunk and sequence, then the block outputs."""
         i, layer = visit.index, visit.layer
+        rope = visit.kwargs.get("position_embeddings")
+        self.tables = None if rope is None else (rope[0].float(), rope[1].float())
         qk = {c: cand.qk(i) for c, cand in self.cands.items()}
         blocks = ({c: cand.layer(i) for c, cand in self.cands.items()}
                   if {"block", "rollout"} & set(self.stages) else {})

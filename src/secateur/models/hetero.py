@@ -156,7 +156,8 @@ class FamilyLayout:
     inter_key: str
     kv_heads_key: str | None = None
     gqa: bool = False             # separate KV heads and an explicit head_dim in the config
-    fused_qkv: bool = False       # q, k, v are one projection, output split in thirds
+    fused_qkv: bool = False       # q, k, v are one projection, rows [q; k; v] (thirds under MHA; Phi-3: GQA sizes)
+    fused_gate_up: bool = False   # the one MLP input projection holds rows [gate; up] (Phi-3's gate_up_proj)
     conv1d: bool = False          # Conv1D storage ([in, out]) for every projection
     mlp_width_attr: str | None = None   # MLP attribute holding the intermediate width
     qkv_bias: bool | str = False
@@ -167,6 +168,7 @@ class FamilyLayout:
     positions: str | None = None  # config key of a learned position-embedding table
     position_offset: int = 0
     default_inner_mult: int = 0   # intermediate = mult * hidden when the config leaves it unset
+    norms_per_layer: int = 2      # hidden-size norms per block (Gemma-3: 4, with its post-attention/MLP norms)
 
     @property
     def qkv(self) -> tuple[str, ...]:
@@ -174,7 +176,12 @@ class FamilyLayout:
 
     @property
     def gated(self) -> bool:
-        return len(self.mlp_in) > 1
+        return len(self.mlp_in) > 1 or self.fused_gate_up
+
+    @property
+    def n_mlp_in(self) -> int:
+        """Logical MLP input projections (a fused gate|up counts two)."""
+        return 2 if self.fused_gate_up else len(self.mlp_in)
 
     def flag(self, config, rule: bool | str) -> bool:
         """Resolve a bias rule against ``config``."""
@@ -248,6 +255,12 @@ def set_attention_widths(family: str, attn: nn.Module, n_heads: int, n_kv: int, 
         attn.num_key_value_heads = n_kv
     if layout.fused_qkv:  # the fused output is split at split_size
         attn.split_size = n_heads * head_dim
+    if layout.fused_qkv and layout.gqa and getattr(attn, "config", None) is not None:
+        # Phi-3 splits q|k|v at config.num_attention_heads * head_dim: the layer gets its own config copy
+        own = object.__new__(type(attn.config))  # a shallow copy (this file imports only torch and transformers)
+        own.__dict__.update(attn.config.__dict__)
+        attn.config = own
+        attn.config.num_attention_heads, attn.config.num_key_value_heads = n_heads, n_kv
 
 
 def shape_attention(family: str, layer: nn.Module, n_heads: int, n_kv: int, head_dim: int,
@@ -282,7 +295,8 @@ def shape_mlp(family: str, layer: nn.Module, intermediate: int, down_bias: bool)
     down = getattr(m, layout.mlp_out)
     like, hidden = down.weight, out_features(layout, down)
     for name in layout.mlp_in:
-        setattr(m, name, empty_proj(layout, hidden, f, _has_bias(getattr(m, name)), like))
+        width = 2 * f if layout.fused_gate_up else f
+        setattr(m, name, empty_proj(layout, hidden, width, _has_bias(getattr(m, name)), like))
     setattr(m, layout.mlp_out, empty_proj(layout, f, hidden, down_bias, like))
     if layout.mlp_width_attr:
         setattr(m, layout.mlp_width_attr, f)
@@ -294,7 +308,10 @@ def current_spec(family: str, layer: nn.Module, head_dim: int) -> LayerSpec:
     attn = attention_module(family, layer)
     o = getattr(attn, layout.out)
     n_heads = in_features(layout, o) // head_dim
-    n_kv = n_heads if layout.fused_qkv else out_features(layout, getattr(attn, layout.k)) // head_dim
+    if layout.fused_qkv:  # rows [q; k; v]: the KV heads are what q leaves, halved
+        n_kv = (out_features(layout, getattr(attn, layout.q)) - n_heads * head_dim) // (2 * head_dim)
+    else:
+        n_kv = out_features(layout, getattr(attn, layout.k)) // head_dim
     down = getattr(mlp_module(family, layer), layout.mlp_out)
     return LayerSpec(n_heads, n_kv, in_features(layout, down), _has_bias(o), _has_bias(down))
 

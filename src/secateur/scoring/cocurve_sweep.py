@@ -191,10 +191,11 @@ class _Walker:
         """Dense staged intermediates of layer ``li`` (computed once per block and layer)."""
         a, layer = self.a, self.a.layers[li]
         refs = a.role_refs(layer)
-        att = a.attn_core(layer, a.attn_norm(layer, h_in), self.kw)
-        h_mid = h_in + a.out_module(layer, "attn_out")(att)
+        att = a.attn_core(layer, a.attn_norm(layer, h_in), a.layer_kwargs(li, self.kw))
+        o_out = a.out_module(layer, "attn_out")(att)
+        h_mid = a.attn_residual(layer, h_in, o_out)
         mlp_act = a.mlp_core(layer, a.mlp_norm(layer, h_mid))
-        return {"att": att, "h_mid": h_mid, "mlp_act": mlp_act,
+        return {"att": att, "h_in": h_in, "o_out": o_out, "h_mid": h_mid, "mlp_act": mlp_act,
                 "mlp_out": a.out_module(layer, "mlp_out")(mlp_act),
                 "w_o": refs["o"].weight, "w_down": refs["down"].weight, "layer": layer}
 
@@ -204,10 +205,17 @@ class _Walker:
 
     def ablated_output(self, parts: dict, h_next: torch.Tensor, spec: _UnitSpec) -> torch.Tensor:
         """Output of layer ``spec.layer`` with only ``spec``'s columns removed (see module docstring)."""
+        a, layer = self.a, parts["layer"]
         if spec.attn:
             y = parts["att"][..., spec.cols] @ parts["w_o"][:, spec.cols].T
-            return h_next - y + (self.mlp(parts["layer"], parts["h_mid"] - y) - parts["mlp_out"])
-        return h_next - parts["mlp_act"][..., spec.cols] @ parts["w_down"][:, spec.cols].T
+            if a.plain_residual:
+                return h_next - y + (self.mlp(layer, parts["h_mid"] - y) - parts["mlp_out"])
+            h_mid = a.attn_residual(layer, parts["h_in"], parts["o_out"] - y)  # Gemma: post-norms, recompute
+            return a.mlp_residual(layer, h_mid, self.mlp(layer, h_mid))
+        y = parts["mlp_act"][..., spec.cols] @ parts["w_down"][:, spec.cols].T
+        if a.plain_residual:
+            return h_next - y
+        return a.mlp_residual(layer, parts["h_mid"], parts["mlp_out"] - y)
 
 
 @dataclass

@@ -185,9 +185,10 @@ def _qkv(fam: str, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.
     layout = layout_of(fam)
     attn = hetero.attention_module(fam, layer)
     ws = [hetero.weight_oi(layout, getattr(attn, name)) for name in layout.qkv]
-    if layout.fused_qkv:
-        s = ws[0].shape[0] // 3
-        return ws[0][:s], ws[0][s:2 * s], ws[0][2 * s:]
+    if layout.fused_qkv:  # rows [q; k; v], q as wide as the output projection's input
+        qw = hetero.in_features(layout, getattr(attn, layout.out))
+        kvw = (ws[0].shape[0] - qw) // 2
+        return ws[0][:qw], ws[0][qw:qw + kvw], ws[0][qw + kvw:]
     return tuple(ws)
 
 

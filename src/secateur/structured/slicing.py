@@ -139,14 +139,17 @@ def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Te
     """(projection name, output rows) of q, k, v; a fused q|k|v projection gets one row set, its k and v
     blocks offset by a third of its width."""
     layout = layout_of(fam)
-    if layout.fused_qkv:
-        s = _oi(getattr(attn, layout.q)).shape[0] // 3
-        return [(layout.q, torch.cat([q_rows, s + kv_rows, 2 * s + kv_rows]))]
+    if layout.fused_qkv:  # rows [q; k; v]: q as wide as the output projection's input, k and v the rest halved
+        qw = hetero.in_features(layout, getattr(attn, layout.out))
+        kvw = (_oi(getattr(attn, layout.q)).shape[0] - qw) // 2
+        return [(layout.q, torch.cat([q_rows, qw + kv_rows, qw + kvw + kv_rows]))]
     return [(layout.q, q_rows), (layout.k, kv_rows), (layout.v, kv_rows)]
 
 
 def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
     gs = n_heads // n_kv
+    if n_kv == 1 and kv == [0] and heads and set(heads) <= set(range(n_heads)):
+        return  # MQA: any query heads may share the one KV head
     expect = [g * gs + r for g in kv for r in range(gs)]
     if sorted(heads) != expect:
         raise SecateurError(
@@ -183,10 +186,20 @@ def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]
     return [(mlp, name) for name in layout.mlp_in], (mlp, layout.mlp_out)
 
 
+def _in_rows(fam: str, layer: nn.Module, channels: torch.Tensor) -> torch.Tensor:
+    """Rows of the MLP input projections for ``channels`` (both halves of a fused gate|up projection)."""
+    if not layout_of(fam).fused_gate_up:
+        return channels
+    _, (dp, dn) = _mlp_modules(fam, layer)
+    f = hetero.in_features(layout_of(fam), getattr(dp, dn))
+    return torch.cat([channels, f + channels])
+
+
 def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacement | None) -> None:
     ci = torch.tensor(channels, dtype=torch.long)
     ins, (dp, dn) = _mlp_modules(fam, layer)
-    saved = [(p, n, _oi(getattr(p, n)).detach()[ci].clone(), _bias(getattr(p, n), ci)) for p, n in ins]
+    ri = _in_rows(fam, layer, ci)
+    saved = [(p, n, _oi(getattr(p, n)).detach()[ri].clone(), _bias(getattr(p, n), ri)) for p, n in ins]
     down = getattr(dp, dn)
     wd, bd = _oi(down).detach()[:, ci].clone(), _bias(down)
     if repl is not None:
@@ -328,7 +341,7 @@ def mask_selection(model: nn.Module, adapter: Adapter, selection: Selection,
             gone_c = torch.tensor([c for c in range(shape.intermediate) if c not in cs], dtype=torch.long)
             ins, (dp, dn) = _mlp_modules(fam, layer)
             for p, n in ins:
-                _zero_rows(getattr(p, n), gone_c)
+                _zero_rows(getattr(p, n), _in_rows(fam, layer, gone_c))
             _zero_cols(getattr(dp, dn), gone_c)
             _write_out(getattr(dp, dn), torch.tensor(ch, dtype=torch.long), reps.get((i, "mlp_out")))
         for b in selection.removed_blocks:

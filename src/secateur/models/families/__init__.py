@@ -17,15 +17,18 @@ list of families secateur prints) and derives every per-family table from their 
 :mod:`secateur.models.gguf_cache`. No other module keeps a per-family table (the test fixtures of
 :mod:`secateur.testing` aside).
 
-Adding a family (say ``phi3``):
+Adding a family (say ``falcon``):
 
-1. ``src/secateur/models/families/phi3.py``: a subclass of :class:`~secateur.models.families.base.Adapter` (or of
-   a close family's adapter) with ``family = "phi3"``, ``config_class, model_class = Phi3Config,
-   Phi3ForCausalLM``, ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the
+1. ``src/secateur/models/families/falcon.py``: a subclass of :class:`~secateur.models.families.base.Adapter` (or of
+   a close family's adapter) with ``family = "falcon"``, ``config_class, model_class = FalconConfig,
+   FalconForCausalLM``, ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the
    structure/staged-forward methods the base leaves abstract (``base``, ``layers``, ``geometry``, ``linears``,
-   ``attn_norm``, ``attn_core``, ``mlp_norm``, ``mlp_core``, ``final_hidden``); end with
-   ``ADAPTER = Phi3Adapter``. A family with Llama's module names and forward is one line:
-   ``ADAPTER = llama_like(Phi3Config, Phi3ForCausalLM, **layout_changes)``. Add ``"phi3"`` to
+   ``attn_norm``, ``attn_core``, ``mlp_norm``, ``mlp_core``, ``final_hidden``); where the family departs from
+   the plain pre-norm block, the hooks with defaults: ``attn_residual`` / ``mlp_residual`` (Gemma-3 normalizes
+   a sublayer's output before the residual add), ``capture_inputs`` / ``layer_kwargs`` (Gemma-3's per-layer-type
+   masks and RoPE tables), ``role_refs`` (row slices of fused projections: GPT-2, Phi-3); end with
+   ``ADAPTER = FalconAdapter``. A family with Llama's module names and forward is one line:
+   ``ADAPTER = llama_like(FalconConfig, FalconForCausalLM, **layout_changes)``. Add ``"falcon"`` to
    :data:`FAMILY_MODULES`. ``ADAPTER(model).check_layout()`` on a model of the family says whether the
    layout matches its modules.
 2. Its tiny-model fixture: one entry in :data:`secateur.testing.TINY_CONFIGS` (a small random config).
@@ -46,7 +49,7 @@ from secateur.models.families.base import HETERO_PREFIX, Adapter
 from secateur.models.hetero import FamilyLayout
 
 # The family modules of this package, in registration order.
-FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3", "phi3")
 
 
 def _load() -> dict[str, type[Adapter]]:

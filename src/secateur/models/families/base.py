@@ -63,6 +63,12 @@ class _Stop(Exception):
     pass
 
 
+class ByLayerType(dict):
+    """A block keyword argument whose value depends on the block's attention type (``config.layer_types``):
+    ``{"sliding_attention": mask_s, "full_attention": mask_f}``. :meth:`Adapter.layer_kwargs` picks a block's
+    value; :func:`secateur.calib.engine.kwargs_to` moves every value."""
+
+
 def run_until(call: Callable[[], Any], stop_at: nn.Module) -> torch.Tensor:
     """Run ``call`` and return the input that reaches ``stop_at``, aborting the forward there.
 
@@ -146,7 +152,7 @@ class Adapter:
     def groups(self, layer: nn.Module) -> dict[str, list[str]]:
         """Names of the projections sharing each group input."""
         by_role = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "qkv": "attn_in", "o": "attn_out",
-                   "gate": "mlp_in", "up": "mlp_in", "down": "mlp_out"}
+                   "gate": "mlp_in", "up": "mlp_in", "gate_up": "mlp_in", "down": "mlp_out"}
         out: dict[str, list[str]] = {g: [] for g in GROUPS}
         for name, ref in self.linears(layer).items():
             out[by_role[ref.role]].append(name)
@@ -171,6 +177,26 @@ class Adapter:
         """The residual-writing module of ``attn_out`` or ``mlp_out``."""
         role = {"attn_out": "o", "mlp_out": "down"}[group]
         return self.role_refs(layer)[role].module
+
+    # Residual adds (the engine's ``h2 = attn_residual(h, o(a))``, ``out = mlp_residual(h2, down(m))``): a plain
+    # sum unless the family normalizes a sublayer's output before adding it (Gemma's post-norms).
+    plain_residual = True
+
+    def attn_residual(self, layer: nn.Module, h: torch.Tensor, o_out: torch.Tensor) -> torch.Tensor:
+        """The block's hidden state after attention, from its input ``h`` and the output projection's output."""
+        return h + o_out
+
+    def mlp_residual(self, layer: nn.Module, h2: torch.Tensor, down_out: torch.Tensor) -> torch.Tensor:
+        """The block's output, from the post-attention hidden state ``h2`` and the down projection's output."""
+        return h2 + down_out
+
+    def layer_kwargs(self, index: int, kw: dict) -> dict:
+        """Block ``index``'s keyword arguments from those :meth:`capture_inputs` returned (per-type values
+        resolved, :class:`ByLayerType`); the identity for families whose blocks all take the same."""
+        if not any(isinstance(v, ByLayerType) for v in kw.values()):
+            return kw
+        kind = self.config.layer_types[index]
+        return {k: v[kind] if isinstance(v, ByLayerType) else v for k, v in kw.items()}
 
     def block_forward(self, layer: nn.Module, h: torch.Tensor, kw: dict) -> torch.Tensor:
         """Reference forward of one block (the family's own module)."""
@@ -237,15 +263,16 @@ class Adapter:
         layer, refs = self.layers[0], self.role_refs(self.layers[0])
         attn, mlp = _resolve(layer, lay.attn, where), _resolve(layer, lay.mlp, where)
         qh, kvh, d, f = g.n_heads * g.head_dim, g.n_kv_heads * g.head_dim, g.hidden, g.intermediate
-        in_roles = ("gate", "up") if lay.gated else ("up",)
+        in_roles = ("gate_up",) if lay.fused_gate_up else ("gate", "up") if lay.gated else ("up",)
         if len(lay.mlp_in) != len(in_roles) or lay.gated != g.gated_mlp:
             raise ValueError(f"{where}: mlp_in {lay.mlp_in} does not match the adapter's MLP inputs {in_roles}")
+        in_width = 2 * f if lay.fused_gate_up else f
         qkv = [(lay.q, "qkv", qh + 2 * kvh)] if lay.fused_qkv else [(lay.q, "q", qh), (lay.k, "k", kvh),
                                                                       (lay.v, "v", kvh)]
         # (parent module, its name, projection, role, [out, in], bias rule)
         want = [(attn, lay.attn, name, role, (out, d), lay.qkv_bias) for name, role, out in qkv]
         want.append((attn, lay.attn, lay.out, "o", (d, qh), lay.o_bias))
-        want += [(mlp, lay.mlp, name, role, (f, d), lay.mlp_bias) for name, role in zip(lay.mlp_in, in_roles)]
+        want += [(mlp, lay.mlp, name, role, (in_width, d), lay.mlp_bias) for name, role in zip(lay.mlp_in, in_roles)]
         want.append((mlp, lay.mlp, lay.mlp_out, "down", (d, f), lay.mlp_bias))
         for parent, pname, name, role, shape, bias_rule in want:
             _check_projection(where, lay, cfg, parent, pname or "the layer", name, refs[role].module, shape,
