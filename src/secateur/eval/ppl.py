@@ -28,8 +28,12 @@ from secateur.errors import SecateurError
 def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
     """Sum of NLL of the last ``n_score`` next-token predictions of the window ``ids [1, T]``."""
     out = model.base_model(input_ids=ids, use_cache=False)
-    h = out.last_hidden_state[0]
-    head = model.get_output_embeddings()
+    return nll_from_hidden(model.get_output_embeddings(), out.last_hidden_state[0], ids, n_score, chunk)
+
+
+def nll_from_hidden(head: nn.Module, h: torch.Tensor, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
+    """:func:`_nll_sum` from the final hidden states ``h [T, d]`` of the window ``ids [1, T]`` (shared with the
+    block-streamed evaluator, :mod:`secateur.eval.ppl_stream`)."""
     T = ids.shape[1]
     start = T - 1 - n_score  # first position whose prediction is scored
     total = 0.0
