@@ -127,6 +127,17 @@ def test_memory_refusal_exit_2_nothing_written(folders, tmp_path, monkeypatch, c
     assert not out.exists() and not list(tmp_path.glob(".o.*"))
 
 
+def test_an_ordinary_prune_too_big_for_memory_names_stream(folders, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SECATEUR_MEM_AVAILABLE_MB", "0.05")
+    out = tmp_path / "o"
+    rc = main(["prune", "--model", folders["llama"], "--method", "magnitude", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not enough memory for the prune" in err and "pass --stream" in err and not out.exists()
+    monkeypatch.setenv("SECATEUR_MEM_AVAILABLE_MB", "1")  # the streamed plan fits where the whole model does not
+    assert main(["prune", "--model", folders["llama"], "--method", "magnitude", "--out", str(out), "--quiet",
+                 "--stream"]) == 0
+
+
 def test_memory_plan_fits_its_formula(folders):
     """The plan's activation term is the formula it prints, and the totals add up."""
     from secateur.models.adapters import get_adapter

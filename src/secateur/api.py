@@ -310,9 +310,31 @@ def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
     cfg = check_model(opts.model)
     if needs_calibration:
         check_seqlen(opts.model, opts.seqlen, cfg)
+    if opts.method in STREAMABLE and cfg:
+        _check_whole_memory(opts, cfg)
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         return model, tok, get_adapter(model)
+
+
+def _check_whole_memory(opts: PruneOptions, cfg: dict) -> None:
+    """An unstructured prune of a local model folder that cannot fit in memory is refused before loading, naming
+    ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
+    from pathlib import Path
+
+    from secateur.models.loading import parse_dtype, resolve
+    from secateur.models.memory import whole_prune_plan
+
+    folder = Path(resolve(opts.model, opts.dtype)[0])
+    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        return
+    elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
+    plan = whole_prune_plan(folder, cfg, elem, opts.method, opts.nsamples, opts.seqlen)
+    try:
+        plan.check()
+    except SecateurError:
+        print(f"secateur: {plan.describe()}", file=sys.stderr)
+        raise
 
 
 def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):

@@ -19,6 +19,9 @@ A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``)
 and a streamed evaluation: resident + block + 2 W T d b (every window's hidden states, the block's inputs and
 outputs) + T (3 F + 4 d) b + H T^2 b (one window through a block) + 2 x 512 x V x 4 (float32 logits of one
 scoring chunk and its softmax).
+
+An ordinary unstructured prune of a local folder is checked too (:func:`whole_prune_plan`: every weight + the
+activations), silently when it fits; when it does not, the refusal names ``--stream``.
 """
 
 from __future__ import annotations
@@ -158,3 +161,27 @@ def shape_of(model, adapter, stream) -> Shape:
                  block=sum(nbytes(k) for k in block0), read=read, hidden=g.hidden, ffn=g.intermediate,
                  attn=g.n_heads * g.head_dim, heads=g.n_heads, vocab=int(model.config.vocab_size),
                  layers=adapter.n_layers, prunable=prunable, elem=elem)
+
+
+def whole_prune_plan(folder: str | Path, cfg: dict, elem: int, method: str, nsamples: int, seqlen: int) -> MemoryPlan:
+    """An ordinary (not streamed) unstructured prune: every weight in memory (read from the safetensors headers,
+    in the run's dtype) + the activations of :func:`prune_plan`; its fix names ``--stream``."""
+    from secateur.models.streaming import LazyWeights
+
+    weights = LazyWeights(folder)
+    n = sum(_numel(i.shape) for i in weights.info.values())
+    d = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
+    f = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or 4 * d)
+    p = MemoryPlan("prune", fix="pass --stream (one decoder block in memory at a time), or use fewer --nsamples")
+    p.add("weights", n * elem, f"{n} parameters x {elem} B")
+    if method != "magnitude":
+        p.add("activations", nsamples * seqlen * (3 * d + f) * elem,
+              f"N {nsamples} x T {seqlen} x (3 x d {d} + F {f}) x {elem} B")
+    return p
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
