@@ -54,6 +54,14 @@ def available_bytes() -> int | None:
     return None
 
 
+def current_rss() -> int | None:
+    """This process's resident memory now (the interpreter and libraries the plan's terms come on top of)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _gb(n: float) -> str:
     for unit, size in (("GiB", GIB), ("MiB", 1024**2)):
         if n >= size / 10:
@@ -79,7 +87,9 @@ class MemoryPlan:
     def describe(self, available: int | None = None) -> str:
         parts = " + ".join(f"{k} {_gb(b)} [{how}]" for k, (b, how) in self.terms.items())
         avail = "unknown" if available is None else _gb(available)
-        return f"memory plan ({self.what}): peak about {_gb(self.total)} = {parts}; available {avail}"
+        own = current_rss()
+        base = f" on top of this process's {_gb(own)}" if own else ""
+        return f"memory plan ({self.what}): peak about {_gb(self.total)}{base} = {parts}; available {avail}"
 
     def check(self, available: int | None = None) -> None:
         """Refuse (one line) when the plan does not fit in ``available`` (default: :func:`available_bytes`)."""

@@ -167,6 +167,7 @@ class BlockStream:
                 raise SecateurError(f"model file tensor {self.file_keys[name]} has shape {list(t.shape)}, the "
                                     f"config builds {list(target.shape)}")
             _set_tensor(self.model, name, t.to(device=self.device, dtype=target.dtype))
+        self.weights.close()  # unmap the files: their touched pages are not kept resident across blocks
         self.loaded.add(index)
         if self.on_load is not None:
             self.on_load(index)
@@ -195,6 +196,7 @@ class BlockStream:
         model, device = self.model, self.device
         for name, t in self.resident().items():
             _set_tensor(model, name, self.weights.get(self.file_keys[name]).to(device=device, dtype=t.dtype))
+        self.weights.close()
         model.tie_weights()
         p = self.prefix + "."
         left = [n for n, t in model.named_parameters() if t.device.type == "meta" and not n.startswith(p)]
