@@ -153,14 +153,18 @@ def test_memory_plan_fits_its_formula(folders):
     assert shape.block == params * 4 and shape.layers == LAYERS
 
 
-@pytest.mark.parametrize("stride", [None, 12])
-def test_streamed_ppl_equals_the_ordinary_path(folders, stride):
+@pytest.mark.parametrize("stride,max_windows", [(None, 6), (12, 6), (12, None)])  # the last: a shorter tail window
+def test_streamed_ppl_equals_the_ordinary_path(folders, tmp_path, stride, max_windows):
     """Bound: both routes run the same float32 kernels on the same inputs (each window alone, same block kwargs);
     the only admissible difference is the order of float32 sums inside a kernel. A reordered sum of n terms moves by
     at most n u sum|terms| (u = 2^-24), so with L blocks and reductions of at most n = max(d, F, T) = 64 terms the
     logits move by at most about L n u max|z|, and the per-token cross-entropy by at most twice that
     (|d CE| <= 2 ||dz||_inf); log ppl is a mean of them: |log ppl_s - log ppl| <= 2 L n u max|z|."""
-    kw = dict(dataset=folders["text"], seqlen=32, stride=stride, max_windows=6, progress=False)
+    text = folders["text"]
+    if max_windows is None:  # 101 characters (tokens): windows at 0, 12, ..., 72, the last one 29 tokens long
+        text = tmp_path / "short.txt"
+        text.write_text(Path(folders["text"]).read_text()[:101])
+    kw = dict(dataset=str(text), seqlen=32, stride=stride, max_windows=max_windows, progress=False)
     normal = api.eval_ppl(folders["llama"], **kw)
     streamed = api.eval_ppl(folders["llama"], stream=True, **kw)
     from secateur.models.loading import load_model
@@ -170,6 +174,8 @@ def test_streamed_ppl_equals_the_ordinary_path(folders, stride):
     with torch.no_grad():
         zmax = float(dense(ids).logits.abs().max())
     bound = 2 * LAYERS * 64 * 2.0**-24 * max(zmax, 1.0)
+    if max_windows is None:
+        assert (normal["corpus_tokens"] - 32) % 12 != 0  # the last window is shorter than the others
     assert streamed["streamed"] is True and streamed["windows"] == normal["windows"]
     assert streamed["scored_tokens"] == normal["scored_tokens"] and streamed["protocol"] == normal["protocol"]
     assert abs(math.log(streamed["ppl"]) - math.log(normal["ppl"])) <= bound  # measured here: 0 (bitwise equal)
