@@ -138,7 +138,7 @@ class BlockStream:
     """Loads and frees decoder blocks of a model built by :func:`load_streamed` (see the module docstring).
 
     ``writer(name, tensor)``: called for each tensor of a finished block before it is freed (the shard writer of
-    a streamed prune; None while evaluating). ``on_load(index)``: a seam for the tests."""
+    a streamed prune; None while evaluating)."""
 
     model: nn.Module
     weights: LazyWeights
@@ -147,10 +147,10 @@ class BlockStream:
     device: torch.device
     writer: Callable[[str, torch.Tensor], None] | None = None
     loaded: set[int] = field(default_factory=set)
-    on_load: Callable[[int], None] | None = None
 
-    def layer(self, index: int) -> nn.Module:
-        return self.model.get_submodule(f"{self.prefix}.{index}")
+    def tensor(self, name: str) -> torch.Tensor:
+        """The model's parameter or buffer ``name`` (on the meta device while not loaded)."""
+        return self.model.get_parameter(name) if _is_param(self.model, name) else self.model.get_buffer(name)
 
     def block_names(self, index: int) -> list[str]:
         p = f"{self.prefix}.{index}."
@@ -161,7 +161,7 @@ class BlockStream:
         if index in self.loaded:
             return
         for name in self.block_names(index):
-            target = self.model.get_parameter(name) if _is_param(self.model, name) else self.model.get_buffer(name)
+            target = self.tensor(name)
             t = self.weights.get(self.file_keys[name])
             if tuple(t.shape) != tuple(target.shape):
                 raise SecateurError(f"model file tensor {self.file_keys[name]} has shape {list(t.shape)}, the "
@@ -169,8 +169,6 @@ class BlockStream:
             _set_tensor(self.model, name, t.to(device=self.device, dtype=target.dtype))
         self.weights.close()  # unmap the files: their touched pages are not kept resident across blocks
         self.loaded.add(index)
-        if self.on_load is not None:
-            self.on_load(index)
 
     def release(self, index: int, done: bool = True) -> None:
         """Block ``index`` is finished (``done``: hand its tensors to the writer first); back to meta."""
@@ -178,18 +176,15 @@ class BlockStream:
             return
         if done and self.writer is not None:
             for name in self.block_names(index):
-                t = self.model.get_parameter(name) if _is_param(self.model, name) else self.model.get_buffer(name)
-                self.writer(name, t.detach())
+                self.writer(name, self.tensor(name).detach())
         for name in self.block_names(index):
-            t = self.model.get_parameter(name) if _is_param(self.model, name) else self.model.get_buffer(name)
-            _set_tensor(self.model, name, torch.empty_like(t, device="meta"))
+            _set_tensor(self.model, name, torch.empty_like(self.tensor(name), device="meta"))
         self.loaded.discard(index)
 
     def resident(self) -> dict[str, torch.Tensor]:
         """The tensors outside the blocks (loaded for the whole run), by state-dict name."""
         p = f"{self.prefix}."
-        return {k: (self.model.get_parameter(k) if _is_param(self.model, k) else self.model.get_buffer(k)).detach()
-                for k in self.file_keys if not k.startswith(p)}
+        return {k: self.tensor(k).detach() for k in self.file_keys if not k.startswith(p)}
 
     def load_resident(self) -> None:
         """Load the tensors outside the blocks, tie tied weights, attach the stream to the model."""
