@@ -69,6 +69,7 @@ class PruneOptions:
     resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.calib.resume)
     structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
     tokenizer: Any = None  # the tokenizer of an in-memory ``model``
+    stream: bool = False  # --stream: one decoder block in memory at a time (secateur.models.streaming)
     method_options: MethodOptions | None = None
 
     @classmethod
@@ -104,6 +105,8 @@ class PruneOptions:
         tokenizer) and every knob of the method (``None`` = unset)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("method_options", "tokenizer")}
         d["model"] = self.model_name
+        if not d["stream"]:  # reports of ordinary runs stay as they were
+            del d["stream"]
         return d | (self.method_options.to_dict() if self.method_options is not None else {})
 
     def validate(self) -> None:
@@ -134,11 +137,30 @@ class PruneOptions:
             _check_tokenizer(self.model, self.tokenizer)
         if self.resume and self.out is None:
             raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
+        if self.stream:
+            self._check_stream(method)
         if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
             protect = () if self.in_memory else model_paths(self.model)
             check_output_dir(self.out, self.overwrite, protect=protect)
 
+    def _check_stream(self, method) -> None:
+        """What ``--stream`` cannot do, each refused in one line before anything is loaded."""
+        if self.method not in STREAMABLE:
+            raise SecateurError(f"--stream prunes with {', '.join(STREAMABLE)}; --method {self.method} is not "
+                                "block-streamed yet: run it without --stream")
+        if self.in_memory:
+            raise SecateurError("--stream reads a model folder block by block; this model is already in memory: "
+                                "pass its folder, or drop stream=True")
+        if self.out is None:
+            raise SecateurError("--stream writes each pruned block to --out as it goes; pass --out")
+        if self.resume:
+            raise SecateurError("--resume does not apply to --stream runs; run again without --resume")
+        if self.calib == "self" and (method.needs_calibration or self.method_options.needs_calibration):
+            raise SecateurError("--stream cannot sample calibration text from the model (--calib self runs the "
+                                "whole model per token); pass --calib c4, wikitext2, ptb or a .txt file")
 
+
+STREAMABLE = ("magnitude", "wanda", "sparsegpt")  # methods whose every step visits one block at a time
 _COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
 
 
@@ -165,6 +187,8 @@ def prune(**kwargs) -> dict:
     method = METHODS[opts.method]
     needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
+    if opts.stream:
+        return _prune_streamed(opts, method, needs_calibration, timer)
     model, tok, adapter = _load(opts, needs_calibration, timer)
     if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
         method.check(adapter, opts)
@@ -179,19 +203,7 @@ def prune(**kwargs) -> dict:
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
-    result.extra_files |= _figures(result.details)
-    report = {
-        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model_name,
-        # GGUF input: file, sha256, cached folder; else None
-        "model_source": None if opts.in_memory else model_source(opts.model, opts.dtype),
-        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
-        "pattern": opts.pattern,
-        "options": opts.to_dict(),
-        "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
-        "calibration": manifest.to_dict() if manifest else None,
-        "timings": {"phases": timer.phases, "engine": result.timings},
-        "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
-    }
+    report = _report(opts, method, model, result, manifest, timer)
     if opts.out:
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
@@ -203,6 +215,73 @@ def prune(**kwargs) -> dict:
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> dict:
+    """``prune --stream``: the model built on the meta device, its memory plan printed and checked, then each
+    block loaded, pruned, written to ``--out``'s shards and freed (:mod:`secateur.models.streaming`,
+    :mod:`secateur.export.shards`); the output folder is atomic as always."""
+    from secateur.export.folder import atomic_dir
+    from secateur.export.shards import ShardWriter, Spec, finish_export
+    from secateur.models.memory import available_bytes, prune_plan, shape_of
+    from secateur.models.streaming import open_streamed, saved_tensors
+
+    cfg = check_model(opts.model)
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
+    with timer("load"):
+        stream = open_streamed(opts.model, opts.dtype, opts.device)
+    model, adapter = stream.model, get_adapter(stream.model)
+    shape = shape_of(model, adapter, stream)
+    plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
+    available = available_bytes()
+    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+    plan.check(available)
+    specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(model).items()]
+    need = sum(s.nbytes for s in specs) + shape.prunable // 8
+    with timer("load"):
+        stream.load_resident()
+        tok = stream.tokenizer()
+    ids, manifest = None, None
+    if needs_calibration:
+        with timer("calibration_data"):
+            ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
+    with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
+        writer = ShardWriter(tmp, specs)
+        for name, t in stream.resident().items():
+            writer.write(name, t)
+        stream.writer = writer.write
+        try:
+            with timer("prune"):
+                result = method.run(model, adapter, ids, opts)
+        finally:
+            stream.writer = None
+        writer.close()
+        report = _report(opts, method, model, result, manifest, timer)
+        report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
+                                 "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
+        with timer("save"):
+            finish_export(tmp, model, tok, report, result.masks, result.extra_files)
+    report["timings"]["phases"] = timer.phases
+    report["_model"], report["_tokenizer"] = model, tok
+    return report
+
+
+def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -> dict:
+    """The run's report (``secateur-report.json``); adds the method's figures to ``result.extra_files``."""
+    result.extra_files |= _figures(result.details)
+    return {
+        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model_name,
+        # GGUF input: file, sha256, cached folder; else None
+        "model_source": None if opts.in_memory else model_source(opts.model, opts.dtype),
+        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
+        "pattern": opts.pattern,
+        "options": opts.to_dict(),
+        "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
+        "calibration": manifest.to_dict() if manifest else None,
+        "timings": {"phases": timer.phases, "engine": result.timings},
+        "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
+    }
 
 
 def _figures(details: dict) -> dict[str, bytes]:
@@ -231,9 +310,31 @@ def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
     cfg = check_model(opts.model)
     if needs_calibration:
         check_seqlen(opts.model, opts.seqlen, cfg)
+    if opts.method in STREAMABLE and cfg:
+        _check_whole_memory(opts, cfg)
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         return model, tok, get_adapter(model)
+
+
+def _check_whole_memory(opts: PruneOptions, cfg: dict) -> None:
+    """An unstructured prune of a local model folder that cannot fit in memory is refused before loading, naming
+    ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
+    from pathlib import Path
+
+    from secateur.models.loading import parse_dtype, resolve
+    from secateur.models.memory import whole_prune_plan
+
+    folder = Path(resolve(opts.model, opts.dtype)[0])
+    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        return
+    elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
+    plan = whole_prune_plan(folder, cfg, elem, opts.method, opts.nsamples, opts.seqlen)
+    try:
+        plan.check()
+    except SecateurError:
+        print(f"secateur: {plan.describe()}", file=sys.stderr)
+        raise
 
 
 def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):
@@ -283,18 +384,26 @@ def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
 def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wikitext2", seqlen: int = 2048,
              stride: int | None = None, max_windows: int | None = None, data_dir: str | None = None,
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
-             progress: bool = True) -> dict:
-    """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+             progress: bool = True, stream: bool = False) -> dict:
+    """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus.
+    ``stream``: one decoder block in memory at a time over all windows (a model folder larger than memory; its
+    memory plan printed and checked first; :mod:`secateur.eval.ppl_stream`)."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
     _check_tokenizer(model, tokenizer)
     check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
     text = eval_text(dataset, data_dir)
+    if stream and not isinstance(model, str):
+        raise SecateurError("--stream reads a model folder block by block; this model is already in memory: pass "
+                            "its folder, or drop stream=True")
     if isinstance(model, str):
         check_device(device)
         check_seqlen(model, seqlen, check_model(model))
     else:
         check_seqlen(getattr(model.config, "_name_or_path", "in-memory"), seqlen, model.config.to_dict())
+    if stream:
+        return _eval_ppl_streamed(model, dataset, text, seqlen, stride, max_windows, dtype, device, json_path,
+                                  progress)
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
     ids = eval_ids(text, tokenizer)
     if ids.numel() < seqlen:
@@ -303,6 +412,34 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
     res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer)  # BOS rule: the tokenizer
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine(), "schema_version": SCHEMA_VERSION})
+    if json_path:
+        write_file_atomic(json_path, json.dumps(res, indent=2))
+    return res
+
+
+def _eval_ppl_streamed(spec: str, dataset: str, text: str, seqlen: int, stride: int | None,
+                       max_windows: int | None, dtype: str, device: str, json_path: str | None, progress: bool) -> dict:
+    from secateur.eval.ppl import window_plan
+    from secateur.eval.ppl_stream import perplexity_streamed
+    from secateur.models.memory import available_bytes, eval_plan, shape_of
+    from secateur.models.streaming import open_streamed
+
+    stream = open_streamed(spec, dtype, device)
+    tokenizer = stream.tokenizer()
+    ids = eval_ids(text, tokenizer)
+    if ids.numel() < seqlen:
+        raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
+                            f"{seqlen}; use a longer text or a smaller --seqlen")
+    n_windows = len(window_plan(ids.numel(), seqlen, stride)[:max_windows])
+    plan = eval_plan(shape_of(stream.model, get_adapter(stream.model), stream), n_windows, seqlen)
+    available = available_bytes()
+    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+    plan.check(available)
+    stream.load_resident()
+    res = perplexity_streamed(stream.model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows,
+                              progress=progress, tokenizer=tokenizer)
+    res.update({"model": spec, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
+                "machine": machine(), "schema_version": SCHEMA_VERSION, "memory_plan_bytes": plan.total})
     if json_path:
         write_file_atomic(json_path, json.dumps(res, indent=2))
     return res

@@ -120,6 +120,9 @@ def _prune_parser(sub) -> None:
     p.add_argument("--eval-ppl", default=None, metavar="DATASET",
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
+    p.add_argument("--stream", action="store_true",
+                   help="one decoder block in memory at a time: load it from the model's safetensors, prune it, "
+                        "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_prune)
 
@@ -144,8 +147,13 @@ def _cmd_prune(args) -> int:
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
     if args.eval_ppl:
-        res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
-                           data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
+        if opts.stream:  # the pruned blocks are in --out only: evaluate it block by block too
+            res = api.eval_ppl(opts.out, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
+                               data_dir=opts.data_dir, dtype=opts.dtype, device=opts.device,
+                               progress=not opts.quiet, stream=True)
+        else:
+            res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
+                               data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
         print(f"perplexity {args.eval_ppl} [{res['protocol']}, {res['windows']}/{res['windows_total']} windows]: "
               f"{res['ppl']:.3f}")
     if opts.out:
@@ -165,6 +173,8 @@ def _eval_parser(sub) -> None:
     q.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: non-overlapping)")
     q.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows (quick runs)")
     q.add_argument("--json", default=None, metavar="FILE", help="write the result with its protocol as JSON")
+    q.add_argument("--stream", action="store_true",
+                   help="one decoder block in memory at a time over all windows (a model larger than memory)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_cmd_ppl)
     for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency"):
@@ -180,7 +190,8 @@ def _cmd_ppl(args) -> int:
     from secateur import api
 
     res = api.eval_ppl(args.model, args.dataset, args.seqlen, args.stride, args.max_windows, args.data_dir,
-                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet)
+                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet,
+                       stream=args.stream)
     print(f"{args.dataset} perplexity [{res['protocol']}, {res['windows']}/{res['windows_total']} windows, "
           f"{res['scored_tokens']} tokens]: {res['ppl']:.4f}")
     return 0

@@ -18,6 +18,7 @@ is moved to the compute device. Inside a block the four groups (``attn_in``, ``a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
 from secateur.models.adapters import GROUPS, Adapter
 from secateur.models.linear import LinearRef
+from secateur.models.streaming import STREAM_ATTR
 
 MODES = ("sequential", "dense-block", "dense")
 
@@ -213,14 +215,32 @@ class Walk:
         todo = list(range(self.adapter.n_layers) if layers is None else layers)
         for pos in tqdm(range(start, len(todo)), desc=desc, disable=not progress, initial=start, total=len(todo)):
             layer = self.adapter.layers[todo[pos]]
-            layer.to(self.device)
-            try:
-                visit = BlockVisit(todo[pos], layer, self.adapter, self.adapter.layer_kwargs(todo[pos], self.kwargs),
-                                   self.hs, self.device, self.store)
-                yield visit
-                self.hs = visit.outputs
-            finally:
-                layer.to(self.home)
+            with block_scope(self.adapter, todo[pos]):
+                layer.to(self.device)
+                try:
+                    kw = self.adapter.layer_kwargs(todo[pos], self.kwargs)
+                    visit = BlockVisit(todo[pos], layer, self.adapter, kw, self.hs, self.device, self.store)
+                    yield visit
+                    self.hs = visit.outputs
+                finally:
+                    layer.to(self.home)
+
+
+@contextlib.contextmanager
+def block_scope(adapter: Adapter, index: int) -> Iterator[None]:
+    """Block ``index`` of a block-streamed model (:mod:`secateur.models.streaming`) materialized for the duration,
+    then released (handed to the stream's writer first when the visit finished); a no-op for an ordinary model."""
+    stream = getattr(adapter.model, STREAM_ATTR, None)
+    if stream is None:
+        yield
+        return
+    stream.load(index)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        stream.release(index, done)
 
 
 def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler, mode: str = "sequential",

@@ -35,8 +35,12 @@ from secateur.errors import SecateurError
 def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
     """Sum of NLL of the last ``n_score`` next-token predictions of the window ``ids [1, T]``."""
     out = model.base_model(input_ids=ids, use_cache=False)
-    h = out.last_hidden_state[0]
-    head = model.get_output_embeddings()
+    return nll_from_hidden(model.get_output_embeddings(), out.last_hidden_state[0], ids, n_score, chunk)
+
+
+def nll_from_hidden(head: nn.Module, h: torch.Tensor, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
+    """:func:`_nll_sum` from the final hidden states ``h [T, d]`` of the window ``ids [1, T]`` (shared with the
+    block-streamed evaluator, :mod:`secateur.eval.ppl_stream`)."""
     T = ids.shape[1]
     start = T - 1 - n_score  # first position whose prediction is scored
     total = 0.0
@@ -111,16 +115,10 @@ def _bos_windows(ids: torch.Tensor, seqlen: int, stride: int | None, bos_id: int
     return ids, window_plan(ids.numel(), seqlen, stride)
 
 
-@torch.no_grad()
-def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: int | None = None,
-               max_windows: int | None = None, progress: bool = True, tokenizer=None,
-               bos: str | None = None) -> dict:
-    """Perplexity of a 1-D token tensor (tokenized without special tokens). Returns the number, its protocol
-    and the counts.
-
-    ``tokenizer`` (the one that produced ``ids``) decides the BOS rule: ``first`` when it prepends BOS to a
-    text, else ``none`` (module docstring); ``bos`` overrides it (``none``/``first``/``every``; the last two need
-    a tokenizer with a BOS token)."""
+def eval_windows(ids: torch.Tensor, seqlen: int, stride: int | None, max_windows: int | None, tokenizer,
+                 bos: str | None) -> tuple[torch.Tensor, list[tuple[int, int, int]], str, int]:
+    """The checked arguments, the token stream under the BOS rule, every window's plan, the rule and the corpus
+    size: shared by :func:`perplexity` and the block-streamed evaluation."""
     check_ppl_args(seqlen, stride, max_windows)
     if ids.numel() < seqlen:
         raise SecateurError(f"evaluation text has {ids.numel()} tokens, fewer than one window of {seqlen}")
@@ -134,9 +132,22 @@ def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: 
             raise SecateurError(f"bos={rule!r} needs a tokenizer with a BOS token")
     corpus = int(ids.numel())
     ids, plan = _bos_windows(ids, seqlen, stride, bos_id, rule)
+    return ids, plan, rule, corpus
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: int | None = None,
+               max_windows: int | None = None, progress: bool = True, tokenizer=None,
+               bos: str | None = None) -> dict:
+    """Perplexity of a 1-D token tensor (tokenized without special tokens). Returns the number, its protocol
+    and the counts.
+
+    ``tokenizer`` (the one that produced ``ids``) decides the BOS rule: ``first`` when it prepends BOS to a
+    text, else ``none`` (module docstring); ``bos`` overrides it (``none``/``first``/``every``; the last two need
+    a tokenizer with a BOS token)."""
+    ids, plan, rule, corpus = eval_windows(ids, seqlen, stride, max_windows, tokenizer, bos)
     full = len(plan)
-    if max_windows is not None:
-        plan = plan[:max_windows]
+    plan = plan[:max_windows] if max_windows is not None else plan
     device = next(model.parameters()).device
     nll, scored, legacy = 0.0, 0, 0.0
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from secateur.errors import SecateurError
 from secateur.methods.knobs import MethodOptions, knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
+from secateur.models.streaming import STREAM_ATTR, PackedMasks
 from secateur.scoring.wanda import wanda_scores
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
@@ -155,11 +156,14 @@ def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tens
     """Prune ``model`` in place; masks keyed by the full parameter-owner name (``model.layers.3.mlp.up_proj``)."""
     cfg.validate()
     handler = UnstructuredHandler(cfg)
+    if getattr(adapter.model, STREAM_ATTR, None) is not None:  # block-streamed: masks kept bit-packed
+        handler.masks = PackedMasks()
     if cfg.method == "magnitude":  # data-free: no engine pass
         for i, layer in enumerate(adapter.layers):
-            ctx = engine.BlockContext(i, layer, adapter, adapter.linears(layer), {})
-            for names in adapter.groups(layer).values():
-                handler.on_group(ctx, "", names, {})
+            with engine.block_scope(adapter, i):  # a streamed model's block is loaded only here
+                ctx = engine.BlockContext(i, layer, adapter, adapter.linears(layer), {})
+                for names in adapter.groups(layer).values():
+                    handler.on_group(ctx, "", names, {})
         return UnstructuredResult(handler.masks)
     if calib_ids is None:
         raise SecateurError(f"{cfg.method} needs calibration data")
