@@ -270,3 +270,26 @@ def test_make_7b_generator_at_a_tiny_size(tmp_path):
     text.write_text("hello world, " * 200)
     res = api.eval_ppl(str(out), dataset=str(text), seqlen=32, max_windows=2, progress=False, stream=True)
     assert math.isfinite(res["ppl"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_streamed_ppl_follows_the_bos_rule_and_layer_types(tmp_path, family):
+    """A tokenizer that prepends BOS gets the same windows (``+bos-first``) streamed as in memory, and Gemma-3's
+    sliding and global layers get their own masks and RoPE tables block by block (windows longer than its
+    sliding window); same bound argument as above, measured equal."""
+    path = tmp_path / family
+    tiny_model(family, vocab=100, layers=LAYERS).save_pretrained(path, max_shard_size="20KB")
+    tiny_tokenizer(bos=True).save_pretrained(path)
+    text = tmp_path / "eval.txt"
+    random.seed(1)
+    text.write_text(" ".join("".join(random.choice("abcdefghij ,.") for _ in range(8)) for _ in range(40)))
+    kw = dict(dataset=str(text), seqlen=32, max_windows=4, progress=False)
+    normal = api.eval_ppl(str(path), **kw)
+    streamed = api.eval_ppl(str(path), stream=True, **kw)
+    assert normal["bos"] == streamed["bos"] == "first" and streamed["protocol"] == "nonoverlap-32+bos-first"
+    assert streamed["scored_tokens"] == normal["scored_tokens"]
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        zmax = float(AutoModelForCausalLM.from_pretrained(path)(torch.arange(1, 33)[None]).logits.abs().max())
+    assert abs(math.log(streamed["ppl"]) - math.log(normal["ppl"])) <= 2 * LAYERS * 64 * 2.0**-24 * max(zmax, 1.0)
