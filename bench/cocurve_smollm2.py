@@ -15,7 +15,7 @@ the disjoint held-out split C' (lambda choice and the KL column). Perplexity: sl
 the first ``ppl_windows`` windows. Held-out KL: full vocabulary, mean over every held-out token, masked
 model. H does not depend on rho: it is built once (``--stage graph``) and reused for every budget.
 
-Baseline scores (src/secateur/structured/scores.py): Wanda-sp ``sum_j ||W_:,j|| ||X_j||`` and magnitude
+Baseline scores (src/secateur/scoring/structured.py): Wanda-sp ``sum_j ||W_:,j|| ||X_j||`` and magnitude
 (Frobenius norm of every weight a unit owns) ranked per parameter (score / cost); FLAP = AL-AM
 standardized WIFV scores (may be negative, so ranked raw), random = seeded uniform scores (raw). No
 bias compensation for any method (masks only, as in the paper).
@@ -80,7 +80,8 @@ def data(tok, p: dict):
 
 
 def config(p: dict):
-    from secateur.cocurve import CoCurveConfig, SweepConfig
+    from secateur.methods.cocurve import CoCurveConfig
+    from secateur.scoring.cocurve_sweep import SweepConfig
 
     return CoCurveConfig(sweep=SweepConfig(positions_per_seq=p["positions"], top_r=p["top_r"],
                                            unit_batch=p["unit_batch"], progress=True))
@@ -89,7 +90,7 @@ def config(p: dict):
 # --- stage 1: the graph (torch.distributed over --ranks processes) --------------------------------------
 
 def _graph_worker(rank: int, world: int, preset: str) -> None:
-    from secateur.cocurve import build_graph, cocurve_inventory
+    from secateur.methods.cocurve import build_graph, cocurve_inventory
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
 
@@ -111,7 +112,7 @@ def _graph_worker(rank: int, world: int, preset: str) -> None:
 
 def stage_graph(preset: str, ranks: int) -> None:
     if ranks > 1:
-        from secateur.cocurve.dist import spawn_gloo
+        from secateur.calib.dist import spawn_gloo
 
         spawn_gloo(_graph_worker, ranks, (preset,), threads=1)
     else:
@@ -122,7 +123,7 @@ def stage_graph(preset: str, ranks: int) -> None:
 # --- stage 2: rows --------------------------------------------------------------------------------------
 
 def _alloc(inv, removed) -> dict:
-    from secateur.cocurve.runner import allocation_by_layer
+    from secateur.methods.cocurve import allocation_by_layer
 
     a = allocation_by_layer(inv, removed)
     return {"attn": [a[i]["attn_removed"] for i in sorted(a)], "ffn": [a[i]["ffn_removed"] for i in sorted(a)],
@@ -142,7 +143,8 @@ def _ppl(model, corpora_ids: dict, windows) -> dict:
 def _baseline_removed(method: str, inv, adapter, stats, rho: float, guard) -> tuple[torch.Tensor, bool]:
     """A baseline's mask under the shared inventory, guard and budget; ``stats`` = sumsq + meanvar of the graph
     windows (Wanda-sp, FLAP). Returns (removed, cost_normalized)."""
-    from secateur.structured import allocate_global, flap_alam_scores, unit_scores
+    from secateur.budgets.allocate import allocate_global
+    from secateur.scoring.structured import flap_alam_scores, unit_scores
 
     if method == "wanda_sp":
         scores, norm = unit_scores(inv, adapter, "wanda_sp", stats), True
@@ -159,7 +161,7 @@ def _baseline_removed(method: str, inv, adapter, stats, rho: float, guard) -> tu
 
 def _row_removed(row: dict, inv, adapter, stats, guard) -> torch.Tensor:
     """The mask of a results row, rebuilt (CoCurve rows: their saved mask) and checked against its sha256."""
-    from secateur.cocurve.graph import array_sha256
+    from secateur.scoring.cocurve_graph import array_sha256
 
     m, rho = row["method"], row["rho"]
     if m.startswith("cocurve"):
@@ -173,7 +175,7 @@ def _row_removed(row: dict, inv, adapter, stats, guard) -> torch.Tensor:
 
 def _graph_stats(model, adapter, g_ids):
     from secateur.calib import engine
-    from secateur.structured.collect import StatsCollector
+    from secateur.calib.collect import StatsCollector
 
     h = StatsCollector(("sumsq", "meanvar"))
     engine.run(model, adapter, g_ids, h, mode="dense", progress=False)
@@ -183,8 +185,8 @@ def _graph_stats(model, adapter, g_ids):
 def zs_cells(model, tok, adapter, inv, cfg, stats, preset: str, rho: float, methods) -> None:
     """Merge the zero-shot column into the mask-only rows of ``methods`` at ``rho`` that lack it."""
     from secateur.models.adapters import get_adapter
-    from secateur.structured import apply_selection
     from secateur.structured.selection import Selection
+    from secateur.structured.slicing import apply_selection
 
     for m in methods:
         row = next((r for r in read_rows(OUT_JSON) if r.get("preset") == preset and r["method"] == m
@@ -202,7 +204,7 @@ def zs_cells(model, tok, adapter, inv, cfg, stats, preset: str, rho: float, meth
 
 def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
     """The zero-shot column of the main table (first ZS_LIMIT documents per task), resumable cell by cell."""
-    from secateur.cocurve import cocurve_inventory
+    from secateur.methods.cocurve import cocurve_inventory
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
 
@@ -218,15 +220,17 @@ def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
 
 
 def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
-    from secateur.cocurve import CoPruningGraph, HeldoutKL, cocurve_inventory, masked, select
-    from secateur.cocurve.graph import array_sha256
+    from secateur.budgets.heldout import HeldoutKL, masked
     from secateur.data.sources import eval_text
     from secateur.data.windows import eval_ids, token_sha256
+    from secateur.eval.efficiency import count_params, measure_efficiency
+    from secateur.export.sliced import save_pruned
+    from secateur.methods.cocurve import cocurve_inventory, select
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
-    from secateur.structured import apply_selection, save_pruned
-    from secateur.structured.efficiency import count_params, measure_efficiency
+    from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256
+    from secateur.structured.slicing import apply_selection
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
@@ -286,7 +290,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
                     ev = teacher.evaluate()
                 kl, se = ev["kl"], ev["se"]
                 extra = {"cost_normalized": norm}
-            from secateur.structured.allocate import report
+            from secateur.budgets.allocate import report
             from secateur.structured.selection import Selection
 
             rep = report(inv, removed, rho)
@@ -337,25 +341,22 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     pipeline: RCPU score, KV groups + single channels, uniform ceil allocation, no guard; its realized
     budget is what ceil rounding gives). Grams and scores from ``COMP_CALIB``; KL and perplexity as the rows.
     ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows."""
-    from secateur.cocurve import HeldoutKL, cocurve_inventory
-    from secateur.cocurve.graph import array_sha256
+    from secateur.budgets.allocate import report
+    from secateur.budgets.heldout import HeldoutKL
+    from secateur.calib.collect import SCORE_STATS, collect_stats
     from secateur.compensate import COECOptions
     from secateur.data.sources import eval_text
     from secateur.data.windows import eval_ids, token_sha256
+    from secateur.eval.efficiency import count_params
+    from secateur.methods.cocurve import cocurve_inventory
+    from secateur.methods.compensation import compensate_selection
+    from secateur.methods.structured import StructuredConfig, prune_structured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.structured import (
-        SCORE_STATS,
-        StructuredConfig,
-        collect_stats,
-        compensate_selection,
-        prune_structured,
-    )
     from secateur.runinfo import machine, versions
-    from secateur.structured import apply_selection
-    from secateur.structured.allocate import report
-    from secateur.structured.efficiency import count_params
+    from secateur.scoring.cocurve_graph import array_sha256
     from secateur.structured.selection import Selection
+    from secateur.structured.slicing import apply_selection
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
@@ -471,8 +472,7 @@ def render() -> None:
     graph_meta = {}
     gp = graph_path(preset)
     if gp.exists():
-        from secateur.cocurve import CoPruningGraph
-        from secateur.cocurve.graph import array_sha256, bytes_sha256
+        from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
 
         g = CoPruningGraph.load(gp)
         graph_meta = {**g.meta, "file_sha256": bytes_sha256(gp.read_bytes()), "H_sha256": array_sha256(g.H)}
@@ -559,7 +559,7 @@ def render() -> None:
         L.append("\n## CoCurve selection + COEC compensation vs each alone\n")
         L.append("`X+coec`: the mask of row X above (CoCurve: its saved mask; Wanda-sp: recomputed, sha256 checked), "
                  f"then COEC with the paper's defaults (alpha 0.9, GCV, reduced Stiefel, alignment on o_proj, <= "
-                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.prune.structured.compensate_selection`, "
+                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.methods.compensation.compensate_selection`, "
                  "slice-only fallback where COEC would raise the calibration error) on every o_proj/down_proj that "
                  "lost columns. `coec`: COEC's own pipeline (RCPU score, KV groups + single MLP channels, uniform "
                  "ceil allocation per layer, **no layer guard**; `prune_structured(score='rcpu', "

@@ -32,9 +32,9 @@ RUNS = {
     "sparsegpt": dict(method="sparsegpt", sparsity=0.5),
     "sparsegpt-2:4": dict(method="sparsegpt", pattern="2:4"),
     "qk-wanda": dict(method="qk-wanda", sparsity=0.5),
-    "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "ls"}),
+    "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, compensation="ls"),
     "flap": dict(method="flap", sparsity=0.2),
-    "rcpu+coec": dict(method="rcpu", sparsity=0.3, extra={"compensation": "coec", "coec_rounds": 2}),
+    "rcpu+coec": dict(method="rcpu", sparsity=0.3, compensation="coec", coec_rounds=2),
     "shortgpt": dict(method="shortgpt", sparsity=0.25),
 }
 

@@ -56,7 +56,7 @@ RUNS: dict[str, list[str]] = {
     "cocurve-30-coec": ["--method", "cocurve", "--sparsity", "0.3", "--heldout", "2", "--positions", "16",
                         "--top-r", "32", "--ffn-groups", "4", "--compensation", "coec", "--coec-rounds", "2"],
 }
-TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3_text", "phi3")  # new ones last
 
 
 def folder_digest(path: Path) -> tuple[str, str]:

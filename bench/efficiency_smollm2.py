@@ -38,8 +38,8 @@ def folder(rho: float):
 def build() -> None:
     import structured_smollm2 as s5
 
-    from secateur.prune.structured import StructuredConfig, prune_structured
-    from secateur.structured.export import save_pruned
+    from secateur.export.sliced import save_pruned
+    from secateur.methods.structured import StructuredConfig, prune_structured
 
     b = s5.Bench()
     for rho in SPARSITIES:

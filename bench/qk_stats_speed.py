@@ -30,9 +30,9 @@ VARIANTS = ("base", "M", "R", "C", "MR", "MC", "RC", "MRC")
 
 
 def measure(repeats: int) -> dict:
+    from secateur.calib.qk import QKStats
+    from secateur.calib.rope import rope_tables
     from secateur.runinfo import machine, versions
-    from secateur.scoring.qk_rope import rope_tables
-    from secateur.scoring.qk_wanda import QKStats
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -97,7 +97,7 @@ MASKS = WORK / "qk-masks"
 
 
 def _allocation_from_masks(masks: dict[str, torch.Tensor]) -> dict:
-    from secateur.prune.qk_wanda import allocation_summary
+    from secateur.budgets.masks import allocation_summary
 
     blocks = []
     for key in sorted(k for k in masks if k.endswith("q_proj")):
@@ -111,11 +111,11 @@ def _allocation_from_masks(masks: dict[str, torch.Tensor]) -> dict:
 
 def one_row(row: str, preset: str) -> dict:
     from secateur import api
-    from secateur.export import pack_masks
+    from secateur.export.hf import pack_masks
+    from secateur.methods.qk_wanda import QKWandaConfig, prune_qk_wanda, segment_calibration
+    from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda, segment_calibration
-    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.runinfo import machine, peak_rss_mb, versions
 
     p = PRESETS[preset]
@@ -185,7 +185,7 @@ def _reuse_dense_eval(dataset: str, p: dict, tok) -> dict | None:
 def qk_error_pass(preset: str) -> list[dict]:
     """Eq. 49 for every finished row of ``preset`` (one dense pass, masks applied to the dense weights)."""
     from secateur.eval.qk_error import heldout_ids, qk_errors
-    from secateur.export import load_masks
+    from secateur.export.hf import load_masks
     from secateur.models.loading import load_model
     from secateur.runinfo import versions
 

@@ -36,10 +36,10 @@ OUT_MD = RESULTS / "qk-wanda-speed.md"
 
 
 def measure(windows: int, segment: int, repeats: int, modes: list[str], sparsity: float, chunk: int) -> dict:
+    from secateur.methods.qk_wanda import QKWandaConfig, prune_qk_wanda, segment_calibration
+    from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda, segment_calibration
-    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.runinfo import machine, versions
 
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -59,7 +59,7 @@ def _total(d: dict[str, str]) -> str:
 
 def kill_and_resume(work: Path, kill_block: int = 10, data_dir: str | None = None) -> dict:
     """Run the three processes in ``work``; return the digests and what happened."""
-    from secateur.resume import checkpoint_dir
+    from secateur.calib.resume import checkpoint_dir
 
     work = Path(work)
     a, b = work / "A", work / "B"

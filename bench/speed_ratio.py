@@ -41,9 +41,9 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
+    from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.runinfo import machine, versions
 
     model, tok = load_model("smollm2-135m")

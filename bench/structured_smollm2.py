@@ -118,7 +118,8 @@ def calib_ids(tok):
 
 def load_or_collect_stats(b: Bench):
     """Dense statistics for every row (cached on disk: ~0.7 GB for SmolLM2's Grams)."""
-    from secateur.prune.structured import collect_stats
+    from secateur.calib.collect import collect_stats
+    from secateur.methods.structured import add_block_influence
 
     if STATS_PATH.exists():
         blob = torch.load(STATS_PATH, weights_only=False)
@@ -126,8 +127,9 @@ def load_or_collect_stats(b: Bench):
             return blob["stats"]
     print("collecting dense statistics (one engine pass + block influence)...", flush=True)
     # ShortGPT's block influence (one more dense forward) only for the sweep preset: the full one runs no ShortGPT row
-    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"),
-                       block_influence=PRESET["name"] == QUICK, chunk_size=4, progress=True)
+    st = collect_stats(b.model, b.adapter, b.ids, ("sumsq", "meanvar", "gram"), chunk_size=4, progress=True)
+    if PRESET["name"] == QUICK:
+        add_block_influence(st, b.model, b.adapter, b.ids, chunk_size=4)
     torch.save({"calib_sha256": b.manifest["sha256"], "stats": st}, STATS_PATH)
     return st
 
@@ -181,9 +183,9 @@ def run_row(b: Bench, method: str, comp: str, rho: float, datasets: tuple[str, .
     key_extra = key_extra if key_extra is not None else extra
     cfg_kw = cfg_extra if cfg_extra is not None else (extra or {})
     from secateur.data.windows import token_sha256
-    from secateur.prune.structured import SELECTIONS, StructuredConfig, prune_structured
+    from secateur.eval.efficiency import count_params
+    from secateur.methods.structured import SELECTIONS, StructuredConfig, prune_structured
     from secateur.runinfo import machine, versions
-    from secateur.structured.efficiency import count_params
 
     key = row_key(method, comp, rho, key_extra)
     have = cached_rows().get(key)
@@ -297,7 +299,7 @@ def render() -> None:
     lines = ["# Structured pruning on SmolLM2-135M: selection scores without compensation", "",
              "Made by `nice -n 5 python bench/structured_smollm2.py` (rows in `structured-smollm2.jsonl`).", "",
              preset_line(rows), "",
-             "Pipeline: `secateur.prune.structured` (= `secateur prune --structured --method M --compensation "
+             "Pipeline: `secateur.methods.structured` (= `secateur prune --structured --method M --compensation "
              "none|bias`): one dense calibration pass -> unit scores -> uniform allocation (keep "
              "`ceil((1 - rho) n)` KV groups and MLP channels in every layer) -> physical slicing. ShortGPT "
              "removes `round(rho * 30)` whole blocks of lowest block influence instead. Sparsity = fraction of "

@@ -25,9 +25,9 @@ WORK = ROOT / "bench" / "_work"
 def child(threads: int, out: Path, ppl_windows: int) -> None:
     torch.set_num_threads(threads)
     from secateur.data.windows import calibration_set
+    from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
 
     model, tok = load_model("smollm2-135m")
     ids, _ = calibration_set("c4", tok, 4, 128, 0)

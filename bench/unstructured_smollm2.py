@@ -70,9 +70,9 @@ ZS_NOTES = {
 
 def one_row(row: str, preset: str, ppl: bool = True, zeroshot: bool = True) -> dict:
     from secateur import api
+    from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.models.adapters import get_adapter
     from secateur.models.loading import load_model
-    from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
     from secateur.runinfo import machine, peak_rss_mb, versions
 
     p = PRESETS[preset]
@@ -90,7 +90,7 @@ def one_row(row: str, preset: str, ppl: bool = True, zeroshot: bool = True) -> d
             rec["dense_forward_s"] = time.perf_counter() - t
     elif ROWS[row] is not None:
         method, sparsity, pattern = ROWS[row]
-        from secateur.prune.unstructured import parse_pattern
+        from secateur.methods.unstructured import parse_pattern
 
         cfg = UnstructuredConfig(method=method, sparsity=sparsity, pattern=parse_pattern(pattern))
         t = time.perf_counter()

@@ -57,13 +57,13 @@ def main() -> None:
     from lm_eval.api.instance import Instance
 
     from secateur.eval.lmeval_bridge import harness_version, make_hflm
-    from secateur.eval.zeroshot import _data_dir, encode_pair, item_metrics, loglikelihoods, parse_tasks
+    from secateur.eval.zeroshot import encode_pair, item_metrics, loglikelihoods, parse_tasks, zeroshot_data_dir
     from secateur.eval.zeroshot_tasks import load_items, task_spec
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
 
     tasks = parse_tasks(a.tasks)
-    data = _data_dir(a.data_dir)
+    data = zeroshot_data_dir(a.data_dir)
     model, tok = load_model("smollm2-135m")
     lm = make_hflm(model, tok, batch_size=a.harness_batch_size)
 

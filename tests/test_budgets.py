@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from secateur.errors import SecateurError
-from secateur.prune.budgets import (
+from secateur.budgets.masks import (
     count,
     deletion_count,
     matrix_mask,
@@ -19,6 +18,7 @@ from secateur.prune.budgets import (
     row_mask,
     shared_mask,
 )
+from secateur.errors import SecateurError
 
 
 def rand(*shape, seed=0):
@@ -179,7 +179,7 @@ def test_thresholding_minimizes_additive_surrogate_exhaustively():
 @pytest.mark.parametrize("k", [0, 1, 5, 11, 12])
 def test_lowest_k_rows_equals_stable_sort_with_ties(k):
     """The selection path (kthvalue + index-ordered ties) is exactly the first k of a stable argsort."""
-    from secateur.prune.budgets import lowest_k_rows
+    from secateur.budgets.masks import lowest_k_rows
 
     g = torch.Generator().manual_seed(k)
     scores = torch.randint(0, 4, (9, 12), generator=g).float()  # many ties per row

@@ -36,7 +36,7 @@ def _prune(tiny_dir, out, *extra):
     (["--data-dir", "/nonexistent/data"], "does not exist"),
     (["--targets", "q,zz"], "unknown projection roles"),
     (["--calib", "/nonexistent/file.txt"], "missing data file"),
-    (["--heldout", "4"], "only apply to --method cocurve"),
+    (["--heldout", "4"], "only applies to --method cocurve"),
     (["--method", "cocurve", "--units", "channel"], "selects its own units"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tiny_dir, tmp_path, capsys, extra, msg):
@@ -84,7 +84,7 @@ def test_unknown_family(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(tmp_path / "neox")
     assert main(["prune", "--model", str(tmp_path / "neox"), "--method", "magnitude", "--out",
                  str(tmp_path / "o")]) == 2
-    assert "unsupported model family 'gpt_neox'; supported: gpt2, llama" in capsys.readouterr().err
+    assert "unsupported model family 'gpt_neox'; supported: gemma3_text, gpt2, llama" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("method", ["magnitude", "wanda", "sparsegpt"])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from secateur.cocurve import SweepConfig, ablation_sweep, cocurve_inventory
-from secateur.cocurve.dist import spawn_gloo
+from secateur.calib.dist import spawn_gloo
+from secateur.methods.cocurve import cocurve_inventory
 from secateur.models.adapters import get_adapter
+from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep
 from secateur.testing import random_ids, tiny_model
 
 CFG = SweepConfig(positions_per_seq=6, top_r=24, unit_batch=4, seqs_per_block=1)

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from secateur.cocurve import CoCurveConfig, SweepConfig, ablation_sweep, build_graph, cocurve_inventory, masked
-from secateur.cocurve.features import fisher_features, gram, sample_positions, teacher_support
-from secateur.cocurve.graph import CoPruningGraph
+from secateur.budgets.heldout import masked
+from secateur.methods.cocurve import CoCurveConfig, build_graph, cocurve_inventory
 from secateur.models.adapters import get_adapter
+from secateur.scoring.cocurve_graph import CoPruningGraph
+from secateur.scoring.cocurve_sweep import (
+    SweepConfig,
+    ablation_sweep,
+    fisher_features,
+    gram,
+    sample_positions,
+    teacher_support,
+)
 from secateur.testing import random_ids, tiny_model
 
 VOCAB = 128
@@ -87,8 +95,8 @@ def _brute_H(model, inv, ids, cfg: SweepConfig, units: list[int]) -> torch.Tenso
     return phi.T @ phi / pos.numel() / ids.shape[0]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "opt", "gpt2"])
-def test_sweep_equals_brute_force_ablations(family):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "opt", "gpt2", "gemma3_text", "phi3"])
+def test_sweep_equals_brute_force_ablations(family):  # gemma3_text: post-norms inside the residual, MQA heads
     model = tiny_model(family, layers=3)
     a = get_adapter(model)
     inv = cocurve_inventory(a, n_ffn_groups=4)

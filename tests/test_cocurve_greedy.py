@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from secateur.cocurve import CoPruningGraph, cocurve_inventory, conditional_greedy, lambda_path
-from secateur.cocurve.greedy import DEFAULT_LAMBDAS
+from secateur.budgets.allocate import Guard, allocate_global
+from secateur.budgets.greedy import DEFAULT_LAMBDAS, conditional_greedy, lambda_path
 from secateur.errors import SecateurError
+from secateur.methods.cocurve import cocurve_inventory
 from secateur.models.adapters import get_adapter
-from secateur.structured import Guard, allocate_global
+from secateur.scoring.cocurve_graph import CoPruningGraph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

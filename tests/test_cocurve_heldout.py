@@ -7,9 +7,11 @@ import copy
 import pytest
 import torch
 
-from secateur.cocurve import HeldoutKL, cocurve_inventory, masked, select_heldout
+from secateur.budgets.heldout import HeldoutKL, masked, select_heldout
+from secateur.methods.cocurve import cocurve_inventory
 from secateur.models.adapters import get_adapter
-from secateur.structured import Selection, apply_selection, mask_selection
+from secateur.structured.selection import Selection
+from secateur.structured.slicing import apply_selection, mask_selection
 from secateur.testing import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

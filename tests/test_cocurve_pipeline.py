@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from secateur import api
-from secateur.cocurve import CoCurveConfig, CoPruningGraph, SweepConfig, build_graph, cocurve_inventory, prune, select
-from secateur.cocurve.graph import array_sha256
+from secateur.errors import SecateurError
+from secateur.methods.cocurve import CoCurveConfig, build_graph, cocurve_inventory, prune, select
 from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
+from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256
+from secateur.scoring.cocurve_sweep import SweepConfig
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
 # 16 layers (12 eligible) and 16 FFN groups: 0.3 is feasible under the cap 0.45 with tiny units
@@ -61,7 +63,7 @@ def test_graph_reuse_across_budgets_and_diagonal_control():
     g = build_graph(model, a, random_ids(2, 32), CFG, inv)
     diag = select(g, inv, 0.3, cfg=CFG, diagonal=True)  # no held-out needed: a single mask
     assert diag.lam == 0.0 and len(diag.candidates) == 1
-    from secateur.structured import Guard, allocate_global
+    from secateur.budgets.allocate import Guard, allocate_global
 
     ref = allocate_global(inv, 0.5 * g.diag, 0.3, guard=Guard.cocurve(0.3)).removed
     assert torch.equal(diag.removed, ref)
@@ -81,7 +83,7 @@ def test_registry_method_runs_through_api(tmp_path):
     calib.write_text("The quick brown fox jumps over the lazy dog, again and again. " * 60)
     rep = api.prune(model=str(path), method="cocurve", sparsity=0.3, calib=str(calib), nsamples=5, seqlen=32,
                     out=str(tmp_path / "o"), quiet=True,
-                    extra={"heldout": 2, "positions": 8, "top_r": 16, "n_ffn_groups": 16})
+                    heldout=2, positions=8, top_r=16, n_ffn_groups=16)
     d = rep["details"]
     assert d["graph"]["calibration"]["n"] == 3 and d["realized"] >= 0.3
     for name in ("cocurve_graph.npz", "cocurve_mask.npz", "secateur_selection.json"):
@@ -90,9 +92,10 @@ def test_registry_method_runs_through_api(tmp_path):
     loaded, tok = load_model(str(tmp_path / "o"))
     ids = random_ids(1, 16, seed=9)
     assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
-    with pytest.raises(Exception, match="holds out"):
+    with pytest.raises(SecateurError, match=r"^cocurve-diag holds out the last 2 calibration sequences for the lambda "
+                                           r"choice: pass --nsamples > 2 \(the paper: 130\)$"):
         api.prune(model=str(path), method="cocurve-diag", sparsity=0.3, calib=str(calib), nsamples=2, seqlen=32,
-                  quiet=True, extra={"heldout": 2})
+                  quiet=True, heldout=2)
 
 
 def test_any_compensator_follows_cocurve_selection(tmp_path):
@@ -105,9 +108,9 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
     calib.write_text("The quick brown fox jumps over the lazy dog, again and again. " * 60)
     kw = dict(model=str(path), method="cocurve", sparsity=0.3, calib=str(calib), nsamples=5, seqlen=32, quiet=True)
     knobs = {"heldout": 2, "positions": 8, "top_r": 16}
-    plain = api.prune(**kw, extra=knobs)
+    plain = api.prune(**kw, **knobs)
     for comp in ("ls", "coec"):
-        rep = api.prune(**kw, out=str(tmp_path / comp), extra=knobs | {"compensation": comp, "coec_rounds": 2})
+        rep = api.prune(**kw, out=str(tmp_path / comp), **knobs, compensation=comp, coec_rounds=2)
         d = rep["details"]
         assert d["hashes"]["mask_sha256"] == plain["details"]["hashes"]["mask_sha256"]
         assert d["compensation"] == comp and d["per_layer"]
@@ -119,9 +122,16 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
 
 
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
-    with pytest.raises(Exception, match="selects its own units"):
-        api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"units": "channel"})
-    with pytest.raises(Exception, match="only apply to"):
-        api.prune(model=str(tmp_path / "absent"), method="wanda", sparsity=0.3, extra={"heldout": 4})
-    with pytest.raises(Exception, match="compensation"):
-        api.prune(model=str(tmp_path / "absent"), method="cocurve", sparsity=0.3, extra={"compensation": "nope"})
+    absent = str(tmp_path / "absent")  # no model there: each refusal must come before the model is read
+    units = ("^--units only applies to the structured pipeline \\(--structured with wanda-sp, flap, rcpu, "
+             "magnitude-sp, random, shortgpt, corp\\); 'cocurve' is a structured method that selects its own units$")
+    with pytest.raises(SecateurError, match=units):
+        api.prune(model=absent, method="cocurve", sparsity=0.3, units="channel")
+    heldout = "^--heldout only applies to --method cocurve / cocurve-diag; 'wanda' is an unstructured method$"
+    with pytest.raises(SecateurError, match=heldout):
+        api.prune(model=absent, method="wanda", sparsity=0.3, heldout=4)
+    with pytest.raises(SecateurError, match="^--heldout only applies to .*'wanda-sp' is a structured method$"):
+        api.prune(model=absent, method="wanda-sp", sparsity=0.3, heldout=4)
+    comp = "^unknown compensation 'nope'; choose from none, bias, ls, rcpu, coec, corp$"
+    with pytest.raises(SecateurError, match=comp):
+        api.prune(model=absent, method="cocurve", sparsity=0.3, compensation="nope")

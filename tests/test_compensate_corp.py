@@ -6,22 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from secateur.calib.stats import PerSampleGram
 from secateur.compensate import InputStats, ls_refit
 from secateur.compensate.corp import (
-    PerSampleGram,
     QKHeadStats,
     corp_keep,
     corp_lambda,
     corp_mlp,
-    corp_mlp_scores,
     corp_qk_layer,
-    corp_qk_scores,
     corp_qk_solve,
     fold_q_one_sided,
     fold_qk_balanced,
     qk_logit_errors,
 )
 from secateur.errors import SecateurError
+from secateur.scoring.corp import corp_mlp_scores, corp_qk_scores
 
 F64 = torch.float64
 

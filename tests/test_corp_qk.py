@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, OPTConfig
 
 from secateur.cli import main
 from secateur.errors import SecateurError
+from secateur.methods.corp_qk import CorpQKConfig, prune_corp_qk
 from secateur.models.adapters import get_adapter
-from secateur.prune.corp_qk import CorpQKConfig, prune_corp_qk
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

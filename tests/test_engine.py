@@ -112,5 +112,47 @@ def test_nan_activations_raise_clear_error():
 def test_unknown_family_names_supported_ones():
     model = tiny_model("llama")
     model.config.model_type = "mamba"
-    with pytest.raises(SecateurError, match="supported: gpt2, llama, mistral, opt, qwen2, qwen3"):
+    with pytest.raises(SecateurError, match="supported: gemma3_text, gpt2, llama, mistral, opt, phi3, qwen2, qwen3"):
         get_adapter(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+def test_walk_visits_every_block_and_hands_on_the_dense_outputs(family):
+    """The one block walker: chunked inputs, every block once in order, outputs computed once and fed to the
+    next block; the last block's outputs equal the reference forward's."""
+    model = tiny_model(family)
+    adapter = get_adapter(model)
+    ids = random_ids(5, 8)
+    walk = engine.Walk(adapter, ids, 2)
+    assert [h.shape[0] for h in walk.hs] == [2, 2, 1] and all(h.device.type == "cpu" for h in walk.hs)
+    seen, prev = [], None
+    for visit in walk.blocks():
+        seen.append(visit.index)
+        if prev is not None:
+            assert all(a is b for a, b in zip(visit.inputs, prev))  # the previous block's outputs, not copies
+        y0 = visit.output(0)
+        assert torch.equal(visit.output(0), y0)  # computed once
+        expect = adapter.block_forward(visit.layer, visit.input(1), visit.kwargs)
+        assert torch.equal(visit.output(1), expect)
+        prev = visit.outputs
+        assert len(prev) == 3 and prev[2].shape[0] == 1
+    assert seen == list(range(adapter.n_layers))
+    ref = _last_block_output(model, adapter, ids)
+    torch.testing.assert_close(torch.cat(walk.hs), ref, rtol=1e-5, atol=1e-5)
+    sub = list(engine.Walk(adapter, ids, 5).blocks(layers=[1], progress=False))
+    assert [v.index for v in sub] == [1]
+
+
+def test_gemma3_blocks_get_their_layer_types_mask_and_rope():
+    """Gemma-3 mixes sliding (window 8 in the tiny config, RoPE 1e4) and global (RoPE 1e6) layers: each block
+    gets its own type's kwargs, so calibration longer than the window matches the model's own forward."""
+    model = tiny_model("gemma3_text", layers=4)
+    adapter = get_adapter(model)
+    ids = random_ids(3, 24)  # 24 > sliding_window 8
+    adapter.check_calibration_length(24)  # per-type masks: no refusal
+    _, kw = adapter.capture_inputs(ids[:1])
+    k0, k1 = adapter.layer_kwargs(0, kw), adapter.layer_kwargs(1, kw)
+    assert not torch.equal(k0["position_embeddings"][0], k1["position_embeddings"][0])
+    assert adapter.layer_kwargs(2, kw)["position_embeddings"] is k0["position_embeddings"]
+    rep = engine.run(model, adapter, ids, engine.Handler(), chunk_size=2, progress=False, keep_outputs=True)
+    torch.testing.assert_close(torch.cat(rep.outputs), _last_block_output(model, adapter, ids), rtol=1e-5, atol=1e-6)

@@ -74,10 +74,10 @@ def test_uniform_reach_is_what_the_rounding_rule_delivers_near_one():
     sparsity just below 1, and a selection short of its target by more than the rounding bound is refused."""
     import torch
 
+    from secateur.budgets.allocate import allocate_uniform, check_reached, shortfall_bound, uniform_reach
     from secateur.errors import SecateurError
     from secateur.models.adapters import get_adapter
-    from secateur.structured import allocate_uniform, inventory
-    from secateur.structured.allocate import check_reached, shortfall_bound, uniform_reach
+    from secateur.structured.units import inventory
     from secateur.testing import tiny_model
 
     inv = inventory(get_adapter(tiny_model("llama")), ("kv_group", "channel"))

@@ -8,9 +8,10 @@ from transformers import AutoModelForCausalLM
 
 from secateur.errors import SecateurError
 from secateur.eval.ppl import perplexity, window_plan
-from secateur.export import atomic_dir, load_masks, save_run
+from secateur.export.folder import atomic_dir
+from secateur.export.hf import load_masks, save_run
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
-from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.testing import FAMILIES, random_ids, tiny_model, tiny_tokenizer
 
 
@@ -69,3 +70,33 @@ def test_window_plan_scores_every_token_but_first_once(n_tok, L, S):
     for _b, e, n in plan:
         scored[e - n:e] += 1
     assert scored[0] == 0 and (scored[1:] == 1).all()
+
+
+def test_bos_convention_follows_the_tokenizer():
+    """A tokenizer that adds no BOS keeps today's protocol (results files stay valid); one that prepends BOS gets
+    one BOS in front of the stream (window 0), named in the protocol; ``every`` starts each window with BOS."""
+    from secateur.eval.ppl import bos_convention
+
+    plain, with_bos = tiny_tokenizer(), tiny_tokenizer(bos=True)
+    assert bos_convention(plain) is None and bos_convention(with_bos) == 1 and bos_convention(None) is None
+    assert with_bos("ab")["input_ids"][0] == 1 and with_bos("ab", add_special_tokens=False)["input_ids"][0] != 1
+    model = tiny_model("llama")
+    ids = random_ids(1, 200)[0].clamp(min=3)
+    r0 = perplexity(model, ids, seqlen=64, progress=False)
+    rp = perplexity(model, ids, seqlen=64, progress=False, tokenizer=plain)
+    assert rp["protocol"] == r0["protocol"] == "nonoverlap-64" and rp["bos"] == r0["bos"] == "none"
+    assert rp["ppl"] == r0["ppl"]
+    rf = perplexity(model, ids, seqlen=64, progress=False, tokenizer=with_bos)
+    assert rf["protocol"] == "nonoverlap-64+bos-first" and rf["bos"] == "first"
+    stream = torch.cat([torch.tensor([1]), ids])
+    assert rf["ppl"] == perplexity(model, stream, seqlen=64, progress=False)["ppl"]
+    assert rf["windows"] == 201 // 64 and rf["corpus_tokens"] == 200
+    re_ = perplexity(model, ids, seqlen=64, progress=False, tokenizer=with_bos, bos="every")
+    assert re_["protocol"] == "nonoverlap-64+bos-every" and re_["windows"] == 200 // 63
+    tot = 0.0
+    for i in range(200 // 63):
+        w = torch.cat([torch.tensor([1]), ids[i * 63:(i + 1) * 63]])[None]
+        tot += model(w, labels=w).loss.item() * 63
+    assert math.isclose(re_["ppl"], math.exp(tot / (3 * 63)), rel_tol=1e-5)
+    with pytest.raises(SecateurError, match="BOS token"):
+        perplexity(model, ids, seqlen=64, progress=False, bos="first")

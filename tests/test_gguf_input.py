@@ -148,7 +148,7 @@ def test_prune_structured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, tm
     path, _ = tiny_gguf
     out = tmp_path / "sp"
     report = api.prune(model=str(path), method="wanda-sp", sparsity=0.3, calib=calib_txt, nsamples=2, seqlen=32,
-                       out=str(out), quiet=True, extra={"structured": True})
+                       out=str(out), quiet=True, structured=True)
     ids = random_ids(2, 12)
     reloaded, _ = load_model(str(out))
     assert torch.equal(_logits(reloaded, ids), _logits(report["_model"], ids))
@@ -247,3 +247,13 @@ def test_smollm2_gguf_by_path_prunes_exports_and_reloads(tmp_path, monkeypatch):
             assert set(a.keys()) == set(b.keys())
             for k in a.keys():
                 assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+
+
+def test_real_gemma3_gguf_header_reads_as_gemma3_text():
+    """The Gemma-3-270M GGUF (Gemma Terms of Use: never committed; skipped when absent) is a supported family."""
+    path = Path.home() / ".cache" / "secateur" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        pytest.skip("Gemma-3-270M GGUF not in the model cache")
+    info = gguf_cache.inspect_gguf(path)
+    assert (info.architecture, info.model_type) == ("gemma3", "gemma3_text")
+    assert info.metadata["gemma3.block_count"] == 18 and info.metadata["gemma3.attention.head_count_kv"] == 1

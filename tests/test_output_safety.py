@@ -19,7 +19,7 @@ import pytest
 import secateur.api
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export import REPORT_INDEX, REPORT_NAME, TEMP_MARKER, atomic_dir, remove_stale_temps
+from secateur.export.folder import REPORT_INDEX, REPORT_NAME, TEMP_MARKER, atomic_dir, remove_stale_temps
 from secateur.testing import save_tiny, tiny_model, tiny_tokenizer
 
 
@@ -135,7 +135,7 @@ def test_overwrite_replaces_a_previous_output(tmp_path, model_dir, capsys):
 
 
 def test_save_pruned_overwrites_only_its_own_output(tmp_path):
-    from secateur.structured.export import save_pruned
+    from secateur.export.sliced import save_pruned
 
     m = tiny_model("llama")
     save_pruned(m, tmp_path / "o")
@@ -336,7 +336,7 @@ def test_atomic_dir_removes_the_parents_it_made(tmp_path):
 
 def test_tokenizer_files_are_export_names(tmp_path):
     """Every file a tokenizer save writes is one the overwrite check knows (else a rerun would be refused)."""
-    from secateur.export import check_replaceable
+    from secateur.export.folder import check_replaceable
 
     tiny_tokenizer().save_pretrained(tmp_path)
     tiny_model("llama").save_pretrained(tmp_path)

@@ -13,8 +13,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from secateur.errors import SecateurError
 from secateur.eval.qk_error import QK_ERROR_SEED, heldout_ids, qk_error, qk_errors
+from secateur.methods.qk_wanda import QKWandaConfig, prune_qk_wanda
 from secateur.models.adapters import get_adapter
-from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
 from secateur.scoring import model_rope_tables
 from secateur.testing import random_ids, tiny_model, tiny_tokenizer
 
@@ -35,7 +35,8 @@ def apply_masks(model, masks):
     m = copy.deepcopy(model)
     with torch.no_grad():
         for k, mask in masks.items():
-            m.get_submodule(k).weight.masked_fill_(mask, 0)
+            mod = m.get_submodule(k)
+            mod.weight.masked_fill_(mask.T if type(mod).__name__ == "Conv1D" else mask, 0)
     return m
 
 
@@ -197,13 +198,55 @@ def test_errors():
         qk_error(dense, ids=ids)
 
 
-def test_other_families_run():
-    for family in ("opt", "gpt2", "qwen3"):  # OPT/GPT-2: no RoPE; Qwen3: q/k norms applied
-        dense = tiny_model(family)
-        masks = random_masks(dense, roles=("q_proj", "k_proj", "c_attn"))
-        res = qk_errors(dense, {"m": masks}, random_ids(2, 8), stages=("qk", "logits", "block"),
-                        progress=False)["m"]
-        assert res["e_qk"] > 0 and res["e_logits"] > 0 and res["e_block"] > 0, family
+@torch.no_grad()
+def reference_per_block(dense, masks, ids):
+    """Eq. 49 per block from the q/k inputs of a plain forward (hooks), the masked model's own q/k modules
+    (GPT-2's fused ``c_attn`` split in thirds, Qwen3's q/k norms applied) and float64 products."""
+    pruned = apply_masks(dense, masks)
+    g = get_adapter(dense).geometry
+    hq, hk, m = g.n_heads, g.n_kv_heads, g.head_dim
+
+    def parts(layer):
+        a = getattr(layer, "self_attn", getattr(layer, "attn", None))
+        fused = getattr(a, "c_attn", getattr(a, "qkv_proj", None))  # GPT-2's thirds, Phi-3's [q; k; v] (GQA)
+        return a, (fused,) if fused is not None else (a.q_proj, a.k_proj)
+
+    def qk(layer, x):
+        a, mods = parts(layer)
+        y = mods[0](x) if len(mods) == 1 else None
+        q, k = (y[..., :hq * m], y[..., hq * m:(hq + hk) * m]) if len(mods) == 1 else (mods[0](x), mods[1](x))
+        q, k = q.reshape(*x.shape[:2], hq, m), k.reshape(*x.shape[:2], hk, m)
+        if hasattr(a, "q_norm"):
+            q, k = a.q_norm(q), a.k_norm(k)
+        return q.double(), k.repeat_interleave(hq // hk, dim=2).double()
+
+    layers = get_adapter(dense).layers
+    xs = []
+    hooks = [parts(layer)[1][0].register_forward_pre_hook(lambda mod, args: xs.append(args[0])) for layer in layers]
+    dense(input_ids=ids, use_cache=False)
+    for h in hooks:
+        h.remove()
+    out = []
+    for x, ld, lp in zip(xs, layers, get_adapter(pruned).layers):
+        B = torch.einsum("bthm,buhm->bhtu", *qk(ld, x))
+        Bp = torch.einsum("bthm,buhm->bhtu", *qk(lp, x))
+        out.append(float(100 * (Bp - B).square().sum() / B.square().sum()))
+    return out
+
+
+@pytest.mark.parametrize("family", ["opt", "gpt2", "qwen3", "gemma3_text", "phi3"])
+def test_other_families_equal_an_independent_computation(family):
+    """OPT (biases, no RoPE), GPT-2 (fused Conv1D ``c_attn``, masks stored [out, in]) and Qwen3 (q/k norms):
+    Eq. 49 per block equals the hook-based reference, zero without pruning; the other stages run."""
+    dense = tiny_model(family)
+    ids = random_ids(2, 8)
+    masks = random_masks(dense, roles=("q_proj", "k_proj", "c_attn", "qkv_proj"))
+    res = qk_errors(dense, {"m": masks, "none": {}}, ids, stages=("qk", "logits", "block"), progress=False)
+    ref = reference_per_block(dense, masks, ids)
+    assert res["m"]["per_block"] == pytest.approx(ref, rel=1e-4) and min(ref) > 1.0
+    assert res["m"]["e_qk"] == pytest.approx(sum(ref) / len(ref), rel=1e-4)
+    assert res["none"]["per_block"] == [0.0] * len(ref) and res["none"]["e_block"] == 0.0
+    assert res["m"]["e_logits"] > 0 and res["m"]["e_block"] > 0
 
 
 # --- held-out data --------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from secateur.budgets.masks import row_mask, shared_mask
 from secateur.errors import SecateurError
 from secateur.models.adapters import Geometry, get_adapter
-from secateur.prune.budgets import row_mask, shared_mask
 from secateur.scoring import (
     VARIANTS,
     QKStats,

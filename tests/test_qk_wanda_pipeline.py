@@ -11,20 +11,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from secateur.budgets.masks import budget_counts, deletion_count, lowest_k_masks, prune_masks, row_mask
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export import MASKS_NAME, load_masks
-from secateur.models.adapters import get_adapter
-from secateur.prune.budgets import deletion_count, prune_masks, row_mask
-from secateur.prune.qk_wanda import (
+from secateur.export.folder import MASKS_NAME
+from secateur.export.hf import load_masks
+from secateur.methods.qk_wanda import (
     QKWandaConfig,
     QKWandaHandler,
-    final_counts,
-    lowest_k_masks,
     prune_qk_wanda,
 )
-from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
+from secateur.models.adapters import get_adapter
 from secateur.scoring import VARIANTS, QKStats, model_rope_tables, qk_wanda_scores
+from secateur.scoring.wanda import wanda_scores
 from secateur.testing import random_ids, save_tiny, tiny_model
 
 QK = ("self_attn.q_proj", "self_attn.k_proj")
@@ -104,7 +104,7 @@ def test_projected_statistics_equal_qkstats():
     chunk code with the given projections) equal QKStats recomputing Q/K itself in float64."""
     import torch.nn.functional as F
 
-    from secateur.prune.qk_wanda import _QKStats
+    from secateur.calib.qk import ProjectedQKStats
 
     model = tiny_model("qwen2")
     ad = get_adapter(model)
@@ -115,10 +115,10 @@ def test_projected_statistics_equal_qkstats():
     for variant in ("base", "MRC"):
         ref = QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         ref.update(x)
-        mine = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
+        mine = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope, proj=(Wq, bq, Wk, bk))
         mine.update(x[:1])
         mine.update(x[1:])
-        hooked = _QKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
+        hooked = ProjectedQKStats(Wq, Wk, bq, bk, ad.geometry, variant, rope=rope)
         hooked.update_projected(x, F.linear(x, Wq, bq), F.linear(x, Wk, bk))
         for st in (mine, hooked):
             assert st.n_seqs == 3 and st.n_tokens == 24
@@ -242,8 +242,8 @@ def test_hybrid_wanda_part_uses_wanda_scores_in_sequential_mode():
 
 # --- progressive re-scoring (App. K) -------------------------------------------------------------------
 
-def test_lowest_k_masks_match_budget_module():
-    """The handler's linear-time selection equals budgets.prune_masks (stable argsort) exactly, heavy ties,
+def test_count_driven_masks_match_prune_masks():
+    """The count-driven selection (progressive re-scoring) equals budgets.prune_masks exactly, heavy ties,
     -inf entries (progressive re-scoring) and the edge counts included."""
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
@@ -252,7 +252,7 @@ def test_lowest_k_masks_match_budget_module():
             S[0][torch.rand(6, 10, generator=g) < 0.2] = -torch.inf
         for rho in (0.0, 0.05, 0.45, 0.5, 0.8, 0.99):
             for budget in ("row", "separate", "shared"):
-                k = final_counts([s.shape for s in S], rho, budget, "ceil")
+                k = budget_counts([s.shape for s in S], rho, budget, "ceil")
                 got = lowest_k_masks(S, budget, k)
                 ref = prune_masks(S, rho, budget=budget)
                 assert all(torch.equal(a, b) for a, b in zip(got, ref)), (trial, rho, budget)
@@ -287,7 +287,7 @@ def test_progressive_steps_grow_nested_masks():
         seen.append((k, [m.clone() for m in out]))
         return out
 
-    import secateur.prune.qk_wanda as mod
+    import secateur.methods.qk_wanda as mod
 
     mod.lowest_k_masks = spy
     try:
@@ -315,8 +315,9 @@ def test_config_and_model_refusals():
     with pytest.raises(SecateurError, match="variant"):
         QKWandaConfig(variant="X").validate()
     assert QKWandaConfig(budget="matrix").validate() is None
-    with pytest.raises(SecateurError, match="q/k norms"):
-        run("qwen3", random_ids(1, 8))
+    for family in ("qwen3", "gemma3_text"):
+        with pytest.raises(SecateurError, match="q/k norms"):
+            run(family, random_ids(1, 8))
     with pytest.raises(SecateurError, match="rotary"):
         run("opt", random_ids(1, 8), variant="R")
     h = QKWandaHandler(QKWandaConfig(progressive=2), reuse_projections=True)
@@ -410,3 +411,17 @@ def test_cli_refuses_qwen3_clearly(tmp_path, calib_txt, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("secateur:")]
     assert len(err) == 1 and "q/k norms" in err[0] and "qwen3" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_phi3_fused_qkv_prunes_its_q_and_k_slices():
+    """Phi-3's fused qkv_proj ([q; k; v] rows, GQA sizes): QK-Wanda prunes the q and k row slices to the shared
+    budget, leaves v alone, and stores one mask for the fused module."""
+    model, res = run("phi3", random_ids(2, 16), sparsity=0.5)
+    g = get_adapter(model).geometry
+    qw, kw = g.n_heads * g.head_dim, g.n_kv_heads * g.head_dim
+    assert sorted(res.masks) == [f"model.layers.{i}.self_attn.qkv_proj" for i in range(2)]
+    for layer in model.model.layers:
+        w = layer.self_attn.qkv_proj.weight
+        zq, zk = int((w[:qw] == 0).sum()), int((w[qw:qw + kw] == 0).sum())
+        assert zq + zk == (qw + kw) * w.shape[1] // 2 and zq and zk
+        assert not (w[qw + kw:] == 0).any()

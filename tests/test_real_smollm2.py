@@ -7,9 +7,9 @@ from conftest import DATA_DIR, requires_data, requires_smollm2
 from secateur.data.sources import eval_text
 from secateur.data.windows import calibration_set, eval_ids
 from secateur.eval.ppl import perplexity
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
-from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured
 
 pytestmark = [pytest.mark.real, requires_smollm2]
 

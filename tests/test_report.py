@@ -11,7 +11,7 @@ import torch
 
 from secateur.cli import main
 from secateur.eval.zeroshot import PROTOCOL as ZS_PROTOCOL
-from secateur.export import REPORT_NAME
+from secateur.export.folder import REPORT_NAME
 from secateur.testing import save_tiny
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -223,3 +223,39 @@ def test_existing_out_and_out_over_an_input_are_refused(runs, tmp_path, capsys):
     assert main(["report", str(dirs["wanda50"]), "--out", str(dirs["wanda50"]), "--overwrite"]) == 2
     assert "would replace the input" in capsys.readouterr().err
     assert sorted(p.name for p in dirs["wanda50"].iterdir()) == files
+
+
+def test_schema_version_written_and_older_runs_read(runs, tmp_path, capsys):
+    """The prune report, the eval JSON and the report index carry SCHEMA_VERSION; a run without it (written
+    before it existed) reads as before; a newer schema is refused, not misread."""
+    import shutil
+
+    from secateur.export.folder import REPORT_INDEX
+    from secateur.runinfo import SCHEMA_VERSION
+
+    _, dirs = runs
+    assert isinstance(SCHEMA_VERSION, int) and SCHEMA_VERSION >= 1
+    assert _read(dirs["wanda50"], REPORT_NAME)["schema_version"] == SCHEMA_VERSION
+    assert _read(dirs["wanda50"], "ppl.json")["schema_version"] == SCHEMA_VERSION
+    rep = tmp_path / "rep"
+    assert main(["report", str(dirs["wanda50"]), "--out", str(rep)]) == 0
+    assert _read(rep, REPORT_INDEX)["schema_version"] == SCHEMA_VERSION
+    md = (rep / "report.md").read_text()
+
+    old = tmp_path / "wanda50"  # the same run as an older secateur wrote it: no schema_version anywhere
+    shutil.copytree(dirs["wanda50"], old)
+    for name in (REPORT_NAME, "ppl.json"):
+        doc = _read(old, name)
+        del doc["schema_version"]
+        (old / name).write_text(json.dumps(doc))
+    assert main(["report", str(old), "--out", str(tmp_path / "rep-old")]) == 0
+    assert (tmp_path / "rep-old" / "report.md").read_text() == md.replace(str(dirs["wanda50"]), str(old))
+
+    for name in (REPORT_NAME, "ppl.json"):  # a newer schema in either file: refused, nothing written
+        doc = _read(old, name)
+        (old / name).write_text(json.dumps(doc | {"schema_version": SCHEMA_VERSION + 1}))
+        capsys.readouterr()
+        assert main(["report", str(old), "--out", str(tmp_path / "rep-new")]) == 2
+        err = capsys.readouterr().err
+        assert f"{name}: schema_version {SCHEMA_VERSION + 1} is newer" in err and not (tmp_path / "rep-new").exists()
+        (old / name).write_text(json.dumps(doc))

@@ -14,8 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from secateur import resume
-from secateur.calib import engine
+from secateur.calib import engine, resume
 from secateur.cli import main
 from secateur.testing import tiny_model, tiny_tokenizer
 

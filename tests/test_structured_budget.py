@@ -8,23 +8,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from secateur.errors import SecateurError
-from secateur.models.adapters import get_adapter
-from secateur.structured import (
+from secateur.budgets.allocate import (
     Guard,
-    Selection,
     allocate_blocks,
     allocate_global,
     allocate_uniform,
     allocate_weighted_threshold,
-    count_params,
-    count_params_from_config,
-    flops_per_token,
-    inventory,
     keep_count,
-    uniform_layer_specs,
 )
-from secateur.structured.units import layer_shape
+from secateur.errors import SecateurError
+from secateur.eval.efficiency import count_params, count_params_from_config, flops_per_token, uniform_layer_specs
+from secateur.models.adapters import get_adapter
+from secateur.structured.selection import Selection
+from secateur.structured.units import inventory, layer_shape
 from secateur.testing import FAMILIES, tiny_model
 
 
@@ -100,7 +96,9 @@ def test_unit_costs_partition_layer_removable_params(family):
                 "mlp.c_proj.bias"}
         proj = sum(p.numel() for n, p in layer.named_parameters()
                    if ("proj" in n or "fc" in n or "c_attn" in n) and not any(n.endswith(k) for k in keep))
-        assert cost == s.removable == proj
+        # MQA: query-head units only; the one KV head goes with the last of them and is no unit's cost
+        kv = s.attn_unit_params(0, 1) if s.n_kv_heads == 1 < s.n_heads else 0
+        assert cost + kv == s.removable == proj
 
 
 def test_kv_group_cost_formula_gqa_with_biases():

@@ -9,22 +9,17 @@ import sys
 
 import pytest
 import torch
+from shape_flops import shape_flops
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from secateur.budgets.select import select_units
 from secateur.errors import SecateurError
+from secateur.eval.efficiency import count_params, count_params_from_config, flops_per_token, measure_efficiency
+from secateur.export.sliced import save_pruned
 from secateur.linalg import one_thread
 from secateur.models.adapters import get_adapter
-from secateur.structured import (
-    LayerKeep,
-    Replacement,
-    Selection,
-    apply_selection,
-    count_params,
-    count_params_from_config,
-    measure_efficiency,
-    save_pruned,
-    select_units,
-)
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.slicing import Replacement, apply_selection
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 
@@ -106,11 +101,13 @@ def test_removed_attention_blocks_and_biases_reload(family, tmp_path):
     assert torch.equal(a1, a2)
 
 
-def test_trust_remote_code_without_secateur(tmp_path):
-    m = tiny_model("gpt2", layers=3)
+@pytest.mark.parametrize(("family", "kind", "cls"), [("gpt2", "head", "SecateurGPT2LMHeadModel"),
+                                                    ("qwen3", "kv_group", "SecateurQwen3ForCausalLM")])
+def test_trust_remote_code_without_secateur(family, kind, cls, tmp_path):
+    m = tiny_model(family, layers=3)
     a = get_adapter(m)
-    apply_selection(m, a, select_units(a, "random", 0.4, kinds=("head", "channel"), allocation="global"))
-    save_pruned(m, tmp_path / "o")
+    apply_selection(m, a, select_units(a, "random", 0.4, kinds=(kind, "channel"), allocation="global"))
+    assert save_pruned(m, tmp_path / "o")["route"] == "hetero"
     ids = random_ids(1, 7)
     # bitwise equality across processes holds only for the same kernels: one thread on both sides (a loaded
     # machine can otherwise give the two processes different OpenMP splits of the same reduction)
@@ -133,7 +130,7 @@ def test_trust_remote_code_without_secateur(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "OK SecateurGPT2LMHeadModel" in out.stdout
+    assert f"OK {cls}" in out.stdout
 
 
 def test_atomic_write_and_overwrite(tmp_path):
@@ -156,9 +153,29 @@ def test_measure_efficiency_on_sliced_model():
     r = measure_efficiency(m, prompt_len=12, new_tokens=3, warmup=1, repeats=1)
     assert r["params"] == count_params(m) < dense
     assert r["params"] == count_params_from_config(m.config)
-    assert r["flops_per_token"] == 2 * r["params"]
+    assert r["flops_per_token"] == shape_flops(m)  # counted from the sliced module shapes, not from params
     assert r["peak_memory_kind"].startswith("cpu_rss") and r["peak_memory_bytes"] > 0
     assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flops_per_token_match_module_shapes(family):
+    """FLOPs/token (and the attention term over a context) equal a count from the module shapes alone, for the
+    dense model and for an uneven slice (layers keep different head and channel counts, one keeps no heads)."""
+    m = tiny_model(family, layers=3)
+    for sliced in (False, True):
+        if sliced:
+            a = get_adapter(m)
+            apply_selection(m, a, select_units(a, "random", 0.5, allocation="global", seed=1))
+            heads = [s["n_heads"] for s in m.config.secateur_layers]
+            assert len(set(heads)) > 1 and 0 in heads, heads  # the slice is uneven
+        for ctx in (0, 37):
+            want = shape_flops(m, ctx)
+            assert flops_per_token(m, attention_context=ctx) == want, (sliced, ctx)
+            assert flops_per_token(count_params_from_config(m.config), m.config, attention_context=ctx) == want
+    assert shape_flops(m, 37) > shape_flops(m) > 0
+    with pytest.raises(SecateurError, match="attention FLOPs need the model config"):
+        flops_per_token(count_params(m), attention_context=37)
 
 
 def test_bf16_iterative_pruning_reloads_exactly(tmp_path):

@@ -7,9 +7,12 @@ import importlib.util
 import pytest
 import torch
 
+from secateur.budgets.allocate import Guard
+from secateur.budgets.select import select_units
+from secateur.export.sliced import save_pruned
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import load_model
-from secateur.structured import Guard, apply_selection, save_pruned, select_units
+from secateur.structured.slicing import apply_selection
 
 
 def logits(model, ids):

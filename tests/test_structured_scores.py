@@ -5,21 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from secateur.calib.stats import Gram, MeanVar, SumSq
+from secateur.budgets.allocate import allocate_uniform
+from secateur.budgets.select import select_units
+from secateur.calib.collect import block_influence
+from secateur.calib.stats import BlockInfluence, Gram, MeanVar, SumSq
 from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
-from secateur.structured import allocate_uniform, inventory, select_units, unit_scores
-from secateur.structured.scores import (
-    BlockInfluence,
-    block_influence,
+from secateur.scoring.structured import (
     corp_mlp,
     flap,
     flap_alam_scores,
     magnitude,
     moments,
     rcpu,
+    unit_scores,
     wanda_sp,
 )
+from secateur.structured.units import inventory
 from secateur.testing import random_ids, tiny_model
 
 
@@ -176,7 +178,7 @@ def test_flap_alam_scores_are_standardized_per_layer():
 
 def test_collector_with_calibration_engine_feeds_scores():
     from secateur.calib import engine
-    from secateur.structured.collect import StatsCollector
+    from secateur.calib.collect import StatsCollector
 
     m = tiny_model("llama", layers=2)
     a = get_adapter(m)
@@ -201,7 +203,7 @@ def _random_stats(layers, d_attn=32, d_mlp=64, seed=0):
 
 
 def test_sorted_ffn_grouping_chunks_by_descending_score():
-    from secateur.structured.scores import ffn_order_from_scores
+    from secateur.scoring.structured import ffn_order_from_scores
 
     a = get_adapter(tiny_model("llama", layers=2))
     stats = _random_stats(2)
@@ -223,8 +225,7 @@ def test_select_units_flap_alam_and_shortgpt_end_to_end():
 
 
 def test_registered_scorer_is_dispatched():
-    from secateur.structured import register_scorer
-    from secateur.structured.scores import _SCORERS
+    from secateur.scoring.structured import _SCORERS, register_scorer
 
     m = tiny_model("llama")
     a = get_adapter(m)

@@ -7,20 +7,14 @@ import copy
 import pytest
 import torch
 
+from secateur.budgets.allocate import allocate_global
 from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
-from secateur.structured import (
-    LayerKeep,
-    Replacement,
-    Selection,
-    add_bias,
-    allocate_global,
-    apply_selection,
-    inventory,
-    mask_selection,
-    unit_scores,
-)
-from secateur.structured.hetero import NullAttention
+from secateur.models.hetero import NullAttention
+from secateur.scoring.structured import unit_scores
+from secateur.structured.selection import LayerKeep, Selection
+from secateur.structured.slicing import Replacement, add_bias, apply_selection, mask_selection
+from secateur.structured.units import inventory
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 ATOL = 1e-5
@@ -56,12 +50,14 @@ def test_removing_zero_weight_units_leaves_logits_unchanged(family):
     a = get_adapter(m)
     layer = a.layers[0]
     refs = a.role_refs(layer)
-    with torch.no_grad():  # zero every weight of KV group 1 (heads 2, 3 under GQA; head 1 under MHA)
-        mha = refs["k"].out_features == refs["q"].out_features
+    with torch.no_grad():  # zero every weight of KV group 1 (heads 2, 3 under GQA; head 1 under MHA);
+        mha = refs["k"].out_features == refs["q"].out_features  # MQA: query heads 2, 3 (the KV head stays)
+        mqa = refs["k"].out_features == 8
         heads = [1] if mha else [2, 3]
         kv = 1
         qrows = torch.cat([torch.arange(8) + 8 * h for h in heads])
-        for role, rows in (("q", qrows), ("k", torch.arange(8) + 8 * kv), ("v", torch.arange(8) + 8 * kv)):
+        kvrows = [] if mqa else [("k", torch.arange(8) + 8 * kv), ("v", torch.arange(8) + 8 * kv)]
+        for role, rows in [("q", qrows), *kvrows]:
             refs[role].weight[rows] = 0
             if refs[role].bias is not None:
                 refs[role].bias[rows] = 0
@@ -76,7 +72,7 @@ def test_removing_zero_weight_units_leaves_logits_unchanged(family):
     ids = random_ids(2, 12)
     before = logits(m, ids)
     keep_heads = [h for h in range(4) if h not in heads]
-    sel = Selection(8, 2, {0: LayerKeep(heads=keep_heads, kv_heads=[0] if not mha else [0, 2, 3]),
+    sel = Selection(8, 2, {0: LayerKeep(heads=keep_heads, kv_heads=[0, 2, 3] if mha else [0]),
                            1: LayerKeep(channels=[c for c in range(64) if c != 5])})
     apply_selection(m, a, sel)
     assert a.role_refs(a.layers[0])["o"].in_features == 8 * len(keep_heads)

@@ -23,12 +23,12 @@ RUNS = {
     "sparsegpt": dict(method="sparsegpt", sparsity=0.5),
     "sparsegpt-2:4": dict(method="sparsegpt", pattern="2:4"),
     "qk-wanda": dict(method="qk-wanda", sparsity=0.5),
-    "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "ls"}),
-    "wanda-sp+coec": dict(method="wanda-sp", sparsity=0.3, extra={"compensation": "coec", "coec_rounds": 2}),
+    "wanda-sp+ls": dict(method="wanda-sp", sparsity=0.3, compensation="ls"),
+    "wanda-sp+coec": dict(method="wanda-sp", sparsity=0.3, compensation="coec", coec_rounds=2),
     # CoCurve at a quick size: its guard protects two layers at each end and caps a layer at 1.5 rho, so the
     # 30% budget needs 16 layers with 16 FFN groups each (12/16 x 0.45 >= 0.3); few samples and positions
     "cocurve": dict(method="cocurve", sparsity=0.3, nsamples=3, seqlen=64, model="deep",
-                    extra={"heldout": 1, "positions": 16, "top_r": 16, "n_ffn_groups": 16}),
+                    heldout=1, positions=16, top_r=16, n_ffn_groups=16),
 }
 
 

@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
+from secateur.budgets.masks import count, prune_mask
 from secateur.calib.stats import SumSq
+from secateur.compensate.sparsegpt import sparsegpt_prune
+from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
-from secateur.prune.budgets import count, prune_mask
-from secateur.prune.sparsegpt import sparsegpt_prune
-from secateur.prune.unstructured import UnstructuredConfig, prune_unstructured, wanda_scores
+from secateur.scoring.wanda import wanda_scores
 from secateur.testing import FAMILIES, random_ids, tiny_model
 
 

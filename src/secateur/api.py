@@ -10,34 +10,44 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
-from secateur import resume as _resume
+from secateur.calib import resume as _resume
 from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
-from secateur.export import (
+from secateur.export.folder import (
     check_free_space,
     check_output_dir,
     check_writable_output,
     export_size,
     model_paths,
-    save_run,
     write_file_atomic,
 )
-from secateur.methods.registry import METHODS
+from secateur.export.hf import save_run
+from secateur.export.sliced import save_structured
+from secateur.methods.knobs import MethodOptions
+from secateur.methods.registry import METHODS, method_options, resolve
+from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
-from secateur.prune.unstructured import parse_pattern, parse_targets
-from secateur.runinfo import Timer, machine, peak_rss_mb, versions
+from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, versions
 
 
 @dataclass
 class PruneOptions:
-    model: str = "smollm2-135m"
+    """The options of ``secateur prune``: the fields every method shares, and ``method_options``, the method's
+    typed knobs (its :class:`~secateur.methods.knobs.MethodOptions` subclass, e.g.
+    :class:`~secateur.methods.structured.StructuredOptions`; ``None``: every knob unset).
+    :meth:`from_kwargs` builds it from flat keywords (``compensation="coec", coec_rounds=2``), as ``api.prune``
+    and the CLI do. ``model`` is a name, folder or ``.gguf`` file, or an already loaded model (then pass its
+    ``tokenizer``)."""
+
+    model: str | torch.nn.Module = "smollm2-135m"
     method: str = "wanda"
     sparsity: float = 0.5
     pattern: str | None = None
@@ -56,27 +66,61 @@ class PruneOptions:
     out: str | None = None
     overwrite: bool = False
     quiet: bool = False
-    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.resume)
-    extra: dict = field(default_factory=dict)  # method-specific knobs (variant, scope, compensation, ...)
+    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.calib.resume)
+    structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
+    tokenizer: Any = None  # the tokenizer of an in-memory ``model``
+    stream: bool = False  # --stream: one decoder block in memory at a time (secateur.models.streaming)
+    method_options: MethodOptions | None = None
 
-    def __getattr__(self, name: str):  # method runners read their own knobs from ``extra``
-        extra = self.__dict__.get("extra", {})
-        if name in extra:
-            return extra[name]
-        raise AttributeError(name)
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> PruneOptions:
+        """Common fields by name, every other keyword a knob of the method (``None`` = unset), validated
+        into the method's typed options; a knob of another method is refused."""
+        if "extra" in kwargs:
+            raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
+                                "coec_rounds=2, ...)")
+        common = {k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON}
+        opts = cls(**common)
+        opts.structured = bool(opts.structured)
+        opts.method_options = method_options(resolve(opts.method, opts.structured), kwargs)
+        return opts
+
+    @property
+    def in_memory(self) -> bool:
+        return not isinstance(self.model, str)
+
+    @property
+    def model_name(self) -> str:
+        """The model spec, or an in-memory model's ``config._name_or_path`` (``in-memory`` when unnamed)."""
+        if not self.in_memory:
+            return self.model
+        return getattr(getattr(self.model, "config", None), "_name_or_path", None) or "in-memory"
 
     @property
     def pattern_nm(self) -> tuple[int, int] | None:
         return parse_pattern(self.pattern)
 
+    def to_dict(self) -> dict:
+        """The options as reports and checkpoints record them: the common fields (the model by name, no
+        tokenizer) and every knob of the method (``None`` = unset)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("method_options", "tokenizer")}
+        d["model"] = self.model_name
+        if not d["stream"]:  # reports of ordinary runs stay as they were
+            del d["stream"]
+        return d | (self.method_options.to_dict() if self.method_options is not None else {})
+
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
-        from secateur.prune import structured
-
-        self.method = structured.structured_method_name(self.method, bool(self.extra.get("structured")))
-        if self.method not in METHODS:
-            raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
-        structured.check_options(self.method, self)
+        method = resolve(self.method, bool(self.structured))
+        self.method = method.name
+        if self.method_options is None:
+            self.method_options = method.options()
+        elif type(self.method_options) is not method.options:
+            raise SecateurError(f"{method.name} takes {method.options.__name__}, not "
+                                f"{type(self.method_options).__name__}")
+        self.method_options.validate()
+        if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
+            method.config(self)
         if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
             raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
         parse_pattern(self.pattern)
@@ -89,10 +133,35 @@ class PruneOptions:
         resolve_data_dir(self.data_dir)
         if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
             read_text_file(self.calib)
+        if self.in_memory:
+            _check_tokenizer(self.model, self.tokenizer)
         if self.resume and self.out is None:
             raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
+        if self.stream:
+            self._check_stream(method)
         if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
-            check_output_dir(self.out, self.overwrite, protect=model_paths(self.model))
+            protect = () if self.in_memory else model_paths(self.model)
+            check_output_dir(self.out, self.overwrite, protect=protect)
+
+    def _check_stream(self, method) -> None:
+        """What ``--stream`` cannot do, each refused in one line before anything is loaded."""
+        if self.method not in STREAMABLE:
+            raise SecateurError(f"--stream prunes with {', '.join(STREAMABLE)}; --method {self.method} is not "
+                                "block-streamed yet: run it without --stream")
+        if self.in_memory:
+            raise SecateurError("--stream reads a model folder block by block; this model is already in memory: "
+                                "pass its folder, or drop stream=True")
+        if self.out is None:
+            raise SecateurError("--stream writes each pruned block to --out as it goes; pass --out")
+        if self.resume:
+            raise SecateurError("--resume does not apply to --stream runs; run again without --resume")
+        if self.calib == "self" and (method.needs_calibration or self.method_options.needs_calibration):
+            raise SecateurError("--stream cannot sample calibration text from the model (--calib self runs the "
+                                "whole model per token); pass --calib c4, wikitext2, ptb or a .txt file")
+
+
+STREAMABLE = ("magnitude", "wanda", "sparsegpt")  # methods whose every step visits one block at a time
+_COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -105,24 +174,24 @@ def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) ->
 
 
 def prune(**kwargs) -> dict:
-    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set)."""
-    opts = kwargs.pop("options", None) or PruneOptions(**kwargs)
+    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set).
+
+    ``model``: a name, folder or ``.gguf`` file, or an already loaded model with its ``tokenizer`` (pruned in
+    place; its model-file checks are skipped). The method's knobs are plain keywords (``compensation="coec",
+    coec_rounds=2``; see ``secateur prune --help``), or pass a ready ``options=PruneOptions(...)``."""
+    opts = kwargs.pop("options", None)
+    if opts is not None and kwargs:
+        raise SecateurError(f"pass either options= or keywords, not both (got {', '.join(sorted(kwargs))})")
+    opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
     method = METHODS[opts.method]
-    needs_calibration = method.needs_calibration or opts.extra.get("compensation") not in (None, "none")
-    cfg = check_model(opts.model)  # family, shipped code, weight files: before any weight is read
-    if needs_calibration:
-        check_seqlen(opts.model, opts.seqlen, cfg)
+    needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
-    with timer("load"):
-        model, tok = load_model(opts.model, opts.dtype, opts.device)
-        adapter = get_adapter(model)
-    if method.check is not None:  # e.g. a RoPE model for corp-qk: fail before building calibration data
-        method.check(adapter)
-    if method.kind == "structured":  # a target the selection rule cannot reach: refuse before calibrating
-        from secateur.prune.structured import check_reachable
-
-        check_reachable(opts.method, adapter, opts)
+    if opts.stream:
+        return _prune_streamed(opts, method, needs_calibration, timer)
+    model, tok, adapter = _load(opts, needs_calibration, timer)
+    if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
+        method.check(adapter, opts)
     if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
         keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
         check_free_space(opts.out, export_size(model, keep=keep))
@@ -134,22 +203,10 @@ def prune(**kwargs) -> dict:
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
-    report = {
-        "method": opts.method, "kind": method.kind, "model": opts.model,
-        "model_source": model_source(opts.model, opts.dtype),  # GGUF input: file, sha256, cached folder; else None
-        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
-        "pattern": opts.pattern,
-        "options": {k: v for k, v in asdict(opts).items() if k not in ("extra",)} | opts.extra,
-        "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
-        "calibration": manifest.to_dict() if manifest else None,
-        "timings": {"phases": timer.phases, "engine": result.timings},
-        "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
-    }
+    report = _report(opts, method, model, result, manifest, timer)
     if opts.out:
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
-                from secateur.prune.structured import save_structured
-
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
             else:
                 save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
@@ -158,6 +215,126 @@ def prune(**kwargs) -> dict:
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> dict:
+    """``prune --stream``: the model built on the meta device, its memory plan printed and checked, then each
+    block loaded, pruned, written to ``--out``'s shards and freed (:mod:`secateur.models.streaming`,
+    :mod:`secateur.export.shards`); the output folder is atomic as always."""
+    from secateur.export.folder import atomic_dir
+    from secateur.export.shards import ShardWriter, Spec, finish_export
+    from secateur.models.memory import available_bytes, prune_plan, shape_of
+    from secateur.models.streaming import open_streamed, saved_tensors
+
+    cfg = check_model(opts.model)
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
+    with timer("load"):
+        stream = open_streamed(opts.model, opts.dtype, opts.device)
+    model, adapter = stream.model, get_adapter(stream.model)
+    shape = shape_of(model, adapter, stream)
+    plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
+    available = available_bytes()
+    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+    plan.check(available)
+    specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(model).items()]
+    need = sum(s.nbytes for s in specs) + shape.prunable // 8
+    with timer("load"):
+        stream.load_resident()
+        tok = stream.tokenizer()
+    ids, manifest = None, None
+    if needs_calibration:
+        with timer("calibration_data"):
+            ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
+    with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
+        writer = ShardWriter(tmp, specs)
+        for name, t in stream.resident().items():
+            writer.write(name, t)
+        stream.writer = writer.write
+        try:
+            with timer("prune"):
+                result = method.run(model, adapter, ids, opts)
+        finally:
+            stream.writer = None
+        writer.close()
+        report = _report(opts, method, model, result, manifest, timer)
+        report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
+                                 "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
+        with timer("save"):
+            finish_export(tmp, model, tok, report, result.masks, result.extra_files)
+    report["timings"]["phases"] = timer.phases
+    report["_model"], report["_tokenizer"] = model, tok
+    return report
+
+
+def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -> dict:
+    """The run's report (``secateur-report.json``); adds the method's figures to ``result.extra_files``."""
+    result.extra_files |= _figures(result.details)
+    return {
+        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model_name,
+        # GGUF input: file, sha256, cached folder; else None
+        "model_source": None if opts.in_memory else model_source(opts.model, opts.dtype),
+        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
+        "pattern": opts.pattern,
+        "options": opts.to_dict(),
+        "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
+        "calibration": manifest.to_dict() if manifest else None,
+        "timings": {"phases": timer.phases, "engine": result.timings},
+        "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
+    }
+
+
+def _figures(details: dict) -> dict[str, bytes]:
+    """``qk-removal.png`` for a method whose details carry a per-block Q/K allocation (QK-Wanda); nothing
+    without matplotlib (extra "plots")."""
+    alloc = details.get("allocation")
+    if not (isinstance(alloc, dict) and alloc.get("per_block")):
+        return {}
+    try:
+        from secateur.plots import qk_removal_png
+    except ImportError:
+        return {}
+    cfg = details.get("config") or {}
+    title = f"{details['method']}, {cfg.get('budget')} budget, {cfg.get('sparsity'):.0%}"
+    return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
+
+
+def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
+    """``(model, tokenizer, adapter)``: the model files checked (family, shipped code, weight files, context)
+    before any weight is read, then loaded; an in-memory model is used as it is (its context checked)."""
+    if opts.in_memory:
+        if needs_calibration:
+            check_seqlen(opts.model_name, opts.seqlen, opts.model.config.to_dict())
+        with timer("load"):
+            return opts.model, opts.tokenizer, get_adapter(opts.model)
+    cfg = check_model(opts.model)
+    if needs_calibration:
+        check_seqlen(opts.model, opts.seqlen, cfg)
+    if opts.method in STREAMABLE and cfg:
+        _check_whole_memory(opts, cfg)
+    with timer("load"):
+        model, tok = load_model(opts.model, opts.dtype, opts.device)
+        return model, tok, get_adapter(model)
+
+
+def _check_whole_memory(opts: PruneOptions, cfg: dict) -> None:
+    """An unstructured prune of a local model folder that cannot fit in memory is refused before loading, naming
+    ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
+    from pathlib import Path
+
+    from secateur.models.loading import parse_dtype, resolve
+    from secateur.models.memory import whole_prune_plan
+
+    folder = Path(resolve(opts.model, opts.dtype)[0])
+    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        return
+    elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
+    plan = whole_prune_plan(folder, cfg, elem, opts.method, opts.nsamples, opts.seqlen)
+    try:
+        plan.check()
+    except SecateurError:
+        print(f"secateur: {plan.describe()}", file=sys.stderr)
+        raise
 
 
 def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):
@@ -207,26 +384,62 @@ def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
 def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wikitext2", seqlen: int = 2048,
              stride: int | None = None, max_windows: int | None = None, data_dir: str | None = None,
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
-             progress: bool = True) -> dict:
-    """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus."""
+             progress: bool = True, stream: bool = False) -> dict:
+    """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus.
+    ``stream``: one decoder block in memory at a time over all windows (a model folder larger than memory; its
+    memory plan printed and checked first; :mod:`secateur.eval.ppl_stream`)."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
     _check_tokenizer(model, tokenizer)
     check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
     text = eval_text(dataset, data_dir)
+    if stream and not isinstance(model, str):
+        raise SecateurError("--stream reads a model folder block by block; this model is already in memory: pass "
+                            "its folder, or drop stream=True")
     if isinstance(model, str):
         check_device(device)
         check_seqlen(model, seqlen, check_model(model))
     else:
         check_seqlen(getattr(model.config, "_name_or_path", "in-memory"), seqlen, model.config.to_dict())
+    if stream:
+        return _eval_ppl_streamed(model, dataset, text, seqlen, stride, max_windows, dtype, device, json_path,
+                                  progress)
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
     ids = eval_ids(text, tokenizer)
     if ids.numel() < seqlen:
         raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
                             f"{seqlen}; use a longer text or a smaller --seqlen")
-    res = perplexity(model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows, progress=progress)
+    res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer)  # BOS rule: the tokenizer
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
-                "machine": machine()})
+                "machine": machine(), "schema_version": SCHEMA_VERSION})
+    if json_path:
+        write_file_atomic(json_path, json.dumps(res, indent=2))
+    return res
+
+
+def _eval_ppl_streamed(spec: str, dataset: str, text: str, seqlen: int, stride: int | None,
+                       max_windows: int | None, dtype: str, device: str, json_path: str | None, progress: bool) -> dict:
+    from secateur.eval.ppl import window_plan
+    from secateur.eval.ppl_stream import perplexity_streamed
+    from secateur.models.memory import available_bytes, eval_plan, shape_of
+    from secateur.models.streaming import open_streamed
+
+    stream = open_streamed(spec, dtype, device)
+    tokenizer = stream.tokenizer()
+    ids = eval_ids(text, tokenizer)
+    if ids.numel() < seqlen:
+        raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
+                            f"{seqlen}; use a longer text or a smaller --seqlen")
+    n_windows = len(window_plan(ids.numel(), seqlen, stride)[:max_windows])
+    plan = eval_plan(shape_of(stream.model, get_adapter(stream.model), stream), n_windows, seqlen)
+    available = available_bytes()
+    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+    plan.check(available)
+    stream.load_resident()
+    res = perplexity_streamed(stream.model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows,
+                              progress=progress, tokenizer=tokenizer)
+    res.update({"model": spec, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
+                "machine": machine(), "schema_version": SCHEMA_VERSION, "memory_plan_bytes": plan.total})
     if json_path:
         write_file_atomic(json_path, json.dumps(res, indent=2))
     return res
@@ -245,8 +458,8 @@ def eval_zeroshot(model: str | torch.nn.Module = "smollm2-135m", tasks=None, lim
 
 def eval_efficiency(model: str | torch.nn.Module, dtype: str = "float32", device: str = "cpu", **settings) -> dict:
     """Params, FLOPs/token, peak memory, prefill/decode tokens/s (``secateur eval efficiency``); ``settings``
-    go to :func:`secateur.structured.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
-    from secateur.structured.efficiency import measure_efficiency
+    go to :func:`secateur.eval.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
+    from secateur.eval.efficiency import measure_efficiency
 
     if isinstance(model, str):
         model, _ = load_model(model, dtype, device)

@@ -33,13 +33,52 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smo
     p.add_argument("--data-dir", default=None, help="local data folder (default: $SECATEUR_DATA or ../shared/data)")
 
 
-def _qk_variant(v: str) -> str:
-    from secateur.scoring import QKVariant
+def _cli_type(fn):
+    """A knob's converter for argparse: a SecateurError becomes argparse's own usage error."""
+    def convert(v: str):
+        try:
+            return fn(v)
+        except SecateurError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
-    try:
-        return QKVariant.parse(v).code
-    except SecateurError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = getattr(fn, "__name__", "value")  # argparse names the type in "invalid int value"
+    return convert
+
+
+def _declared_in(cls, name: str):
+    """The options class that declares knob ``name`` (a base class for a shared knob such as --compensation)."""
+    import dataclasses
+
+    return next(k for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)
+                and name in {f.name for f in dataclasses.fields(k)})
+
+
+def _knob_args(p: argparse.ArgumentParser) -> None:
+    """One option per method knob, built from the options dataclasses of the registry (one argparse group per
+    declaring class; every default is None = unset, so the method's own default applies)."""
+    from secateur.methods.knobs import flag_of
+    from secateur.methods.registry import all_options
+
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    seen: set[str] = set()
+    for cls in all_options():
+        for f in cls.knob_fields():
+            if f.name in seen or flag_of(f) is None:
+                continue
+            seen.add(f.name)
+            title = _declared_in(cls, f.name).CLI_GROUP
+            g = groups.get(title) or groups.setdefault(title, p.add_argument_group(title))
+            meta = f.metadata
+            kw: dict = {"dest": f.name, "default": None, "help": meta["help"]}
+            if meta["action"] == "store_true":
+                kw["action"] = "store_true"
+            elif meta["action"] == "boolean_optional":
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw |= {k: v for k, v in (("type", meta["type"] and _cli_type(meta["type"])),
+                                         ("choices", meta["choices"] and list(meta["choices"])),
+                                         ("metavar", meta["metavar"])) if v}
+            g.add_argument(flag_of(f), **kw)
 
 
 def _prune_parser(sub) -> None:
@@ -56,16 +95,9 @@ def _prune_parser(sub) -> None:
     p.add_argument("--pattern", default=None, help="N:M semi-structured pattern, e.g. 2:4 or 4:8 (keeps N of M)")
     p.add_argument("--budget", default=None,
                    help="comparison group: row | matrix (Wanda, magnitude); shared | separate | row (QK-Wanda)")
-    p.add_argument("--variant", default=None, type=_qk_variant,
-                   help="qk-wanda score: base (unmasked, pre-RoPE) or any of base, M, R, C, MR, MC, RC, MRC "
-                        "(M causal, R RoPE-aware, C centered; default: base)")
-    p.add_argument("--scope", default=None, choices=["qk", "all"],
-                   help="qk-wanda: qk prunes only W_Q, W_K (default); all adds row-wise Wanda on v, o and the MLP")
-    p.add_argument("--segment-len", type=int, default=None, metavar="T",
-                   help="cut every calibration window into independent sequences of T tokens (QK-Wanda paper: 64)")
-    p.add_argument("--progressive", type=int, default=None, metavar="J",
-                   help="qk-wanda: re-score in J simultaneous steps (paper App. K ablation; default 1 = one-shot)")
-    _structured_args(p)
+    p.add_argument("--structured", action="store_true",
+                   help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
+    _knob_args(p)
     p.add_argument("--rounding", default="ceil", choices=["ceil", "floor"],
                    help="weights removed per group = round(sparsity * size) (default: %(default)s)")
     p.add_argument("--targets", default=None,
@@ -88,51 +120,19 @@ def _prune_parser(sub) -> None:
     p.add_argument("--eval-ppl", default=None, metavar="DATASET",
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
+    p.add_argument("--stream", action="store_true",
+                   help="one decoder block in memory at a time: load it from the model's safetensors, prune it, "
+                        "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_prune)
-
-
-def _structured_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("structured pruning (secateur.prune.structured; every default below is None = unset)")
-    g.add_argument("--structured", action="store_true", default=None,
-                   help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
-    g.add_argument("--compensation", default=None, choices=["none", "bias", "ls", "rcpu", "coec", "corp"],
-                   help="repair o_proj/down_proj after selection (default: the method's own: bias for flap, rcpu "
-                        "for rcpu, corp for corp, none otherwise)")
-    g.add_argument("--units", default=None,
-                   help="comma list of kv_group|head and/or channel (default: kv_group,channel)")
-    g.add_argument("--allocation", default=None, choices=["uniform", "flap-global"],
-                   help="uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with --method flap)")
-    g.add_argument("--coec-stage", default=None,
-                   choices=["rcpu", "gcv", "two_sided", "reduced_stiefel", "tempering", "align"],
-                   help="COEC Table 3 preset (cumulative components); the knobs below override it")
-    g.add_argument("--coec-alpha", type=float, default=None, help="COEC Gram tempering exponent (default 0.9)")
-    g.add_argument("--coec-no-left", action="store_true", default=None, help="COEC without the left rotation")
-    g.add_argument("--coec-rescale", default=None, choices=["gcv", "global", "none"], help="COEC rescale (default gcv)")
-    g.add_argument("--coec-right", default=None, choices=["reduced", "full", "none"],
-                   help="COEC right rotation solver (default reduced)")
-    g.add_argument("--coec-align", default=None, action=argparse.BooleanOptionalAction,
-                   help="COEC anchored alignment on o_proj (default on)")
-    g.add_argument("--coec-rounds", type=int, default=None, help="COEC alternation rounds (default 50)")
-    g.add_argument("--ls-lambda", type=float, default=None,
-                   help="ridge lambda relative to mean(diag G_xx) for --compensation ls (default 0.01)")
-    c = p.add_argument_group("CoCurve (--method cocurve|cocurve-diag; the last --heldout calibration windows choose "
-                             "lambda, the others build the graph)")
-    c.add_argument("--heldout", type=int, default=None, help="held-out windows for the lambda choice (default 16)")
-    c.add_argument("--positions", type=int, default=None,
-                   help="sampled positions per graph window (default 128)")
-    c.add_argument("--top-r", type=int, default=None, help="teacher top-r support of the features (default 256)")
-    c.add_argument("--ffn-groups", dest="n_ffn_groups", type=int, default=None,
-                   help="FFN channel groups per layer (default 16)")
 
 
 def _cmd_prune(args) -> int:
     from secateur import api
 
-    known = {f for f in api.PruneOptions.__dataclass_fields__ if f != "extra"}
-    extra = {k: v for k, v in vars(args).items() if k not in known and k not in ("func", "eval_ppl", "eval_windows",
-                                                                                  "command")}
-    opts = api.PruneOptions(**{k: v for k, v in vars(args).items() if k in known}, extra=extra)
+    # the common fields and every knob (None = unset) by name: validated into the method's typed options
+    opts = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items()
+                                           if k not in ("func", "eval_ppl", "eval_windows", "command")})
     if args.eval_ppl:  # fail on a bad corpus or window count before spending time on pruning
         from secateur.data.sources import eval_text
         from secateur.eval.ppl import check_ppl_args
@@ -147,8 +147,13 @@ def _cmd_prune(args) -> int:
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
     if args.eval_ppl:
-        res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
-                           data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
+        if opts.stream:  # the pruned blocks are in --out only: evaluate it block by block too
+            res = api.eval_ppl(opts.out, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
+                               data_dir=opts.data_dir, dtype=opts.dtype, device=opts.device,
+                               progress=not opts.quiet, stream=True)
+        else:
+            res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
+                               data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
         print(f"perplexity {args.eval_ppl} [{res['protocol']}, {res['windows']}/{res['windows_total']} windows]: "
               f"{res['ppl']:.3f}")
     if opts.out:
@@ -168,9 +173,11 @@ def _eval_parser(sub) -> None:
     q.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: non-overlapping)")
     q.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows (quick runs)")
     q.add_argument("--json", default=None, metavar="FILE", help="write the result with its protocol as JSON")
+    q.add_argument("--stream", action="store_true",
+                   help="one decoder block in memory at a time over all windows (a model larger than memory)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_cmd_ppl)
-    for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.structured.efficiency"):
+    for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency"):
         try:
             module = __import__(mod, fromlist=["register_cli"])
         except ImportError:
@@ -183,7 +190,8 @@ def _cmd_ppl(args) -> int:
     from secateur import api
 
     res = api.eval_ppl(args.model, args.dataset, args.seqlen, args.stride, args.max_windows, args.data_dir,
-                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet)
+                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet,
+                       stream=args.stream)
     print(f"{args.dataset} perplexity [{res['protocol']}, {res['windows']}/{res['windows_total']} windows, "
           f"{res['scored_tokens']} tokens]: {res['ppl']:.4f}")
     return 0
@@ -251,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prune_parser(sub)
     _eval_parser(sub)
     try:
-        from secateur import report as report_mod
+        from secateur.report import build as report_mod
 
         report_mod.register_cli(sub)
     except (ImportError, AttributeError):

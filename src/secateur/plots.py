@@ -3,6 +3,7 @@
 * :func:`plot_qk_removal` -- per-block percentages of W_Q (solid) and W_K (dashed) weights removed,
   the layout of QK-Wanda's Fig. 3 / Figs. 4-6, with the requested sparsity as a dotted line.
 * :func:`plot_block_errors` -- a per-block metric (e.g. relative QK error, Eq. 49) for several methods.
+* :func:`plot_ppl_vs_sparsity` -- perplexity against target sparsity, one line per method (``secateur report``).
 
 Inputs are plain dicts so results read back from JSON plot the same way. matplotlib is an optional
 dependency (extra ``plots``); importing this module without it raises ImportError.
@@ -85,3 +86,26 @@ def plot_block_errors(series: Mapping[str, Sequence[float]], path: str | Path | 
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_ppl_vs_sparsity(series: dict[str, list[tuple[float, float]]], dense: float | None = None,
+                         title: str = "") -> bytes:
+    """Perplexity (log scale when it spans > 5x) against target sparsity (%), one line per method;
+    ``dense`` draws the unpruned model as a dotted line. Returns the PNG bytes."""
+    fig = Figure(figsize=(7.0, 3.8))
+    ax = fig.add_subplot(1, 1, 1)
+    ys = [y for pts in series.values() for _, y in pts] + ([dense] if dense else [])
+    for label, pts in series.items():
+        pts = sorted(pts)
+        ax.plot([100 * x for x, _ in pts], [y for _, y in pts], marker="o", ms=4, lw=1.4, label=label)
+    if dense:
+        ax.axhline(dense, color="0.4", ls=":", lw=1.0, label=f"dense {dense:.3f}")
+    if ys and min(ys) > 0 and max(ys) / min(ys) > 5:
+        ax.set_yscale("log")
+    ax.set_xlabel("target sparsity (%)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, None)

@@ -11,6 +11,11 @@ from contextlib import contextmanager
 
 import torch
 
+# The version of the JSON that secateur writes: the prune report (secateur-report.json), evaluation JSON
+# (`secateur eval ppl --json`) and the `secateur report` index. Raise it when a field changes meaning or goes
+# away (adding a field does not); readers treat a file without it as version 0 (written before it existed).
+SCHEMA_VERSION = 1
+
 
 def versions() -> dict[str, str]:
     import transformers

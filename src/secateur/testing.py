@@ -2,38 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
+    PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
 )
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+
+def _common(vocab: int, layers: int) -> dict:
+    return dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
+                num_attention_heads=4, max_position_embeddings=256)
+
+
+# The tiny-model fixture of every family (``model_type`` -> config builder ``(vocab, layers)``): a new family
+# adds its entry here, next to its adapter module in ``secateur.models.families``.
+TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
+    "llama": lambda vocab, layers: LlamaConfig(num_key_value_heads=2, **_common(vocab, layers)),
+    "mistral": lambda vocab, layers: MistralConfig(num_key_value_heads=2, sliding_window=None,
+                                                   **_common(vocab, layers)),
+    "qwen2": lambda vocab, layers: Qwen2Config(num_key_value_heads=2, **_common(vocab, layers)),  # q/k/v biases
+    "qwen3": lambda vocab, layers: Qwen3Config(num_key_value_heads=2, head_dim=8,  # q/k norms, explicit head_dim
+                                               **_common(vocab, layers)),
+    "opt": lambda vocab, layers: OPTConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, ffn_dim=64,
+                                           num_attention_heads=4, max_position_embeddings=256,
+                                           word_embed_proj_dim=32),
+    "gpt2": lambda vocab, layers: GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64,
+                                             n_positions=256, bos_token_id=0, eos_token_id=0),
+    # MQA (one KV head), explicit head_dim, q/k norms, four norms per block; sliding (window 8, RoPE 1e4) and
+    # global (RoPE 1e6) layers alternating, so any two layers hold both types
+    "gemma3_text": lambda vocab, layers: Gemma3TextConfig(
+        num_key_value_heads=1, head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, **_common(vocab, layers)),
+    # fused qkv_proj ([q; k; v] rows, GQA 4 query / 2 KV heads) and gate_up_proj ([gate; up] rows)
+    "phi3": lambda vocab, layers: Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                             **_common(vocab, layers)),
+}
+FAMILIES = tuple(TINY_CONFIGS)
 
 
 def tiny_config(family: str, vocab: int = 128, layers: int = 2):
-    common = dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                  num_attention_heads=4, max_position_embeddings=256)
-    if family == "llama":
-        return LlamaConfig(num_key_value_heads=2, **common)
-    if family == "mistral":
-        return MistralConfig(num_key_value_heads=2, sliding_window=None, **common)
-    if family == "qwen2":  # q/k/v biases
-        return Qwen2Config(num_key_value_heads=2, **common)
-    if family == "qwen3":  # q/k norms, explicit head_dim
-        return Qwen3Config(num_key_value_heads=2, head_dim=8, **common)
-    if family == "opt":
-        return OPTConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=32, ffn_dim=64,
-                         num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32)
-    if family == "gpt2":
-        return GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=32, n_head=4, n_inner=64, n_positions=256,
-                          bos_token_id=0, eos_token_id=0)
-    raise ValueError(family)
+    if family not in TINY_CONFIGS:
+        raise ValueError(family)
+    return TINY_CONFIGS[family](vocab, layers)
 
 
 def tiny_model(family: str, seed: int = 0, **kw) -> torch.nn.Module:
@@ -55,9 +76,10 @@ def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (n, t), generator=g)
 
 
-def tiny_tokenizer():
-    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+def tiny_tokenizer(bos: bool = False):
+    """A character-level fast tokenizer (printable ASCII, ids < 100) that works offline; ``bos``: it prepends
+    ``<s>`` (id 1) to every text it tokenizes with special tokens (Gemma's and Llama-2's convention)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -65,6 +87,9 @@ def tiny_tokenizer():
         vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
@@ -103,7 +128,6 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
     ties lm_head to the embedding).
     """
     import gguf
-    import numpy as np
 
     if family not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"write_tiny_gguf supports llama, qwen2 and qwen3, not {family!r}")
@@ -112,8 +136,18 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
         with torch.no_grad():
             model.lm_head.weight = model.model.embed_tokens.weight
         model.config.tie_word_embeddings = True
-    cfg = model.config
     w = gguf.GGUFWriter(str(path), arch or family)
+    _gguf_metadata(w, model.config, family)
+    _gguf_tensors(w, model, family, float_type, tied)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+def _gguf_metadata(w, cfg, family: str) -> None:
+    """Hyperparameters and a byte-level BPE tokenizer, under llama.cpp's GGUF keys."""
     w.add_name(f"secateur tiny {family}")
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -133,35 +167,41 @@ def write_tiny_gguf(path, family: str = "llama", seed: int = 0, float_type: str 
     w.add_eos_token_id(cfg.vocab_size - 1)
     w.add_bos_token_id(cfg.vocab_size - 1)
 
+
+def _gguf_tensors(w, model: torch.nn.Module, family: str, float_type: str, tied: bool) -> None:
+    """The model's tensors under llama.cpp's names and layouts (f16: matrices only), in llama.cpp's order."""
+    import numpy as np
+
     def put(gname: str, t: torch.Tensor) -> None:
         a = t.detach().float().numpy()
         w.add_tensor(gname, a.astype(np.float16) if float_type == "f16" and a.ndim == 2 else a)
 
+    cfg = model.config
     sd = model.state_dict()
     permute = _llama_cpp_permute if family == "llama" else (lambda t, n: t)  # llama.cpp permutes llama only
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
-        put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
-        put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
-        put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        for role in ("q", "k", "v"):
-            if p + f"self_attn.{role}_proj.bias" in sd:
-                put(f"blk.{i}.attn_{role}.bias", sd[p + f"self_attn.{role}_proj.bias"])
-        for role in ("q", "k"):
-            if p + f"self_attn.{role}_norm.weight" in sd:
-                put(f"blk.{i}.attn_{role}_norm.weight", sd[p + f"self_attn.{role}_norm.weight"])
-        put(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
-        put(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
-        put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
-        put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+        _gguf_block(put, sd, i, cfg, permute)
     put("output_norm.weight", sd["model.norm.weight"])
     if not tied:
         put("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return model
+
+
+def _gguf_block(put, sd: dict, i: int, cfg, permute) -> None:
+    """Block ``i``: norms, attention (q/k permuted for llama, optional q/k/v biases and q/k norms), MLP."""
+    p = f"model.layers.{i}."
+    put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+    put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
+    put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
+    put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+    for role in ("q", "k", "v"):
+        if p + f"self_attn.{role}_proj.bias" in sd:
+            put(f"blk.{i}.attn_{role}.bias", sd[p + f"self_attn.{role}_proj.bias"])
+    for role in ("q", "k"):
+        if p + f"self_attn.{role}_norm.weight" in sd:
+            put(f"blk.{i}.attn_{role}_norm.weight", sd[p + f"self_attn.{role}_norm.weight"])
+    put(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+    put(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+    put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+    put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+    put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])

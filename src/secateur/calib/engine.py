@@ -18,18 +18,20 @@ is moved to the compute device. Inside a block the four groups (``attn_in``, ``a
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from secateur import resume
+from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
 from secateur.models.adapters import GROUPS, Adapter
 from secateur.models.linear import LinearRef
+from secateur.models.streaming import STREAM_ATTR
 
 MODES = ("sequential", "dense-block", "dense")
 
@@ -114,6 +116,133 @@ def embed_chunks(adapter: Adapter, ids: torch.Tensor, chunk_size: int) -> tuple[
     return hs, kw
 
 
+def kwargs_to(kw: dict, device: torch.device) -> dict:
+    """The block kwargs with every tensor (and tuple of tensors, e.g. RoPE tables; per-layer-type values) on
+    ``device``."""
+    def move(v):
+        if isinstance(v, dict):
+            return type(v)({k: move(x) for k, x in v.items()})
+        return tuple(t.to(device) for t in v) if isinstance(v, tuple) else v.to(device) if torch.is_tensor(v) else v
+
+    return {k: move(v) for k, v in kw.items()}
+
+
+def run_blocks(adapter: Adapter, h: torch.Tensor, kw: dict, start: int = 0) -> torch.Tensor:
+    """``h`` through blocks ``start .. L-1`` with the family's own block forward (no chunking, no copies)."""
+    for i in range(start, adapter.n_layers):
+        h = adapter.block_forward(adapter.layers[i], h, adapter.layer_kwargs(i, kw))
+    return h
+
+
+@dataclass
+class BlockVisit:
+    """One block of a :class:`Walk`: the block, its kwargs and its input chunks (where the walk keeps them).
+
+    :meth:`output` is the dense block output of one chunk (computed once, on the compute device); the walk
+    hands :attr:`outputs` to the next block. A consumer that computes the outputs another way (the
+    calibration engine's staged, pruned forward) sets :attr:`outputs` itself.
+    """
+
+    index: int
+    layer: nn.Module
+    adapter: Adapter
+    kwargs: dict
+    inputs: list[torch.Tensor]
+    device: torch.device
+    store: torch.device | None
+    _out: dict[int, torch.Tensor] = field(default_factory=dict)
+    _set: list[torch.Tensor] | None = None
+
+    def input(self, j: int) -> torch.Tensor:
+        """Input chunk ``j`` on the compute device."""
+        return self.inputs[j].to(self.device)
+
+    def output(self, j: int, h: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense output of chunk ``j`` on the compute device (``h``: that chunk's input already there);
+        computed once and kept where the walk keeps its chunks."""
+        if j in self._out:
+            return self._out[j].to(self.device)
+        with torch.no_grad():
+            y = self.adapter.block_forward(self.layer, self.input(j) if h is None else h, self.kwargs)
+        self._out[j] = y if self.store is None else y.to(self.store)
+        return y
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """Every chunk's output where the walk keeps them (computing those not yet asked for)."""
+        if self._set is None:
+            for j in range(len(self.inputs)):
+                if j not in self._out:
+                    self.output(j)
+            self._set = [self._out[j] for j in range(len(self.inputs))]
+        return self._set
+
+    @outputs.setter
+    def outputs(self, hs: list[torch.Tensor]) -> None:
+        self._set = hs
+
+
+class Walk:
+    """The one block walker: calibration ids -> per-chunk block-0 inputs, then every block in turn.
+
+    ``Walk(adapter, ids, chunk_size, device)`` embeds ``ids [N, T]`` in chunks of ``chunk_size`` sequences
+    (kwargs captured at batch size 1, moved to ``device``, default the model's); :meth:`blocks` yields a
+    :class:`BlockVisit` per block (each block visits ``device`` and goes back home afterwards) and feeds
+    its :attr:`BlockVisit.outputs` to the next. Chunks are kept on ``store`` between blocks (the CPU by
+    default; ``None`` keeps them where they were computed). Used by the calibration engine, the held-out
+    QK error, ShortGPT's block influence and the CoCurve sweep's dense pass.
+    """
+
+    def __init__(self, adapter: Adapter, ids: torch.Tensor, chunk_size: int,
+                 device: str | torch.device | None = None, *, store: str | torch.device | None = "cpu",
+                 kwargs: dict | None = None) -> None:
+        self.adapter = adapter
+        self.home = adapter.device
+        self.device = torch.device(device) if device is not None else self.home
+        self.store = None if store is None else torch.device(store)
+        if kwargs is None:
+            self.hs, kw = embed_chunks(adapter, ids, chunk_size)
+        else:  # kwargs captured elsewhere: only the hidden states are embedded
+            kw = kwargs
+            self.hs = [adapter.capture_inputs(ids[s:s + chunk_size])[0] for s in range(0, ids.shape[0], chunk_size)]
+        if self.store is not None:
+            self.hs = [h.to(self.store) for h in self.hs]
+        self.kwargs = kwargs_to(kw, self.device)
+
+    def blocks(self, layers: list[int] | None = None, start: int = 0, progress: bool = False,
+               desc: str = "blocks") -> Iterator[BlockVisit]:
+        """Visit blocks ``layers[start:]`` (default: all) in order."""
+        todo = list(range(self.adapter.n_layers) if layers is None else layers)
+        for pos in tqdm(range(start, len(todo)), desc=desc, disable=not progress, initial=start, total=len(todo)):
+            layer = self.adapter.layers[todo[pos]]
+            with block_scope(self.adapter, todo[pos]):
+                layer.to(self.device)
+                try:
+                    kw = self.adapter.layer_kwargs(todo[pos], self.kwargs)
+                    visit = BlockVisit(todo[pos], layer, self.adapter, kw, self.hs, self.device, self.store)
+                    yield visit
+                    self.hs = visit.outputs
+                finally:
+                    layer.to(self.home)
+
+
+@contextlib.contextmanager
+def block_scope(adapter: Adapter, index: int) -> Iterator[None]:
+    """Block ``index`` of a block-streamed model (:mod:`secateur.models.streaming`) materialized for the duration,
+    then released (handed to the stream's writer first when the visit finished); a no-op for an ordinary model."""
+    stream = getattr(adapter.model, STREAM_ATTR, None)
+    if stream is None:
+        yield
+        return
+    stream.load(index)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        stream.release(index, done)
+
+
 def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler, mode: str = "sequential",
         chunk_size: int = 8, device: str | torch.device | None = None, progress: bool = True,
         layers: list[int] | None = None, keep_outputs: bool = False) -> EngineReport:
@@ -125,13 +254,9 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     adapter.check_calibration_length(ids.shape[1])
-    home = adapter.device
-    device = torch.device(device) if device is not None else home
     rep = EngineReport(mode=mode, n_tokens=int(ids.numel()))
     t0 = time.perf_counter()
-    hs, kw = embed_chunks(adapter, ids, chunk_size)
-    kw = {k: (tuple(t.to(device) for t in v) if isinstance(v, tuple) else
-              v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    walk = Walk(adapter, ids, chunk_size, device)
     rep.add("embed", time.perf_counter() - t0)
     todo = list(range(adapter.n_layers) if layers is None else layers)
     ck = resume.current() if handler.resumable else None
@@ -139,21 +264,16 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
     start = 0
     if ck is not None:
         start, restored = _restore(ck, stage, todo, adapter, handler)
-        hs = restored if restored is not None else hs
-    for pos in tqdm(range(start, len(todo)), desc=f"blocks ({mode})", disable=not progress, initial=start,
-                    total=len(todo)):
-        i = todo[pos]
-        layer = adapter.layers[i]
-        layer.to(device)
-        ctx = BlockContext(i, layer, adapter, adapter.linears(layer), kw)
-        hs = _run_block(ctx, hs, handler, mode, device, rep)
+        walk.hs = restored if restored is not None else walk.hs
+    for pos, visit in enumerate(walk.blocks(todo, start, progress, f"blocks ({mode})"), start):
+        ctx = BlockContext(visit.index, visit.layer, adapter, adapter.linears(visit.layer), visit.kwargs)
+        visit.outputs = _run_block(ctx, visit.inputs, handler, mode, walk.device, rep)
         handler.on_block_end(ctx)
-        layer.to(home)
         if ck is not None:
-            _save_block(ck, stage, pos, ctx, handler, hs)
-        _after_block(i)
+            _save_block(ck, stage, pos, ctx, handler, visit.outputs)
+        _after_block(visit.index)
     if keep_outputs:
-        rep.outputs = hs
+        rep.outputs = walk.hs
     return rep
 
 
@@ -213,7 +333,7 @@ def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode
     tick("forward", t)
     prune("attn_out")
     t = time.perf_counter()
-    h2 = _map2(hs, att, lambda h, y: h + o_mod(y), device)
+    h2 = _map2(hs, att, lambda h, y: a.attn_residual(layer, h, o_mod(y)), device)
     del att
     x2 = _map(h2, lambda h: a.mlp_norm(layer, h), device, accs["mlp_in"], f"block {ctx.index} mlp_in")
     tick("forward", t)
@@ -224,7 +344,7 @@ def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode
     tick("forward", t)
     prune("mlp_out")
     t = time.perf_counter()
-    out = _map2(h2, m, lambda h, y: h + down_mod(y), device)
+    out = _map2(h2, m, lambda h, y: a.mlp_residual(layer, h, down_mod(y)), device)
     tick("forward", t)
     if mode != "sequential":
         t = time.perf_counter()

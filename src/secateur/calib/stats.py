@@ -15,7 +15,7 @@ import torch
 from secateur.errors import SecateurError
 
 
-def _check_finite(x: torch.Tensor, where: str) -> None:
+def check_finite(x: torch.Tensor, where: str) -> None:
     # a sum is finite only if every term is (an overflowing sum of finite terms falls through to the full
     # test): one reduction instead of a bool tensor the size of x, ~25x cheaper on a CPU
     if not torch.isfinite(x.sum()) and not torch.isfinite(x).all():
@@ -157,6 +157,126 @@ class Gram(Accumulator):
         return self.second_moment - torch.outer(mu, mu)
 
 
+class BlockInfluence(Accumulator):
+    """ShortGPT block influence ``BI = 1 - E_{x,t}[cos(x_in, x_out)]`` (baselines.md §8).
+
+    Unlike the single-input accumulators, ``update`` takes the block's input AND output ``[B, T, d]``.
+    Cosines are computed per token in float64; a zero-norm token counts as cos = 1 (no change).
+    ``BI`` lies in [0, 2]; an identity block gives 0 (baselines.md B7).
+    """
+
+    name = "block_influence"
+
+    def __init__(self) -> None:
+        self.sum_cos = 0.0
+        self.n = 0
+
+    def update(self, x_in: torch.Tensor, x_out: torch.Tensor | None = None) -> None:  # type: ignore[override]
+        if x_out is None:
+            raise TypeError("BlockInfluence.update needs (block input, block output)")
+        a = x_in.reshape(-1, x_in.shape[-1]).to(torch.float64)
+        b = x_out.reshape(-1, x_out.shape[-1]).to(torch.float64)
+        na, nb = a.norm(dim=1), b.norm(dim=1)
+        denom = na * nb
+        cos = torch.where(denom > 0, (a * b).sum(1) / denom.clamp_min(1e-300), torch.ones_like(denom))
+        self.sum_cos += float(cos.clamp(-1, 1).sum())
+        self.n += a.shape[0]
+
+    def merge(self, other: BlockInfluence) -> None:
+        self.sum_cos += other.sum_cos
+        self.n += other.n
+
+    @property
+    def bi(self) -> float:
+        return 1.0 - self.sum_cos / max(self.n, 1)
+
+
+class PerSampleGram(Accumulator):
+    """Per-sample (per-sequence) Gram matrices of per-head activations, for CORP's exact Q/K system.
+
+    ``update(x)`` takes ``x[B, T, n_heads * head_dim]`` (heads concatenated, Hugging Face layout; with
+    ``n_heads=1`` it is one head's ``[B, T, d]``) and appends, for every sequence b of the chunk,
+    ``X_{b,h}^T X_{b,h}`` (``head_dim x head_dim``) per head plus the per-sequence feature sum and token
+    count. Each sequence must arrive whole in one update (a sample is one sequence); state is float64
+    by default. Memory: ``n_seqs * n_heads * head_dim^2`` floats.
+    """
+
+    name = "per_sample_gram"
+
+    def __init__(self, head_dim: int, n_heads: int = 1, dtype: torch.dtype = torch.float64) -> None:
+        self.head_dim = head_dim
+        self.n_heads = n_heads
+        self.dtype = dtype
+        self._grams: list[torch.Tensor] = []
+        self._sums: list[torch.Tensor] = []
+        self._counts: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.dim() == 2:
+            x = x[None]
+        if x.dim() != 3 or x.shape[-1] != self.n_heads * self.head_dim:
+            raise SecateurError(f"PerSampleGram expects [B, T, {self.n_heads * self.head_dim}], got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        xf = x.detach().to(self.dtype).reshape(b, t, self.n_heads, self.head_dim)
+        self._grams.append(torch.einsum("bthi,bthj->bhij", xf, xf).cpu())
+        self._sums.append(xf.sum(1).to(torch.float64).cpu())
+        self._counts.append(torch.full((b,), t, dtype=torch.long))
+
+    def merge(self, other: PerSampleGram) -> None:
+        if (other.head_dim, other.n_heads) != (self.head_dim, self.n_heads):
+            raise SecateurError("cannot merge PerSampleGram accumulators of different shapes")
+        self._grams += other._grams
+        self._sums += other._sums
+        self._counts += other._counts
+
+    def _cat(self, parts: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat(parts) if parts else torch.zeros((0, *shape), dtype=dtype)
+
+    @property
+    def grams(self) -> torch.Tensor:
+        """``[n_seqs, n_heads, head_dim, head_dim]``."""
+        return self._cat(self._grams, (self.n_heads, self.head_dim, self.head_dim), self.dtype)
+
+    @property
+    def sums(self) -> torch.Tensor:
+        """Per-sequence feature sums ``[n_seqs, n_heads, head_dim]`` (float64)."""
+        return self._cat(self._sums, (self.n_heads, self.head_dim), torch.float64)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self._cat(self._counts, (), torch.long)
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.counts.numel())
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.counts.sum())
+
+    def head(self, h: int) -> torch.Tensor:
+        """Per-sample Grams of head h, ``[n_seqs, head_dim, head_dim]`` (float64)."""
+        return self.grams[:, h].to(torch.float64)
+
+    def mean(self, h: int) -> torch.Tensor:
+        return self.sums[:, h].sum(0) / max(self.n_tokens, 1)
+
+
+class InputChunks(Accumulator):
+    """Keeps references to the input chunks of a group (QK-Wanda's progressive re-scoring re-reads them)."""
+
+    name = "inputs"
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        self.chunks.append(x.detach())
+
+    def merge(self, other: Accumulator) -> None:
+        self.chunks += other.chunks
+
+
 ACCUMULATORS: dict[str, type[Accumulator]] = {"sumsq": SumSq, "meanvar": MeanVar, "gram": Gram}
 
 
@@ -165,6 +285,6 @@ def make_accumulators(kinds: set[str] | list[str], d: int) -> dict[str, Accumula
 
 
 def update_all(accs: dict[str, Accumulator], x: torch.Tensor, where: str) -> None:
-    _check_finite(x, where)
+    check_finite(x, where)
     for a in accs.values():
         a.update(x)

@@ -37,7 +37,7 @@ from secateur.compensate.base import (
     slice_only,
 )
 from secateur.compensate.coec import COECOptions, ValueProjection, coec, coec_ablation_options
-from secateur.compensate.corp import PerSampleGram, corp_mlp, corp_qk_layer
+from secateur.compensate.corp import corp_mlp, corp_qk_layer
 from secateur.compensate.flap_bias import flap_bias
 from secateur.compensate.ls import ls_refit
 from secateur.compensate.rcpu import rcpu
@@ -66,5 +66,5 @@ def compensate(method: str, w0: torch.Tensor, stats: InputStats | Gram, kept: to
 __all__ = [
     "COMPENSATORS", "compensate", "Compensation", "Compensator", "InputStats", "recon_error",
     "relative_recon_error", "slice_only", "flap_bias", "ls_refit", "rcpu", "coec", "COECOptions",
-    "ValueProjection", "coec_ablation_options", "corp_mlp", "corp_qk_layer", "PerSampleGram",
+    "ValueProjection", "coec_ablation_options", "corp_mlp", "corp_qk_layer",
 ]

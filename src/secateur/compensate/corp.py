@@ -11,14 +11,14 @@ authors' public code there). Two parts, both folded into the weights (no inferen
 
 lambda (corp.md Sec. 3 [C]): ``max(lambda0, rho_sh tr(Sigma_SS)/|S|)``, lambda0 = 1e-3, rho_sh the OAS
 shrinkage intensity (:func:`corp_lambda`); at lambda -> 0 this is least squares with an intercept
-(corp.md K1). Ranking (CORP Sec. 3.3): ``E[h_i^2] * ||W2[:, i]||_2`` (:func:`corp_mlp_scores`).
+(corp.md K1). Ranking (CORP Sec. 3.3): ``E[h_i^2] * ||W2[:, i]||_2`` (:func:`secateur.scoring.corp.corp_mlp_scores`).
 
 **Q/K head dimensions** (non-RoPE models only: OPT, GPT-2). Per head and calibration sequence b:
 ``Q_b, K_b`` (tokens x d_h, biases included), kept dims S, missing logits ``T_b = Q_{P,b} K_{P,b}^T``.
 
     min_M  sum_b ||Q_{S,b} M K_{S,b}^T - T_b||_F^2 + lambda ||M||_F^2
     normal equations: sum_b A_b[S,S] M C_b[S,S] + lambda M = sum_b A_b[S,P] C_b[P,S],
-    A_b = Q_b^T Q_b,  C_b = K_b^T K_b   (per-sample second moments, :class:`PerSampleGram`)
+    A_b = Q_b^T Q_b,  C_b = K_b^T K_b   (per-sample second moments, :class:`secateur.calib.stats.PerSampleGram`)
 
 solved exactly as a ``d_s^2`` SPD system (``mode='exact'``, default, corp.md [A5]) or in the pooled
 Sylvester form ``A M C + lambda M = A_SP C_PS`` with ``A = sum_b A_b`` (``mode='pooled'``, the public
@@ -40,15 +40,15 @@ from typing import Any, Literal
 
 import torch
 
-from secateur.calib.stats import Accumulator, Gram
+from secateur.calib.stats import Gram, PerSampleGram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare, pruned_index
 from secateur.errors import SecateurError
 from secateur.linalg import one_thread, safe_eigh, safe_svd, solve_spd
+from secateur.scoring.corp import corp_qk_scores
 
 __all__ = [
-    "corp_lambda", "corp_mlp", "corp_mlp_scores", "corp_keep", "PerSampleGram", "QKHeadStats",
-    "corp_qk_scores", "corp_qk_solve", "qk_logit_errors", "fold_qk_balanced", "fold_q_one_sided",
-    "QKCompensation", "corp_qk_layer",
+    "corp_lambda", "corp_mlp", "corp_keep", "QKHeadStats", "corp_qk_solve", "qk_logit_errors",
+    "fold_qk_balanced", "fold_q_one_sided", "QKCompensation", "corp_qk_layer",
 ]
 
 
@@ -93,27 +93,6 @@ def corp_keep(scores: torch.Tensor, ratio: float, *, min_keep: int = 0) -> torch
 
 # --------------------------------------------------------------------------------------------------
 # MLP
-
-
-def corp_mlp_scores(w_down: torch.Tensor, energy: torch.Tensor, *,
-                    weight_factor: Literal["out_col", "in_row_out_col"] = "out_col",
-                    w_in: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-    """CORP MLP channel score (CORP Sec. 3.3, "combined", the paper's default):
-    ``score_i = E[h_i^2] * ||W2[:, i]||_2``. ``energy`` = ``E[h_i^2]`` (diag of the hidden second
-    moment). ``weight_factor='in_row_out_col'`` is the public code's variant (corp.md [A1]):
-    ``E[h_i^2] * (sum over w_in of ||W_in[i, :]||_2) * ||W2[:, i]||_2`` (w_in = [fc1] or [gate, up])."""
-    e = energy.to(torch.float64)
-    col = w_down.to(torch.float64).norm(dim=0)
-    if e.shape != col.shape:
-        raise SecateurError(f"energy has {e.numel()} channels but down_proj has {col.numel()} columns")
-    if weight_factor == "out_col":
-        return e * col
-    if weight_factor == "in_row_out_col":
-        if not w_in:
-            raise SecateurError("weight_factor='in_row_out_col' needs the MLP input projections (w_in=)")
-        rows = sum(w.to(torch.float64).norm(dim=1) for w in w_in)
-        return e * rows * col
-    raise SecateurError(f"unknown weight_factor {weight_factor!r}")
 
 
 def corp_mlp(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequence[int], *,
@@ -180,77 +159,6 @@ def corp_mlp(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Se
 # Q/K statistics
 
 
-class PerSampleGram(Accumulator):
-    """Per-sample (per-sequence) Gram matrices of per-head activations, for CORP's exact Q/K system.
-
-    ``update(x)`` takes ``x[B, T, n_heads * head_dim]`` (heads concatenated, Hugging Face layout; with
-    ``n_heads=1`` it is one head's ``[B, T, d]``) and appends, for every sequence b of the chunk,
-    ``X_{b,h}^T X_{b,h}`` (``head_dim x head_dim``) per head plus the per-sequence feature sum and token
-    count. Each sequence must arrive whole in one update (a sample is one sequence); state is float64
-    by default. Memory: ``n_seqs * n_heads * head_dim^2`` floats.
-    """
-
-    name = "per_sample_gram"
-
-    def __init__(self, head_dim: int, n_heads: int = 1, dtype: torch.dtype = torch.float64) -> None:
-        self.head_dim = head_dim
-        self.n_heads = n_heads
-        self.dtype = dtype
-        self._grams: list[torch.Tensor] = []
-        self._sums: list[torch.Tensor] = []
-        self._counts: list[torch.Tensor] = []
-
-    def update(self, x: torch.Tensor) -> None:
-        if x.dim() == 2:
-            x = x[None]
-        if x.dim() != 3 or x.shape[-1] != self.n_heads * self.head_dim:
-            raise SecateurError(f"PerSampleGram expects [B, T, {self.n_heads * self.head_dim}], got {tuple(x.shape)}")
-        b, t, _ = x.shape
-        xf = x.detach().to(self.dtype).reshape(b, t, self.n_heads, self.head_dim)
-        self._grams.append(torch.einsum("bthi,bthj->bhij", xf, xf).cpu())
-        self._sums.append(xf.sum(1).to(torch.float64).cpu())
-        self._counts.append(torch.full((b,), t, dtype=torch.long))
-
-    def merge(self, other: PerSampleGram) -> None:
-        if (other.head_dim, other.n_heads) != (self.head_dim, self.n_heads):
-            raise SecateurError("cannot merge PerSampleGram accumulators of different shapes")
-        self._grams += other._grams
-        self._sums += other._sums
-        self._counts += other._counts
-
-    def _cat(self, parts: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.cat(parts) if parts else torch.zeros((0, *shape), dtype=dtype)
-
-    @property
-    def grams(self) -> torch.Tensor:
-        """``[n_seqs, n_heads, head_dim, head_dim]``."""
-        return self._cat(self._grams, (self.n_heads, self.head_dim, self.head_dim), self.dtype)
-
-    @property
-    def sums(self) -> torch.Tensor:
-        """Per-sequence feature sums ``[n_seqs, n_heads, head_dim]`` (float64)."""
-        return self._cat(self._sums, (self.n_heads, self.head_dim), torch.float64)
-
-    @property
-    def counts(self) -> torch.Tensor:
-        return self._cat(self._counts, (), torch.long)
-
-    @property
-    def n_seqs(self) -> int:
-        return int(self.counts.numel())
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.counts.sum())
-
-    def head(self, h: int) -> torch.Tensor:
-        """Per-sample Grams of head h, ``[n_seqs, head_dim, head_dim]`` (float64)."""
-        return self.grams[:, h].to(torch.float64)
-
-    def mean(self, h: int) -> torch.Tensor:
-        return self.sums[:, h].sum(0) / max(self.n_tokens, 1)
-
-
 @dataclass
 class QKHeadStats:
     """Statistics of one (query head, its KV head) pair: per-sample ``A_b = Q_b^T Q_b`` and
@@ -276,13 +184,6 @@ class QKHeadStats:
             raise SecateurError("the auto ridge needs the query mean and token count")
         mu = self.q_mean.to(torch.float64)
         return self.q_grams.sum(0) / self.n_tokens - torch.outer(mu, mu)
-
-
-def corp_qk_scores(q_grams: torch.Tensor, k_grams: torch.Tensor) -> torch.Tensor:
-    """CORP Q/K dim score (CORP Sec. 3.3; corp.md [A2] reading (a)):
-    ``s_j = mean_b ||Q_b[:, j]||^2 ||K_b[:, j]||^2 = mean_b A_b[j, j] C_b[j, j]`` - the energy of the
-    removed rank-1 logit term ``Q_b[:, j] K_b[:, j]^T``. Inputs ``[N, d_h, d_h]``."""
-    return (q_grams.diagonal(dim1=-2, dim2=-1) * k_grams.diagonal(dim1=-2, dim2=-1)).mean(0)
 
 
 def qk_logit_errors(q_grams: torch.Tensor, k_grams: torch.Tensor, kept: torch.Tensor, m: torch.Tensor
@@ -441,28 +342,11 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
     ``kept`` ``[n_kv_heads, d_s]`` is given. fold: ``'auto'`` = balanced for MHA, one-sided under GQA.
     Raises for RoPE models (rotary embeddings do not commute with dim pruning/mixing, corp.md [A8]).
     """
-    if rope:
-        raise SecateurError("CORP Q/K compensation is defined only for non-RoPE models (OPT, GPT-2); "
-                            "this model uses rotary embeddings")
-    if n_heads % n_kv_heads:
-        raise SecateurError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    d_h = w_q.shape[0] // n_heads
-    if w_q.shape[0] != n_heads * d_h or w_k.shape[0] != n_kv_heads * d_h:
-        raise SecateurError("q/k projection rows do not match the head counts")
-    if (q_stats.n_heads, k_stats.n_heads) != (n_heads, n_kv_heads) or q_stats.head_dim != d_h:
-        raise SecateurError("PerSampleGram head layout does not match the projections")
-    g = n_heads // n_kv_heads
-    fold_mode = ("balanced" if g == 1 else "one_sided") if fold == "auto" else fold
-    if fold_mode == "balanced" and g != 1:
-        raise SecateurError("the balanced Q/K fold needs MHA; under GQA the key head is shared - use one_sided")
+    fold_mode = _check_layer(w_q, w_k, q_stats, k_stats, n_heads, n_kv_heads, rope, fold)
+    d_h, g = w_q.shape[0] // n_heads, n_heads // n_kv_heads
     head_stats = [QKHeadStats.from_accumulators(q_stats, k_stats, h, h // g) for h in range(n_heads)]
     if kept is None:
-        rows = []
-        for kv in range(n_kv_heads):
-            score = sum(corp_qk_scores(head_stats[h].q_grams, head_stats[h].k_grams)
-                        for h in range(kv * g, (kv + 1) * g))
-            rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
-        kept = torch.stack(rows)
+        kept = _kept_dims(head_stats, n_kv_heads, g, ratio, min_qk_dim)
     kept = torch.as_tensor(kept, dtype=torch.long)
     if kept.shape[0] != n_kv_heads:
         raise SecateurError(f"kept must be [n_kv_heads={n_kv_heads}, d_s], got {tuple(kept.shape)}")
@@ -492,12 +376,47 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
             wk_out.append(w_k[krows][kept[kv]])
             bk_out.append(None if b_k is None else b_k[krows][kept[kv]])
     cat = (lambda xs: None if xs[0] is None else torch.cat(xs))  # noqa: E731
+    return QKCompensation(w_q=torch.cat(wq_out), b_q=cat(bq_out), w_k=torch.cat(wk_out), b_k=cat(bk_out),
+                          kept=kept, m=torch.stack(ms) if ms else torch.zeros(0, ds, ds),
+                          diagnostics=_layer_diagnostics(per_head, mode, fold_mode, ds, fold_info))
+
+
+def _check_layer(w_q: torch.Tensor, w_k: torch.Tensor, q_stats: PerSampleGram, k_stats: PerSampleGram,
+                 n_heads: int, n_kv_heads: int, rope: bool, fold: str) -> str:
+    """Refuse what :func:`corp_qk_layer` cannot do; returns the fold actually used."""
+    if rope:
+        raise SecateurError("CORP Q/K compensation is defined only for non-RoPE models (OPT, GPT-2); "
+                            "this model uses rotary embeddings")
+    if n_heads % n_kv_heads:
+        raise SecateurError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    d_h = w_q.shape[0] // n_heads
+    if w_q.shape[0] != n_heads * d_h or w_k.shape[0] != n_kv_heads * d_h:
+        raise SecateurError("q/k projection rows do not match the head counts")
+    if (q_stats.n_heads, k_stats.n_heads) != (n_heads, n_kv_heads) or q_stats.head_dim != d_h:
+        raise SecateurError("PerSampleGram head layout does not match the projections")
+    g = n_heads // n_kv_heads
+    fold_mode = ("balanced" if g == 1 else "one_sided") if fold == "auto" else fold
+    if fold_mode == "balanced" and g != 1:
+        raise SecateurError("the balanced Q/K fold needs MHA; under GQA the key head is shared - use one_sided")
+    return fold_mode
+
+
+def _kept_dims(head_stats: list[QKHeadStats], n_kv_heads: int, g: int, ratio: float, min_qk_dim: int
+               ) -> torch.Tensor:
+    """Kept dims per KV head ``[n_kv_heads, d_s]``: the group score is the sum of its query heads' scores."""
+    rows = []
+    for kv in range(n_kv_heads):
+        score = sum(corp_qk_scores(head_stats[h].q_grams, head_stats[h].k_grams)
+                    for h in range(kv * g, (kv + 1) * g))
+        rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
+    return torch.stack(rows)
+
+
+def _layer_diagnostics(per_head: list[dict], mode: str, fold_mode: str, ds: int, fold_info: dict) -> dict:
     before = sum(d["logit_err_before"] for d in per_head)
     after = sum(d["logit_err_after"] for d in per_head)
     dense = sum(d["logit_dense"] for d in per_head)
-    diagnostics = {"method": "corp_qk", "mode": mode, "fold": fold_mode, "d_s": ds, "heads": per_head,
-                   "logit_rel_before": before / dense if dense > 0 else float("nan"),
-                   "logit_rel_after": after / dense if dense > 0 else float("nan"),
-                   "sv_clamped": fold_info.get("sv_clamped", 0)}
-    return QKCompensation(w_q=torch.cat(wq_out), b_q=cat(bq_out), w_k=torch.cat(wk_out), b_k=cat(bk_out),
-                          kept=kept, m=torch.stack(ms) if ms else torch.zeros(0, ds, ds), diagnostics=diagnostics)
+    return {"method": "corp_qk", "mode": mode, "fold": fold_mode, "d_s": ds, "heads": per_head,
+            "logit_rel_before": before / dense if dense > 0 else float("nan"),
+            "logit_rel_after": after / dense if dense > 0 else float("nan"),
+            "sv_clamped": fold_info.get("sv_clamped", 0)}

@@ -118,9 +118,9 @@ def run_harness(model: nn.Module, tokenizer, tasks=None, *, limit: int | None = 
     lm = make_hflm(model, tokenizer, batch_size=batch_size, max_length=max_length)
     with tempfile.TemporaryDirectory(prefix="secateur-lmeval-", dir=workdir) as tmp:
         if local:
-            from secateur.eval.zeroshot import _data_dir
+            from secateur.eval.zeroshot import zeroshot_data_dir
 
-            mapping = write_local_tasks(tasks, _data_dir(data_dir), tmp, limit)
+            mapping = write_local_tasks(tasks, zeroshot_data_dir(data_dir), tmp, limit)
             tm = TaskManager(include_path=tmp)
         else:
             mapping = {t: t for t in tasks}
@@ -151,11 +151,11 @@ def compare_requests(tasks=None, data_dir=None, limit: int | None = None) -> dic
     _lm_eval()
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    from secateur.eval.zeroshot import _data_dir
+    from secateur.eval.zeroshot import zeroshot_data_dir
 
     names = list(SUITE7) if tasks is None else (
         [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks))
-    d = _data_dir(data_dir)
+    d = zeroshot_data_dir(data_dir)
     out = {}
     with tempfile.TemporaryDirectory(prefix="secateur-lmeval-") as tmp:
         mapping = write_local_tasks(names, d, tmp, limit)
@@ -190,11 +190,11 @@ def agreement(model: nn.Module, tokenizer, tasks=None, *, limit: int = 20, batch
     differ from ours), ``max_abs_ll_diff`` over every choice, ``pred_mismatch`` / ``pred_norm_mismatch``
     (documents whose argmax differs), both accuracies, and ``ok`` (all equal, lls within ``ll_atol``).
     """
-    from secateur.eval.zeroshot import _data_dir, item_metrics, loglikelihoods
+    from secateur.eval.zeroshot import item_metrics, loglikelihoods, zeroshot_data_dir
 
     names = list(SUITE7) if tasks is None else (
         [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks))
-    d = _data_dir(data_dir)
+    d = zeroshot_data_dir(data_dir)
     h = run_harness(model, tokenizer, names, limit=limit, batch_size=batch_size, data_dir=d, local=True,
                     log_samples=True)
     report = {"version": h["version"], "limit": limit, "tasks": {}}

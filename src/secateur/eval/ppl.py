@@ -10,6 +10,13 @@ Protocols (``protocol_id`` is recorded with every number):
                     Wanda/SparseGPT normalization exp(mean over windows of the window mean NLL).
   sliding-L-S       HF sliding-window recipe: begin = 0, S, 2S, ...; each window scores only the tokens
                     not scored before; every token but the first is scored exactly once (CoCurve 2048/512).
+
+BOS convention (``bos`` in the result, a suffix of the protocol): the corpus is tokenized without special
+tokens; a tokenizer that prepends BOS to a text (:func:`bos_convention`: Gemma, Llama-2) gets one BOS in front
+of the token stream, as when it tokenizes the corpus as one text: window 0 starts with BOS, the stream shifts by
+one token (``nonoverlap-1024+bos-first``). A tokenizer that adds no BOS (SmolLM2, Qwen2, GPT-2) gets none and
+keeps the bare protocol name (``nonoverlap-1024``, ``bos = "none"``). ``bos="every"`` (a comparison only) starts
+every window with BOS followed by ``L - 1`` corpus tokens (``nonoverlap-1024+bos-every``).
 """
 
 from __future__ import annotations
@@ -28,8 +35,12 @@ from secateur.errors import SecateurError
 def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
     """Sum of NLL of the last ``n_score`` next-token predictions of the window ``ids [1, T]``."""
     out = model.base_model(input_ids=ids, use_cache=False)
-    h = out.last_hidden_state[0]
-    head = model.get_output_embeddings()
+    return nll_from_hidden(model.get_output_embeddings(), out.last_hidden_state[0], ids, n_score, chunk)
+
+
+def nll_from_hidden(head: nn.Module, h: torch.Tensor, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
+    """:func:`_nll_sum` from the final hidden states ``h [T, d]`` of the window ``ids [1, T]`` (shared with the
+    block-streamed evaluator, :mod:`secateur.eval.ppl_stream`)."""
     T = ids.shape[1]
     start = T - 1 - n_score  # first position whose prediction is scored
     total = 0.0
@@ -67,21 +78,76 @@ def window_plan(n_tok: int, seqlen: int, stride: int | None) -> list[tuple[int, 
     return plan
 
 
-def protocol_id(seqlen: int, stride: int | None) -> str:
-    return f"nonoverlap-{seqlen}" if stride is None or stride >= seqlen else f"sliding-{seqlen}-{stride}"
+BOS_RULES = ("none", "first", "every")
+
+
+def protocol_id(seqlen: int, stride: int | None, bos: str = "none") -> str:
+    base = f"nonoverlap-{seqlen}" if stride is None or stride >= seqlen else f"sliding-{seqlen}-{stride}"
+    return base if bos == "none" else f"{base}+bos-{bos}"
+
+
+def bos_convention(tokenizer) -> int | None:
+    """The BOS id ``tokenizer`` prepends when it tokenizes a text (``add_special_tokens=True``), or None when it
+    prepends none (or there is no tokenizer)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenizer is None or bos is None:
+        return None
+    try:
+        with_special = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+        without = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    except (TypeError, ValueError, KeyError):
+        return None
+    return bos if with_special[:1] == [bos] and without[:1] != [bos] else None
+
+
+def _bos_windows(ids: torch.Tensor, seqlen: int, stride: int | None, bos_id: int | None,
+                 rule: str) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+    """The token stream the windows read and their plan under the BOS rule (see the module docstring)."""
+    if rule == "every":
+        if stride is not None and stride < seqlen:
+            raise SecateurError("BOS on every window is defined for non-overlapping windows only")
+        body = seqlen - 1
+        n = ids.numel() // body
+        rows = torch.cat([torch.full((n, 1), bos_id, dtype=ids.dtype), ids[:n * body].view(n, body)], 1)
+        return rows.reshape(-1), [(i * seqlen, (i + 1) * seqlen, seqlen - 1) for i in range(n)]
+    if rule == "first":
+        ids = torch.cat([torch.tensor([bos_id], dtype=ids.dtype), ids])
+    return ids, window_plan(ids.numel(), seqlen, stride)
+
+
+def eval_windows(ids: torch.Tensor, seqlen: int, stride: int | None, max_windows: int | None, tokenizer,
+                 bos: str | None) -> tuple[torch.Tensor, list[tuple[int, int, int]], str, int]:
+    """The checked arguments, the token stream under the BOS rule, every window's plan, the rule and the corpus
+    size: shared by :func:`perplexity` and the block-streamed evaluation."""
+    check_ppl_args(seqlen, stride, max_windows)
+    if ids.numel() < seqlen:
+        raise SecateurError(f"evaluation text has {ids.numel()} tokens, fewer than one window of {seqlen}")
+    bos_id = bos_convention(tokenizer)
+    rule = bos if bos is not None else ("none" if bos_id is None else "first")
+    if rule not in BOS_RULES:
+        raise SecateurError(f"bos must be one of {', '.join(BOS_RULES)}, got {rule!r}")
+    if rule != "none" and bos_id is None:
+        bos_id = getattr(tokenizer, "bos_token_id", None)
+        if bos_id is None:
+            raise SecateurError(f"bos={rule!r} needs a tokenizer with a BOS token")
+    corpus = int(ids.numel())
+    ids, plan = _bos_windows(ids, seqlen, stride, bos_id, rule)
+    return ids, plan, rule, corpus
 
 
 @torch.no_grad()
 def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: int | None = None,
-               max_windows: int | None = None, progress: bool = True) -> dict:
-    """Perplexity of a 1-D token tensor. Returns the number, its protocol and the counts."""
-    check_ppl_args(seqlen, stride, max_windows)
-    if ids.numel() < seqlen:
-        raise SecateurError(f"evaluation text has {ids.numel()} tokens, fewer than one window of {seqlen}")
-    plan = window_plan(ids.numel(), seqlen, stride)
+               max_windows: int | None = None, progress: bool = True, tokenizer=None,
+               bos: str | None = None) -> dict:
+    """Perplexity of a 1-D token tensor (tokenized without special tokens). Returns the number, its protocol
+    and the counts.
+
+    ``tokenizer`` (the one that produced ``ids``) decides the BOS rule: ``first`` when it prepends BOS to a
+    text, else ``none`` (module docstring); ``bos`` overrides it (``none``/``first``/``every``; the last two need
+    a tokenizer with a BOS token)."""
+    ids, plan, rule, corpus = eval_windows(ids, seqlen, stride, max_windows, tokenizer, bos)
     full = len(plan)
-    if max_windows is not None:
-        plan = plan[:max_windows]
+    plan = plan[:max_windows] if max_windows is not None else plan
     device = next(model.parameters()).device
     nll, scored, legacy = 0.0, 0, 0.0
     t0 = time.perf_counter()
@@ -95,12 +161,13 @@ def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: 
     return {
         "ppl": math.exp(nll / scored),
         "legacy_ppl": math.exp(legacy / len(plan)) if stride is None or stride >= seqlen else None,
-        "protocol": protocol_id(seqlen, stride),
+        "protocol": protocol_id(seqlen, stride, rule),
+        "bos": rule,
         "seqlen": seqlen,
         "stride": stride,
         "windows": len(plan),
         "windows_total": full,
         "scored_tokens": scored,
-        "corpus_tokens": int(ids.numel()),
+        "corpus_tokens": corpus,
         "seconds": time.perf_counter() - t0,
     }

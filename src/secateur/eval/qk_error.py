@@ -46,8 +46,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
+from secateur.budgets.masks import allocation_summary
+from secateur.calib.rope import apply_rope
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter, get_adapter
 from secateur.models.linear import LinearRef
@@ -199,98 +200,132 @@ def _sq(t: torch.Tensor) -> float:
     return float(t.double().square().sum())
 
 
+def _check_stages(stages: tuple[str, ...]) -> None:
+    bad = set(stages) - set(STAGES)
+    if bad or "qk" not in stages:
+        raise SecateurError(f"stages must include qk and come from {', '.join(STAGES)}; got {', '.join(stages)}")
+
+
+class _Errors:
+    """Running sums of Eq. 49 (per block) and of the Eq. 51 stages (pooled) for every candidate, fed block by
+    block from the dense walk (:class:`secateur.calib.engine.Walk`)."""
+
+    def __init__(self, ad: Adapter, cands: dict[str, _Candidate], stages: tuple[str, ...], walk, seqlen: int) -> None:
+        self.ad, self.cands, self.stages = ad, cands, stages
+        g = ad.geometry
+        self.hq, self.hk, self.m = g.n_heads, g.n_kv_heads, g.head_dim
+        self.tables = None  # the RoPE tables of the block being visited (per layer type: Gemma-3)
+        self.causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=walk.device).tril()
+        self.roll = {c: [h.clone() for h in walk.hs] for c in cands} if "rollout" in stages else {}
+        self.res = {c: {"qk_num": [], "qk_den": [], "removal": [], "sums": dict.fromkeys(stages[1:], 0.0)}
+                    for c in cands}
+        self.den = dict.fromkeys(stages[1:], 0.0)
+
+    def rot(self, t: torch.Tensor) -> torch.Tensor:
+        """Post-RoPE (identity without rotary embeddings)."""
+        return t.float() if self.tables is None else apply_rope(t.float(), *self.tables)
+
+    def block(self, visit) -> None:
+        """All sums of one block: Q/K products per chunk and sequence, then the block outputs."""
+        i, layer = visit.index, visit.layer
+        rope = visit.kwargs.get("position_embeddings")
+        self.tables = None if rope is None else (rope[0].float(), rope[1].float())
+        qk = {c: cand.qk(i) for c, cand in self.cands.items()}
+        blocks = ({c: cand.layer(i) for c, cand in self.cands.items()}
+                  if {"block", "rollout"} & set(self.stages) else {})
+        num, den = dict.fromkeys(self.cands, 0.0), 0.0
+        for j in range(len(visit.inputs)):
+            h = visit.input(j)
+            den = self._products(layer, h, qk, num, den)
+            self._outputs(visit, j, h, blocks)
+        if den <= 0:
+            raise SecateurError(f"block {i}: the dense QK products are all zero; Eq. 49 is undefined")
+        for c, v in qk.items():
+            nq, nk = int(v[4].sum()), int(v[5].sum())
+            self.res[c]["qk_num"].append(num[c])
+            self.res[c]["qk_den"].append(den)
+            self.res[c]["removal"].append({"block": i, "q_removed": nq, "k_removed": nk, "q_total": v[4].numel(),
+                                           "k_total": v[5].numel(), "rho_q": nq / v[4].numel(),
+                                           "rho_k": nk / v[5].numel()})
+
+    def _products(self, layer: nn.Module, h: torch.Tensor, qk: dict, num: dict[str, float], den: float) -> float:
+        """Adds one chunk's Eq. 49 terms to ``num`` (per candidate) and returns the dense sum plus ``den``."""
+        ad, hq, hk, m = self.ad, self.hq, self.hk, self.m
+        attn = getattr(layer, "self_attn", getattr(layer, "attn", None))
+        refs = ad.role_refs(layer)
+        x = ad.attn_norm(layer, h)
+        Qd = _heads(attn, x, refs["q"], refs["q"].weight, hq, m, "q_norm")
+        Kd = _heads(attn, x, refs["k"], refs["k"].weight, hk, m, "k_norm")
+        Qc = {c: _heads(attn, x, v[0], v[2], hq, m, "q_norm") for c, v in qk.items()}  # v[0]: its bias
+        Kc = {c: _heads(attn, x, v[1], v[3], hk, m, "k_norm") for c, v in qk.items()}
+        for s in range(h.shape[0]):
+            Bd = _products(Qd[s], Kd[s], hq // hk)
+            den += _sq(Bd)
+            for c in self.cands:
+                num[c] += _sq(_products(Qc[c][s], Kc[c][s], hq // hk) - Bd)
+            del Bd
+            if "logits" in self.stages:
+                self._logits(Qd[s:s + 1], Kd[s:s + 1], {c: (Qc[c][s:s + 1], Kc[c][s:s + 1]) for c in self.cands})
+        return den
+
+    def _logits(self, qd: torch.Tensor, kd: torch.Tensor, cand: dict) -> None:
+        """Eq. 51 ``logits`` terms of one sequence (post-RoPE, causal, scaled by ``1/sqrt(m)``)."""
+        g, scale = self.hq // self.hk, math.sqrt(self.m)
+        Zd = _products(self.rot(qd)[0], self.rot(kd)[0], g) / scale
+        Zd = Zd * self.causal
+        self.den["logits"] += _sq(Zd)
+        for c, (qc, kc) in cand.items():
+            Zc = _products(self.rot(qc)[0], self.rot(kc)[0], g) / scale
+            self.res[c]["sums"]["logits"] += _sq(Zc * self.causal - Zd)
+
+    def _outputs(self, visit, j: int, h: torch.Tensor, blocks: dict[str, nn.Module]) -> None:
+        """The dense block output of chunk ``j`` (the walk's next input) and its Eq. 51 block/rollout terms."""
+        ad, kw = self.ad, visit.kwargs
+        y = visit.output(j, h)
+        if "block" in self.stages:
+            self.den["block"] += _sq(y)
+            for c in self.cands:
+                self.res[c]["sums"]["block"] += _sq(ad.block_forward(blocks[c], h, kw) - y)
+        if "rollout" in self.stages:
+            self.den["rollout"] += _sq(y)
+            for c in self.cands:
+                yr = ad.block_forward(blocks[c], self.roll[c][j].to(visit.device), kw)
+                self.res[c]["sums"]["rollout"] += _sq(yr - y)
+                self.roll[c][j] = yr.to("cpu")
+
+    def results(self, shape: list[int]) -> dict[str, dict]:
+        out = {}
+        for c, r in self.res.items():
+            per_block = [100 * a / b for a, b in zip(r["qk_num"], r["qk_den"])]
+            rec = {"protocol": PROTOCOL, "e_qk": sum(per_block) / len(per_block), "per_block": per_block,
+                   "qk_num": r["qk_num"], "qk_den": r["qk_den"], "removal": allocation_summary(r["removal"]),
+                   "stages": list(self.stages), "sequences": shape}
+            for st in self.stages[1:]:
+                rec[f"e_{st}"] = 100 * r["sums"][st] / self.den[st] if self.den[st] > 0 else float("nan")
+            out[c] = rec
+        return out
+
+
 def qk_errors(dense: nn.Module, candidates: Mapping[str, nn.Module | Mapping[str, torch.Tensor]],
               ids: torch.Tensor, stages: tuple[str, ...] = ("qk",), chunk_size: int = 4,
               progress: bool = True) -> dict[str, dict]:
     """Eq. 49 (and the requested Eq. 51 stages) of every candidate against ``dense`` on ``ids [n, T]``.
 
     ``candidates``: name -> a pruned model of the same architecture, or masks (``True`` = pruned, keyed like
-    ``secateur-masks.npz``) to apply to the dense weights. One dense pass serves all candidates.
+    ``secateur-masks.npz``) to apply to the dense weights. One dense pass (the calibration engine's block
+    walker) serves all candidates.
     """
-    from secateur.calib.engine import embed_chunks
-    from secateur.prune.qk_wanda import allocation_summary
-    from secateur.scoring.qk_rope import apply_rope
+    from secateur.calib.engine import Walk
 
-    bad = set(stages) - set(STAGES)
-    if bad or "qk" not in stages:
-        raise SecateurError(f"stages must include qk and come from {', '.join(STAGES)}; got {', '.join(stages)}")
+    _check_stages(stages)
     ad = get_adapter(dense)
-    g = ad.geometry
-    hq, hk, m = g.n_heads, g.n_kv_heads, g.head_dim
     cands = {name: _Candidate(name, ad, src) for name, src in candidates.items()}
-    dev = ad.device
     with torch.no_grad(), _no_tf32():
-        hs, kw = embed_chunks(ad, ids.to(dev), chunk_size)
-        rope = kw.get("position_embeddings")
-        T = ids.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-        tables = None if rope is None else (rope[0].float(), rope[1].float())
-
-        def rot(t: torch.Tensor) -> torch.Tensor:  # post-RoPE (identity without rotary embeddings)
-            return t.float() if tables is None else apply_rope(t.float(), *tables)
-
-        roll = {c: [h.clone() for h in hs] for c in cands} if "rollout" in stages else {}
-        res = {c: {"qk_num": [], "qk_den": [], "removal": [], "sums": dict.fromkeys(stages[1:], 0.0)} for c in cands}
-        den = dict.fromkeys(stages[1:], 0.0)
-        for i in tqdm(range(ad.n_layers), desc="qk-error blocks", disable=not progress):
-            layer = ad.layers[i]
-            attn = getattr(layer, "self_attn", getattr(layer, "attn", None))
-            refs = ad.role_refs(layer)
-            qk = {c: cand.qk(i) for c, cand in cands.items()}
-            blocks = {c: cand.layer(i) for c, cand in cands.items()} if {"block", "rollout"} & set(stages) else {}
-            num_qk, den_qk = dict.fromkeys(cands, 0.0), 0.0
-            for j, h in enumerate(hs):
-                h = h.to(dev)
-                x = ad.attn_norm(layer, h)
-                Qd = _heads(attn, x, refs["q"], refs["q"].weight, hq, m, "q_norm")
-                Kd = _heads(attn, x, refs["k"], refs["k"].weight, hk, m, "k_norm")
-                Qc = {c: _heads(attn, x, v[0], v[2], hq, m, "q_norm") for c, v in qk.items()}  # v[0]: its bias
-                Kc = {c: _heads(attn, x, v[1], v[3], hk, m, "k_norm") for c, v in qk.items()}
-                for s in range(h.shape[0]):
-                    Bd = _products(Qd[s], Kd[s], hq // hk)
-                    den_qk += _sq(Bd)
-                    for c in cands:
-                        num_qk[c] += _sq(_products(Qc[c][s], Kc[c][s], hq // hk) - Bd)
-                    del Bd
-                    if "logits" in stages:
-                        Zd = _products(rot(Qd[s:s + 1])[0], rot(Kd[s:s + 1])[0], hq // hk) / math.sqrt(m)
-                        Zd = Zd * causal
-                        den["logits"] += _sq(Zd)
-                        for c in cands:
-                            Zc = _products(rot(Qc[c][s:s + 1])[0], rot(Kc[c][s:s + 1])[0], hq // hk) / math.sqrt(m)
-                            res[c]["sums"]["logits"] += _sq(Zc * causal - Zd)
-                y = ad.block_forward(layer, h, kw)
-                if "block" in stages:
-                    den["block"] += _sq(y)
-                    for c in cands:
-                        res[c]["sums"]["block"] += _sq(ad.block_forward(blocks[c], h, kw) - y)
-                if "rollout" in stages:
-                    den["rollout"] += _sq(y)
-                    for c in cands:
-                        yr = ad.block_forward(blocks[c], roll[c][j].to(dev), kw)
-                        res[c]["sums"]["rollout"] += _sq(yr - y)
-                        roll[c][j] = yr.to("cpu")
-                hs[j] = y.to("cpu")
-            if den_qk <= 0:
-                raise SecateurError(f"block {i}: the dense QK products are all zero; Eq. 49 is undefined")
-            for c, v in qk.items():
-                nq, nk = int(v[4].sum()), int(v[5].sum())
-                res[c]["qk_num"].append(num_qk[c])
-                res[c]["qk_den"].append(den_qk)
-                res[c]["removal"].append({"block": i, "q_removed": nq, "k_removed": nk, "q_total": v[4].numel(),
-                                          "k_total": v[5].numel(), "rho_q": nq / v[4].numel(),
-                                          "rho_k": nk / v[5].numel()})
-            del blocks
-    out = {}
-    for c, r in res.items():
-        per_block = [100 * a / b for a, b in zip(r["qk_num"], r["qk_den"])]
-        rec = {"protocol": PROTOCOL, "e_qk": sum(per_block) / len(per_block), "per_block": per_block,
-               "qk_num": r["qk_num"], "qk_den": r["qk_den"], "removal": allocation_summary(r["removal"]),
-               "stages": list(stages), "sequences": list(ids.shape)}
-        for st in stages[1:]:
-            rec[f"e_{st}"] = 100 * r["sums"][st] / den[st] if den[st] > 0 else float("nan")
-        out[c] = rec
-    return out
+        walk = Walk(ad, ids.to(ad.device), chunk_size)
+        sums = _Errors(ad, cands, stages, walk, ids.shape[1])
+        for visit in walk.blocks(progress=progress, desc="qk-error blocks"):
+            sums.block(visit)
+    return sums.results(list(ids.shape))
 
 
 def qk_error(dense: nn.Module, pruned: nn.Module | None = None, masks: Mapping[str, torch.Tensor] | None = None,
@@ -347,7 +382,7 @@ def register_cli(eval_subparsers) -> argparse.ArgumentParser:
 
 
 def _masks_path(spec: str) -> Path:
-    from secateur.export import MASKS_NAME
+    from secateur.export.folder import MASKS_NAME
 
     p = Path(spec)
     if p.is_dir():
@@ -360,7 +395,7 @@ def _masks_path(spec: str) -> Path:
 def _dense_spec(args) -> str:
     if args.dense:
         return args.dense
-    from secateur.export import REPORT_NAME
+    from secateur.export.folder import REPORT_NAME
 
     folder = Path(args.model or args.masks)
     folder = folder if folder.is_dir() else folder.parent
@@ -373,7 +408,8 @@ def _dense_spec(args) -> str:
 
 
 def cli_qk_error(args) -> int:
-    from secateur.export import check_writable_output, load_masks, write_file_atomic
+    from secateur.export.folder import check_writable_output, write_file_atomic
+    from secateur.export.hf import load_masks
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
 

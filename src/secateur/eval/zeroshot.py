@@ -303,7 +303,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _data_dir(data_dir) -> Path:
+def zeroshot_data_dir(data_dir) -> Path:
+    """The folder of the zero-shot tasks (``--data-dir``, ``$SECATEUR_DATA`` or ../shared/data), or an error."""
     from secateur.data.sources import resolve_data_dir
 
     d = resolve_data_dir(data_dir)
@@ -338,7 +339,7 @@ def evaluate_zeroshot(model: nn.Module, tokenizer, tasks=None, limit: int | None
     names = parse_tasks(tasks)
     if limit is not None and limit < 1:
         raise SecateurError("limit must be >= 1")
-    d = _data_dir(data_dir)
+    d = zeroshot_data_dir(data_dir)
     per_task, items_out, files = {}, {}, {}
     stats: dict = {}
     for name in names:
@@ -442,10 +443,10 @@ def cli_zeroshot(args) -> int:
     if args.batch_size < 1 or (args.threads is not None and args.threads < 1):
         raise SecateurError("--batch-size and --threads must be >= 1")
     if args.json is not None:  # the output first, as for prune: its message does not depend on the data
-        from secateur.export import check_writable_output
+        from secateur.export.folder import check_writable_output
 
         check_writable_output(args.json, folder=False)
-    _data_dir(args.data_dir)  # fail before loading the model
+    zeroshot_data_dir(args.data_dir)  # fail before loading the model
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)

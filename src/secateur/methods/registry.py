@@ -1,24 +1,28 @@
-"""Method registry: each runner composes adapter -> calibration -> stats -> scores -> budget -> compensate
--> materialize, and returns the masks plus details for the report.
+"""Method registry: every ``--method`` name, what it is and where its composition lives.
 
-A runner is ``fn(model, adapter, calib_ids, opts) -> MethodResult``; ``needs_calibration`` says whether
-the CLI must build a calibration set first. New methods register here and nowhere else.
+A method is declared here and nowhere else: its kind, whether the CLI must build a calibration set first, its
+typed options class (:class:`secateur.methods.knobs.MethodOptions`: the CLI flags and the API keywords are built
+from it), its config builder ``config(opts)`` (the one path from ``PruneOptions`` to the method's validated
+configuration, used for model-free validation before anything is loaded) and its runner
+``run(model, adapter, calib_ids, opts) -> MethodResult``; ``check(adapter, opts)`` refuses a model before
+calibration data is built. The composition modules (:mod:`~secateur.methods.unstructured`,
+:mod:`~secateur.methods.qk_wanda`, :mod:`~secateur.methods.corp_qk`, :mod:`~secateur.methods.structured`,
+:mod:`~secateur.methods.cocurve`) never import this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-import torch
+from secateur.errors import SecateurError
+from secateur.methods import cocurve, corp_qk, qk_wanda, structured, unstructured
+from secateur.methods.knobs import MethodOptions, flag_of
+from secateur.methods.result import MethodResult
 
-
-@dataclass
-class MethodResult:
-    masks: dict[str, torch.Tensor] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
-    extra_files: dict[str, bytes] = field(default_factory=dict)
+__all__ = ["METHODS", "Method", "MethodResult", "register", "resolve", "method_options", "all_options"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,9 @@ class Method:
     needs_calibration: bool
     run: Callable[..., MethodResult]
     help: str
-    check: Callable[..., None] | None = None  # check(adapter): refuse a model before calibration data is built
+    options: type[MethodOptions] = MethodOptions
+    config: Callable[[Any], Any] | None = None  # config(opts): the validated method config (model-free checks)
+    check: Callable[..., None] | None = None  # check(adapter, opts): refuse a model before calibration data
 
 
 METHODS: dict[str, Method] = {}
@@ -40,22 +46,8 @@ def register(method: Method) -> Method:
 
 
 def _unstructured(name: str, help_: str) -> Method:
-    def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.prune.unstructured import UnstructuredConfig, parse_targets, prune_unstructured
-
-        cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=opts.pattern_nm,
-                                 budget=opts.budget, rounding=opts.rounding,
-                                 targets=parse_targets(opts.targets))
-        chunk = opts.chunk_size
-        if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
-            from secateur.prune.qk_wanda import segment_calibration
-
-            calib_ids, chunk = segment_calibration(calib_ids, getattr(opts, "segment_len", None), chunk)
-        res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk,
-                                 device=opts.device, progress=not opts.quiet)
-        return MethodResult(masks=res.masks, timings=res.timings)
-
-    return Method(name, "unstructured", name != "magnitude", run, help_)
+    return Method(name, "unstructured", name != "magnitude", partial(unstructured.run, name), help_,
+                  unstructured.UnstructuredOptions, partial(unstructured.unstructured_config, name))
 
 
 register(_unstructured("magnitude", "|W| per layer (no data)"))
@@ -64,92 +56,35 @@ register(_unstructured("sparsegpt", "OBS pruning with reconstruction (Frantar & 
 
 
 def _cocurve(name: str, help_: str) -> Method:
-    def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.cocurve.runner import run_registered
-
-        return run_registered(name, model, adapter, calib_ids, opts)
-
-    return Method(name, "structured", True, run, help_)
+    return Method(name, "structured", True, partial(cocurve.run, name), help_, cocurve.CoCurveOptions,
+                  cocurve.cocurve_config)
 
 
 register(_cocurve("cocurve", "co-pruning curvature: KV/FFN-group Fisher-Gram + conditional greedy (Gong et al.)"))
 register(_cocurve("cocurve-diag", "CoCurve's diagonal control (lambda = 0, isolated KL-Fisher saliency)"))
 
 
-def _supported_by(module: str) -> Callable[..., None]:
-    """The model check of ``secateur.prune.<module>.check_supported``, imported only when called."""
-    def check(adapter) -> None:
-        import importlib
-
-        importlib.import_module(f"secateur.prune.{module}").check_supported(adapter)
-
-    return check
+def _model_check(check_supported: Callable[..., None]) -> Callable[..., None]:
+    return lambda adapter, opts: check_supported(adapter)
 
 
-def _qk_wanda() -> Method:
-    def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.errors import SecateurError
-        from secateur.prune.qk_wanda import QKWandaConfig, prune_qk_wanda
-
-        if opts.pattern or opts.targets:
-            raise SecateurError("qk-wanda takes neither --pattern nor --targets; choose the projections with "
-                                "--scope qk (W_Q, W_K) or --scope all (hybrid with row-wise Wanda)")
-        cfg = QKWandaConfig(sparsity=opts.sparsity, budget=opts.budget or "shared",
-                            variant=getattr(opts, "variant", None) or "base",
-                            scope=getattr(opts, "scope", None) or "qk",
-                            rounding=opts.rounding, segment_len=getattr(opts, "segment_len", None),
-                            progressive=getattr(opts, "progressive", None) or 1)
-        res = prune_qk_wanda(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=opts.chunk_size,
-                             device=opts.device, progress=not opts.quiet)
-        extra = {}
-        try:
-            from secateur.plots import qk_removal_png
-
-            extra["qk-removal.png"] = qk_removal_png({res.details["method"]: res.details["allocation"]},
-                                                     title=f"{res.details['method']}, {cfg.budget} budget, "
-                                                           f"{cfg.sparsity:.0%}")
-        except ImportError:  # matplotlib is optional (extra "plots")
-            pass
-        return MethodResult(masks=res.masks, timings=res.timings, details=res.details, extra_files=extra)
-
-    return Method("qk-wanda", "unstructured", True, run,
-                  "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
-                  "(Ilin & Richtarik)", _supported_by("qk_wanda"))
-
-
-register(_qk_wanda())
-
-
-def _corp_qk() -> Method:
-    def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.errors import SecateurError
-        from secateur.prune.corp_qk import CorpQKConfig, prune_corp_qk
-
-        if opts.pattern or opts.targets or opts.budget:
-            raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
-                                "fraction of every head's query/key dims removed")
-        res = prune_corp_qk(model, adapter, calib_ids, CorpQKConfig(sparsity=opts.sparsity), mode=opts.mode,
-                            chunk_size=opts.chunk_size, device=opts.device, progress=not opts.quiet)
-        return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])
-
-    return Method("corp-qk", "unstructured", True, run,
-                  "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
-                  "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", _supported_by("corp_qk"))
-
-
-register(_corp_qk())
+register(Method("qk-wanda", "unstructured", True, qk_wanda.run,
+                "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
+                "(Ilin & Richtarik)", qk_wanda.QKWandaOptions, qk_wanda.qk_wanda_config,
+                _model_check(qk_wanda.check_supported)))
+register(Method("corp-qk", "unstructured", True, corp_qk.run,
+                "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
+                "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", corp_qk.CorpQKOptions,
+                corp_qk.corp_qk_config, _model_check(corp_qk.check_supported)))
 
 
 def _structured(name: str, help_: str) -> Method:
-    def run(model, adapter, calib_ids, opts) -> MethodResult:
-        from secateur.prune.structured import run_method
-
-        return run_method(name, model, adapter, calib_ids, opts)
-
-    return Method(name, "structured", name not in ("magnitude-sp", "random"), run, help_)
+    return Method(name, "structured", name not in ("magnitude-sp", "random"), partial(structured.run, name), help_,
+                  structured.StructuredOptions, partial(structured.structured_config, name),
+                  partial(structured.check_reachable, name))
 
 
-# structured selection scores (secateur.prune.structured); compensate with --compensation
+# structured selection scores (secateur.methods.structured); compensate with --compensation
 register(_structured("wanda-sp", "structured: ||W_:,j|| * ||X_j|| per KV group / channel (COEC's Wanda-sp)"))
 register(_structured("flap", "structured: FLAP WIFV fluctuation score; native compensation: bias (An et al. 2024)"))
 register(_structured("rcpu", "structured: ||W_:,j|| ||X_j|| Var(X_j); native compensation: rcpu (Haruta et al.)"))
@@ -157,3 +92,65 @@ register(_structured("magnitude-sp", "structured: ||W_:,j|| column magnitude (no
 register(_structured("random", "structured: seeded uniform random units (--seed)"))
 register(_structured("shortgpt", "structured: remove whole blocks of lowest block influence (Men et al. 2024)"))
 register(_structured("corp", "structured: CORP MLP channel score E[h^2] ||W2_:,i||; native compensation: corp"))
+
+
+# --- names and options -----------------------------------------------------------------------------------
+
+def resolve(name: str, structured_flag: bool = False) -> Method:
+    """The registered method of ``--method name`` (``--structured`` maps ``magnitude``/``wanda`` to
+    ``magnitude-sp``/``wanda-sp``; structured names pass through; anything else is an error)."""
+    if structured_flag:
+        alias = structured.STRUCTURED_ALIASES.get(name, name)
+        if alias not in METHODS or METHODS[alias].kind != "structured":
+            names = sorted(n for n, m in METHODS.items() if m.kind == "structured")
+            raise SecateurError(f"--structured: {name!r} has no structured form; choose from {', '.join(names)}")
+        name = alias
+    if name not in METHODS:
+        raise SecateurError(f"unknown method {name!r}; choose from {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def all_options() -> list[type[MethodOptions]]:
+    """Every options class, in registration order (each once): the CLI's knobs."""
+    out: list[type[MethodOptions]] = []
+    for m in METHODS.values():
+        if m.options not in out:
+            out.append(m.options)
+    return out
+
+
+def knob_names() -> frozenset[str]:
+    return frozenset().union(*(o.knob_names() for o in all_options()))
+
+
+def _flags(knobs: list[str]) -> str:
+    """``--coec-rounds, --ffn-groups``: the CLI flags of ``knobs`` (the name itself for an API-only knob)."""
+    fields = {f.name: f for o in all_options() for f in o.knob_fields()}
+    return ", ".join(flag_of(fields[k]) or k for k in knobs)
+
+
+def _owners_text(knob: str) -> str:
+    owners = [m for m in METHODS.values() if knob in m.options.knob_names()]
+    if len(owners) > 2 and all(m.kind == "structured" for m in owners):
+        return f"the structured pipeline (--structured with {', '.join(m.name for m in owners)})"
+    return "--method " + " / ".join(m.name for m in owners)
+
+
+def method_options(method: Method, knobs: dict[str, Any]) -> MethodOptions:
+    """``method``'s typed options from flat keywords (``None`` = unset); a knob of another method is refused."""
+    given = [k for k, v in knobs.items() if v is not None]
+    unknown = [k for k in given if k not in knob_names()]
+    if unknown:
+        raise SecateurError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                            f"{method.name} takes {', '.join(sorted(method.options.knob_names())) or 'none'}")
+    bad = [k for k in given if k not in method.options.knob_names()]
+    if bad:
+        where = _owners_text(bad[0])
+        same = [k for k in bad if _owners_text(k) == where]
+        own = method.kind == "structured" and "units" not in method.options.knob_names()
+        tail = " that selects its own units" if own else ""
+        verb = "applies" if len(same) == 1 else "apply"
+        article = "an" if method.kind[0] in "aeiou" else "a"
+        raise SecateurError(f"{_flags(same)} only {verb} to {where}; {method.name!r} is {article} {method.kind} "
+                            f"method{tail}")
+    return method.options.from_kwargs(knobs)

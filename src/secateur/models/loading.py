@@ -107,7 +107,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     """Load ``(model, tokenizer)`` in eval mode with SDPA attention.
 
     Models saved by secateur with uneven per-layer widths load through the same call (see
-    :mod:`secateur.structured.hetero` once registered).
+    :mod:`secateur.models.hetero`; the family registry registers their classes).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,11 +131,9 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
 
 
 def _register_custom_classes() -> None:
-    """Hook for registering secateur's own config/model classes (heterogeneous structured exports)."""
-    try:
-        from secateur.structured import hetero  # noqa: F401
-    except ImportError:
-        pass
+    """Register secateur's own config/model classes (heterogeneous structured exports): the family registry
+    defines them in :mod:`secateur.models.hetero` when imported."""
+    import secateur.models.families  # noqa: F401
 
 
 # --- checks that need no weights: they run before anything expensive ------------------------------------------
@@ -205,11 +203,10 @@ def read_config(spec: str, path: str | None = None, extra: dict | None = None) -
 
 def check_family(spec: str, cfg: dict) -> None:
     """Refuse a family no adapter handles, or a folder that needs its own code, before loading weights."""
-    from secateur.models.adapters import HETERO_PREFIX, supported_model_types
+    from secateur.models.families import ADAPTERS, base_model_type
 
     mt = cfg.get("model_type")
-    base = mt[len(HETERO_PREFIX):] if isinstance(mt, str) and mt.startswith(HETERO_PREFIX) else mt
-    if base in supported_model_types():
+    if base_model_type(mt) in ADAPTERS:
         return
     if cfg.get("auto_map"):
         raise SecateurError(_remote_code_message(spec))

@@ -12,10 +12,10 @@ API::
     rope_tables(head_dim, T, theta) / model_rope_tables(model, T)            # (cos, sin) [T, m]
     segment_sequences(x, length)           # [B, T, ...] -> [B*T/length, length, ...]
 
-Masks: :mod:`secateur.prune.budgets` (``shared_mask([Sq, Sk], rho)`` is the paper's default budget).
+Masks: :mod:`secateur.budgets.masks` (``shared_mask([Sq, Sk], rho)`` is the paper's default budget).
 """
 
-from secateur.scoring.qk_rope import model_rope_tables, rope_tables
+from secateur.calib.rope import model_rope_tables, rope_tables
 from secateur.scoring.qk_segments import segment_sequences
 from secateur.scoring.qk_wanda import VARIANTS, QKStats, QKVariant, qk_wanda_scores
 

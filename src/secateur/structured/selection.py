@@ -55,7 +55,7 @@ class Selection:
             gone = r[p.unit_of_member]
             dropped = set(p.members[gone].tolist())
             if p.kind in ATTN_KINDS:
-                dropped_kv = set(p.kv[r].tolist())
+                dropped_kv = set(p.kv[r].tolist()) - set(p.kv[~r].tolist())  # MQA heads share KV head 0
                 keep.heads = [h for h in range(shape.n_heads) if h not in dropped]
                 keep.kv_heads = [g for g in range(shape.n_kv_heads) if g not in dropped_kv]
             elif p.kind in MLP_KINDS:

@@ -7,7 +7,7 @@ Physical slicing (``apply_selection``), per layer:
   ``head_dim`` and are untouched. The attributes the stock attention forward reads are updated
   (``num_key_value_groups`` for the Llama family, ``num_heads`` for OPT, ``num_heads``/``split_size`` for
   GPT-2's fused ``c_attn``), so stock eager/SDPA kernels run. A layer that loses every head gets a
-  :class:`~secateur.structured.hetero.NullAttention` (output = o_proj bias or zero).
+  :class:`~secateur.models.hetero.NullAttention` (output = o_proj bias or zero).
 * MLP: rows of gate/up (OPT ``fc1``, GPT-2 ``c_fc`` in Conv1D storage) and their biases; the matching
   down-projection columns.
 * whole blocks: dropped from the layer list; ``layer_idx`` renumbered, ``num_hidden_layers`` and
@@ -32,8 +32,9 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from secateur.errors import SecateurError
+from secateur.models import hetero
 from secateur.models.adapters import Adapter
-from secateur.structured import hetero
+from secateur.models.families import family_of, layout_of
 from secateur.structured.selection import LayerKeep, Selection
 from secateur.structured.units import family, head_dim, layer_shape
 
@@ -130,22 +131,25 @@ def _bias(module: nn.Module, idx: torch.Tensor | None = None) -> torch.Tensor | 
 
 
 def _out_module(fam: str, layer: nn.Module) -> nn.Module:
-    return getattr(hetero.attention_module(fam, layer), hetero.layout_of(fam).out)
+    return getattr(hetero.attention_module(fam, layer), layout_of(fam).out)
 
 
 def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Tensor
               ) -> list[tuple[str, torch.Tensor]]:
     """(projection name, output rows) of q, k, v; a fused q|k|v projection gets one row set, its k and v
     blocks offset by a third of its width."""
-    layout = hetero.layout_of(fam)
-    if layout.fused_qkv:
-        s = _oi(getattr(attn, layout.q)).shape[0] // 3
-        return [(layout.q, torch.cat([q_rows, s + kv_rows, 2 * s + kv_rows]))]
+    layout = layout_of(fam)
+    if layout.fused_qkv:  # rows [q; k; v]: q as wide as the output projection's input, k and v the rest halved
+        qw = hetero.in_features(layout, getattr(attn, layout.out))
+        kvw = (_oi(getattr(attn, layout.q)).shape[0] - qw) // 2
+        return [(layout.q, torch.cat([q_rows, qw + kv_rows, qw + kvw + kv_rows]))]
     return [(layout.q, q_rows), (layout.k, kv_rows), (layout.v, kv_rows)]
 
 
 def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
     gs = n_heads // n_kv
+    if n_kv == 1 and kv == [0] and heads and set(heads) <= set(range(n_heads)):
+        return  # MQA: any query heads may share the one KV head
     expect = [g * gs + r for g in kv for r in range(gs)]
     if sorted(heads) != expect:
         raise SecateurError(
@@ -178,14 +182,24 @@ def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int]
 
 def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]], tuple[nn.Module, str]]:
     """(input projections, output projection) as (parent, attribute) pairs."""
-    layout, mlp = hetero.layout_of(fam), hetero.mlp_module(fam, layer)
+    layout, mlp = layout_of(fam), hetero.mlp_module(fam, layer)
     return [(mlp, name) for name in layout.mlp_in], (mlp, layout.mlp_out)
+
+
+def _in_rows(fam: str, layer: nn.Module, channels: torch.Tensor) -> torch.Tensor:
+    """Rows of the MLP input projections for ``channels`` (both halves of a fused gate|up projection)."""
+    if not layout_of(fam).fused_gate_up:
+        return channels
+    _, (dp, dn) = _mlp_modules(fam, layer)
+    f = hetero.in_features(layout_of(fam), getattr(dp, dn))
+    return torch.cat([channels, f + channels])
 
 
 def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacement | None) -> None:
     ci = torch.tensor(channels, dtype=torch.long)
     ins, (dp, dn) = _mlp_modules(fam, layer)
-    saved = [(p, n, _oi(getattr(p, n)).detach()[ci].clone(), _bias(getattr(p, n), ci)) for p, n in ins]
+    ri = _in_rows(fam, layer, ci)
+    saved = [(p, n, _oi(getattr(p, n)).detach()[ri].clone(), _bias(getattr(p, n), ri)) for p, n in ins]
     down = getattr(dp, dn)
     wd, bd = _oi(down).detach()[:, ci].clone(), _bias(down)
     if repl is not None:
@@ -203,7 +217,7 @@ def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacemen
 def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
     """Drop whole decoder layers; renumber ``layer_idx``; update ``num_hidden_layers`` / ``layer_types``."""
     cfg = model.config
-    fam = hetero.family_of(cfg)
+    fam = family_of(cfg)
     if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
         raise SecateurError("GPT-2 with scale_attn_by_inverse_layer_idx scales by layer position; removing "
                             "blocks would change the remaining blocks")
@@ -226,9 +240,9 @@ def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
 def sync_config(model: nn.Module) -> None:
     """Record the actual per-layer widths in ``config.secateur_layers`` (and an explicit ``head_dim``)."""
     cfg = model.config
-    fam = hetero.family_of(cfg)
+    fam = family_of(cfg)
     m = hetero.head_dim_of(cfg)
-    if hetero.layout_of(fam).gqa:  # stock configs of these families carry an explicit head_dim
+    if layout_of(fam).gqa:  # stock configs of these families carry an explicit head_dim
         cfg.head_dim = m
     cfg.secateur_layers = [hetero.current_spec(fam, lay, m).to_dict() for lay in hetero.decoder_layers(fam, model)]
 
@@ -327,7 +341,7 @@ def mask_selection(model: nn.Module, adapter: Adapter, selection: Selection,
             gone_c = torch.tensor([c for c in range(shape.intermediate) if c not in cs], dtype=torch.long)
             ins, (dp, dn) = _mlp_modules(fam, layer)
             for p, n in ins:
-                _zero_rows(getattr(p, n), gone_c)
+                _zero_rows(getattr(p, n), _in_rows(fam, layer, gone_c))
             _zero_cols(getattr(dp, dn), gone_c)
             _write_out(getattr(dp, dn), torch.tensor(ch, dtype=torch.long), reps.get((i, "mlp_out")))
         for b in selection.removed_blocks:

@@ -5,8 +5,11 @@ Kinds (one attention kind and one MLP kind per layer at most, plus optional whol
 ``kv_group``   one KV head and every query head reading it (GQA): q rows of its query heads, k/v rows
                of its KV head, o_proj columns of its query heads. The only attention unit that keeps
                Hugging Face's GQA layout valid (every kept KV head keeps its full group of query heads).
-``head``       one query head; only where each KV head serves one query head (MHA: OPT, GPT-2,
-               Llama-family with ``n_kv == n_heads``), where it is the same structure as ``kv_group``.
+``head``       one query head; where each KV head serves one query head (MHA: OPT, GPT-2,
+               Llama-family with ``n_kv == n_heads``), where it is the same structure as ``kv_group``, and
+               under MQA (one KV head, Gemma-3 270M), where it is q rows + o columns and the KV head stays
+               while any query head does. A ``kv_group`` there would be the whole attention, so on an MQA
+               layer either attention kind enumerates query heads (pools of kind ``head``).
 ``channel``    one MLP intermediate channel: gate/up rows (OPT ``fc1`` rows, GPT-2 ``c_fc`` columns in
                Conv1D storage) and the matching down-projection column.
 ``ffn_group``  ``n_ffn_groups`` channel groups per layer (CoCurve: 16). Default: contiguous index blocks
@@ -32,8 +35,9 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.models import hetero
 from secateur.models.adapters import Adapter
-from secateur.structured import hetero
+from secateur.models.families import layout_of
 
 ATTN_KINDS = ("kv_group", "head")
 MLP_KINDS = ("channel", "ffn_group")
@@ -41,8 +45,8 @@ KINDS = ATTN_KINDS + MLP_KINDS + ("block",)
 
 
 def family(adapter: Adapter) -> str:
-    """The layout family (``llama``/``mistral``/``qwen2``/``qwen3``/``opt``/``gpt2``)."""
-    return hetero.family_of(adapter.config)
+    """The adapter's family (``llama``/``mistral``/``qwen2``/``qwen3``/``opt``/``gpt2``), the key of its layout."""
+    return adapter.family
 
 
 def head_dim(adapter: Adapter) -> int:
@@ -91,11 +95,11 @@ def layer_shape(adapter: Adapter, index: int) -> LayerShape:
     layer = adapter.layers[index]
     m = head_dim(adapter)
     spec = hetero.current_spec(fam, layer, m)
-    layout = hetero.layout_of(fam)
+    layout = layout_of(fam)
     attn = hetero.attention_module(fam, layer)
     q, k = getattr(attn, layout.q), getattr(attn, layout.k)
     mlp = hetero.mlp_module(fam, layer)
-    in_biases = sum(getattr(mlp, name).bias is not None for name in layout.mlp_in)
+    in_biases = sum(getattr(mlp, name).bias is not None for name in layout.mlp_in) * (1 + layout.fused_gate_up)
     return LayerShape(hetero.in_features(layout, q), m, spec.n_heads, spec.n_kv_heads, spec.intermediate,
                       q.bias is not None, k.bias is not None, spec.o_bias, in_biases, spec.down_bias,
                       layout.gated)
@@ -203,6 +207,10 @@ def _attn_pool(shape: LayerShape, layer: int, kind: str, offset: int) -> Pool | 
     if shape.n_heads == 0:
         return None
     gs = shape.group_size
+    if gs != 1 and shape.n_kv_heads == 1:  # MQA: query heads go, the one KV head stays (either kind)
+        n = shape.n_heads
+        return Pool(layer, "head", offset, torch.full((n,), shape.attn_unit_params(1, 0), dtype=torch.long),
+                    torch.arange(n), torch.arange(n + 1), torch.zeros(n, dtype=torch.long))
     if kind == "head" and gs != 1:
         raise SecateurError(
             f"single query heads are not removable units in a GQA layer ({shape.n_heads} query heads share "

@@ -1,0 +1,162 @@
+"""Every method on real models of other families (issue 16 §1): prune -> export -> reload -> perplexity.
+
+    python bench/get_models.py                               # the GGUF files, once (PyPI wheels, sha256 checked)
+    nice -n 5 python bench/families.py --models qwen2.5-0.5b  # rows appended to results/families.jsonl
+    python bench/families.py --render                         # results/families.md
+
+Each row runs three fresh processes through the CLI, so nothing in memory is shared with the evaluation:
+``secateur prune MODEL ... --out DIR`` (the export), ``secateur eval ppl --model DIR`` (one ``from_pretrained``
+of the export) and, for the QK rows, ``secateur eval qk-error --model DIR --dense MODEL``. Protocol (preset
+``fam-quick``): calibration C4 (local validation documents, Wanda's random-window rule, seed 0) 8 x 512 tokens
+(CoCurve: 8 graph + 4 held-out windows of 512, 32 positions per window, top-r 256); perplexity WikiText-2 test,
+``nonoverlap-1024``, first 4 windows, BOS as the tokenizer adds it (named in each row); QK error: Eq. 49 on
+16 held-out sequences of 512 (secateur's default). The rows resume: a key already in the JSONL is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, append_row, fmt, read_rows  # noqa: E402
+from get_models import MODELS, models_dir  # noqa: E402
+
+JSONL = RESULTS / "families.jsonl"
+MD = RESULTS / "families.md"
+PRESET = {"name": "fam-quick", "calib": "c4 8 x 512, seed 0", "ppl": "wikitext2 nonoverlap-1024, first 4 windows"}
+CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
+COCURVE = ["--nsamples", "12", "--heldout", "4", "--positions", "32", "--top-r", "256"]
+#: run -> (CLI arguments after ``prune``, QK error measured)
+RUNS: dict[str, tuple[list[str], bool]] = {
+    "magnitude-50": (["--method", "magnitude", "--sparsity", "0.5"], False),
+    "wanda-50": (["--method", "wanda", "--sparsity", "0.5"], True),
+    "sparsegpt-50": (["--method", "sparsegpt", "--sparsity", "0.5"], False),
+    "sparsegpt-2:4": (["--method", "sparsegpt", "--pattern", "2:4"], False),
+    "qk-wanda-50": (["--method", "qk-wanda", "--sparsity", "0.5", "--budget", "shared"], True),
+    "wanda-sp-30": (["--method", "wanda-sp", "--sparsity", "0.3"], False),
+    "flap-20": (["--method", "flap", "--sparsity", "0.2"], False),
+    "rcpu-30": (["--method", "rcpu", "--sparsity", "0.3"], False),
+    "rcpu-30-coec": (["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec"], False),
+    "corp-30": (["--method", "corp", "--sparsity", "0.3"], False),
+    "shortgpt-25": (["--method", "shortgpt", "--sparsity", "0.25"], False),
+    "cocurve-30": (["--method", "cocurve", "--sparsity", "0.3", *COCURVE], False),
+    "wanda-50-bf16": (["--method", "wanda", "--sparsity", "0.5", "--dtype", "bfloat16"], False),
+}
+SECATEUR = [sys.executable, "-m", "secateur.cli"]
+
+
+def _run(cmd: list[str], log: Path) -> tuple[int, float]:
+    t = time.perf_counter()
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT,
+                             env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+    return rc, time.perf_counter() - t
+
+
+def _ppl(model: str, work: Path, log: Path, dtype: str = "float32") -> dict:
+    out = work / "ppl.json"
+    rc, secs = _run([*SECATEUR, "eval", "ppl", "--model", model, "--dataset", "wikitext2", "--seqlen", "1024",
+                     "--max-windows", "4", "--dtype", dtype, "--json", str(out), "--quiet"], log)
+    if rc != 0:
+        return {"error": f"eval ppl exit {rc} (see {log.name})"}
+    r = json.loads(out.read_text())
+    return {k: r.get(k) for k in ("ppl", "protocol", "windows", "tokens_sha256", "bos")} | {"seconds": round(secs, 1)}
+
+
+def _qk_error(model: str, dense: str, work: Path, log: Path) -> dict:
+    out = work / "qk.json"
+    rc, _ = _run([*SECATEUR, "eval", "qk-error", "--model", model, "--dense", dense, "--stages", "qk",
+                  "--json", str(out), "--quiet"], log)
+    if rc != 0:
+        return {"error": f"eval qk-error exit {rc}"}
+    r = json.loads(out.read_text())
+    return {"e_qk_percent": r.get("e_qk"), "protocol": r.get("protocol"), "sequences": r.get("sequences")}
+
+
+def row(model_name: str, gguf: Path, run: str, log: Path) -> dict:
+    args, qk = RUNS[run]
+    rec: dict = {"key": f"{model_name}|{run}", "model": model_name, "run": run, "preset": PRESET, "args": args}
+    with tempfile.TemporaryDirectory(dir=RESULTS.parent / "bench") as d:
+        out = Path(d) / "out"
+        rc, secs = _run([*SECATEUR, "prune", "--model", str(gguf), *CALIB, *args, "--out", str(out), "--quiet"], log)
+        rec["prune_seconds"] = round(secs, 1)
+        if rc != 0:
+            return rec | {"error": f"prune exit {rc} (see {log.name})"}
+        rep = json.loads((out / "secateur-report.json").read_text())
+        rec["realized_sparsity"] = {k: rep["realized_sparsity"].get(k) for k in ("targeted", "of_all_parameters")}
+        rec["calibration_sha256"] = (rep.get("calibration") or {}).get("sha256")
+        rec["peak_rss_mb"] = rep.get("peak_rss_mb")
+        rec["wikitext2"] = _ppl(str(out), Path(d), log, "bfloat16" if "bfloat16" in args else "float32")
+        if qk:
+            rec["qk"] = _qk_error(str(out), str(gguf), Path(d), log)
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--runs", default=",".join(["dense", *RUNS]))
+    ap.add_argument("--render", action="store_true")
+    a = ap.parse_args()
+    if not a.render:
+        done = {r["key"] for r in read_rows(JSONL)}
+        logs = RESULTS.parent / "bench" / "_work" / "families"
+        logs.mkdir(parents=True, exist_ok=True)
+        for m in a.models.split(","):
+            gguf = models_dir() / MODELS[m].file
+            if not gguf.exists():
+                print(f"{m}: {gguf} missing; run python bench/get_models.py {m}")
+                continue
+            for run in a.runs.split(","):
+                key = f"{m}|{run}"
+                if key in done:
+                    continue
+                log = logs / f"{m}-{run.replace(':', '')}.log"
+                if run == "dense":
+                    with tempfile.TemporaryDirectory() as d:
+                        rec = {"key": key, "model": m, "run": "dense", "preset": PRESET,
+                               "wikitext2": _ppl(str(gguf), Path(d), log)}
+                else:
+                    rec = row(m, gguf, run, log)
+                rec["gguf_sha256"] = MODELS[m].sha256
+                append_row(JSONL, rec, unique_key=True)
+                print(json.dumps(rec), flush=True)
+    render()
+
+
+def render() -> None:
+    rows = read_rows(JSONL)
+    L = ["# Every method on real models of other families", "",
+         f"Produced by `bench/families.py` (preset `{PRESET['name']}`: calibration {PRESET['calib']}; perplexity "
+         f"{PRESET['ppl']}, in a fresh process from the exported folder). Models: GGUF files from PyPI wheels "
+         "(`bench/get_models.py`, sha256 checked), dequantized to float32.", ""]
+    for m in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == m]
+        dense = next((r for r in mine if r["run"] == "dense"), {})
+        L += [f"## {m}", "", f"Dense WikiText-2: {fmt((dense.get('wikitext2') or {}).get('ppl'))}", "",
+              "| run | realized (targeted) | realized (all) | WikiText-2 ppl | QK error % | prune s | peak RSS MB |",
+              "|---|---|---|---|---|---|---|"]
+        for r in mine:
+            if r["run"] == "dense":
+                continue
+            rs = r.get("realized_sparsity") or {}
+            qk = (r.get("qk") or {}).get("e_qk_percent")
+            L.append(f"| {r['run']} | {fmt(rs.get('targeted'), 3)} | {fmt(rs.get('of_all_parameters'), 3)} | "
+                     f"{r.get('error') or fmt((r.get('wikitext2') or {}).get('ppl'))} | "
+                     f"{fmt(qk, 4) if isinstance(qk, float) else '-'} | {fmt(r.get('prune_seconds'), 0)} | "
+                     f"{fmt(r.get('peak_rss_mb'), 0)} |")
+        L.append("")
+    MD.write_text("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    main()

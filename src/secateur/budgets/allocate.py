@@ -1,0 +1,259 @@
+"""Budgets and allocators: which units to remove, given scores (higher = keep) and a target fraction.
+
+Budgets are counted in removable parameters (``Inventory.costs``; CoCurve's ``C = sum_u c_u``); every
+allocator reports the realized fraction ``removed / C`` (overall, per unit kind and per layer).
+
+* :func:`allocate_uniform`  same ratio in every (layer, kind) pool: keep ``ceil((1 - rho) n)`` units
+  (COEC §1 [A6], verified by its Table 4). This equals FLAP's UL-UM ``n - floor(rho n)`` exactly.
+* :func:`allocate_global`   one global pool ranked by ``score / cost`` (or raw score), greedy until the
+  removed cost reaches ``rho C`` (CoCurve §5 with ``Delta = score``, i.e. its lambda = 0 diagonal rule,
+  used for every baseline under the shared budget solver); overshoot < one unit's cost.
+* :func:`allocate_weighted_threshold`  FLAP's AL-AM: sort all units by (standardized) score, keep the
+  prefix whose cumulative parameter weight is closest to ``(1 - rho) C``.
+* :func:`allocate_blocks`   ShortGPT: remove the ``round(rho L_eff)`` blocks of lowest influence.
+
+Guards (:class:`Guard`) are reusable: protected layers (first/last k or explicit) and a per-layer cap on
+the removed fraction of the layer's removable cost; ``Guard.cocurve(rho)`` = layers 0, 1, L-2, L-1
+protected, cap ``min(1, 1.5 rho)`` (CoCurve §1). An infeasible budget raises instead of relaxing guards.
+Ties are broken by unit order (layer-major; the smaller unit index is removed first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_UP, Decimal
+
+import torch
+
+from secateur.errors import SecateurError
+from secateur.structured.units import Inventory
+
+_EPS = 1e-9
+
+
+def keep_count(n: int, rho: float, rounding: str = "ceil") -> int:
+    """Units kept out of ``n`` at ratio ``rho``: ``ceil((1 - rho) n)`` by default (COEC; = ``n - floor(rho
+    n)``, FLAP/mag-sp), ``floor`` or ``round`` (half up). Evaluated exactly in decimal on ``repr(rho)`` as
+    :mod:`secateur.budgets.masks` does (``(1 - 0.7) * 10`` is 3.0000000000000004 in floats: keeps 3, not 4)."""
+    if isinstance(rho, bool) or not 0.0 <= float(rho) <= 1.0:
+        raise SecateurError(f"sparsity must be in [0, 1], got {rho!r}")
+    x = (1 - Decimal(repr(float(rho)))) * int(n)
+    if rounding == "ceil":
+        k = int(x.to_integral_value(rounding=ROUND_CEILING))
+    elif rounding == "floor":
+        k = int(x.to_integral_value(rounding=ROUND_FLOOR))
+    elif rounding == "round":
+        k = int(x.to_integral_value(rounding=ROUND_HALF_UP))
+    else:
+        raise SecateurError(f"rounding must be ceil, floor or round, not {rounding!r}")
+    return min(max(k, 0), int(n))
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Layer protection and per-layer removal cap (fraction of the layer's removable cost)."""
+
+    protect_first: int = 0
+    protect_last: int = 0
+    protect: tuple[int, ...] = ()
+    cap: float | None = None
+
+    @classmethod
+    def cocurve(cls, rho: float) -> Guard:
+        """CoCurve §1: first and last two layers protected, per-layer cap ``kappa = 1.5 rho`` (<= 1)."""
+        return cls(protect_first=2, protect_last=2, cap=min(1.0, 1.5 * rho))
+
+    def protected(self, n_layers: int) -> set[int]:
+        s = set(range(min(self.protect_first, n_layers)))
+        s |= set(range(max(n_layers - self.protect_last, 0), n_layers))
+        return s | {i % n_layers for i in self.protect}
+
+
+@dataclass
+class Allocation:
+    removed: torch.Tensor  # bool [len(inventory)]
+    info: dict = field(default_factory=dict)
+
+
+def report(inv: Inventory, removed: torch.Tensor, rho: float | None = None, **extra) -> dict:
+    """Budget arithmetic of a removal mask: totals, realized fraction, per kind and per layer."""
+    costs = inv.costs
+    total = int(costs.sum())
+    rem = int(costs[removed].sum())
+    by_kind: dict[str, dict] = {}
+    per_layer: dict[int, dict] = {}
+    for p in inv.pools:
+        r = removed[p.offset:p.offset + p.n]
+        k = by_kind.setdefault(p.kind, {"units": 0, "removed_units": 0, "params": 0, "removed_params": 0})
+        k["units"] += p.n
+        k["removed_units"] += int(r.sum())
+        k["params"] += int(p.cost.sum())
+        k["removed_params"] += int(p.cost[r].sum())
+        pl = per_layer.setdefault(p.layer, {"params": 0, "removed_params": 0})
+        pl["params"] += int(p.cost.sum())
+        pl["removed_params"] += int(p.cost[r].sum())
+    for d in list(by_kind.values()) + list(per_layer.values()):
+        d["realized"] = d["removed_params"] / d["params"] if d["params"] else 0.0
+    out = {"target": rho, "total_removable": total, "removed_params": rem,
+           "realized": rem / total if total else 0.0, "removed_units": int(removed.sum()),
+           "by_kind": by_kind, "per_layer": per_layer}
+    out.update(extra)
+    return out
+
+
+def _protected_mask(inv: Inventory, guard: Guard | None) -> torch.Tensor:
+    prot = guard.protected(inv.n_layers) if guard else set()
+    return torch.tensor([int(x) in prot for x in inv.layer_of], dtype=torch.bool) if len(inv) else \
+        torch.zeros(0, dtype=torch.bool)
+
+
+def allocate_uniform(inv: Inventory, scores: torch.Tensor, rho: float, rounding: str = "ceil",
+                     guard: Guard | None = None) -> Allocation:
+    """Remove the ``n - keep_count(n, rho)`` lowest-scored units of every (layer, kind) pool.
+
+    Protected layers lose nothing (the realized fraction then falls below ``rho``; it is reported). The
+    per-layer cap does not apply (a uniform ratio never exceeds ``1.5 rho``)."""
+    removed = torch.zeros(len(inv), dtype=torch.bool)
+    prot = guard.protected(inv.n_layers) if guard else set()
+    for p in inv.pools:
+        if p.kind == "block":
+            raise SecateurError("uniform allocation does not apply to whole blocks; use allocate_blocks")
+        if p.layer in prot:
+            continue
+        k = keep_count(p.n, rho, rounding)
+        s = scores[p.offset:p.offset + p.n]
+        order = torch.argsort(s, stable=True)
+        removed[p.offset + order[:p.n - k]] = True
+    return Allocation(removed, report(inv, removed, rho, allocator="uniform", rounding=rounding))
+
+
+UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "channel": "MLP channel", "ffn_group": "FFN group",
+              "block": "block"}
+
+
+def uniform_reach(inv: Inventory, rounding: str = "ceil") -> float:
+    """The largest fraction of the removable parameters :func:`allocate_uniform` can remove at any ``rho < 1``:
+    ``ceil`` keeps at least one unit of every pool, ``floor`` and ``round`` may empty a pool."""
+    total = int(inv.costs.sum())
+    if rounding != "ceil" or not total:
+        return 1.0
+    return sum(int(p.cost.sum()) - int(p.cost.min()) for p in inv.pools if p.n) / total
+
+
+def shortfall_bound(inv: Inventory, allocation: str) -> float:
+    """How far below ``rho`` an allocator's realized fraction may fall by its rounding rule alone: uniform
+    (ceil-kept) removes ``> rho n - 1`` units of every pool (one unit per pool); global greedy stops at or
+    above ``rho C``; FLAP's nearest prefix is within half a unit (``flap`` rule: 1.5); ShortGPT rounds half up."""
+    total = int(inv.costs.sum())
+    if not total or not len(inv):
+        return 0.0
+    largest = int(inv.costs.max())
+    if allocation == "uniform":
+        return sum(int(p.cost.max()) for p in inv.pools if p.n) / total
+    return {"global": 0.0, "flap": 1.5, "blocks": 0.5}.get(allocation, 1.0) * largest / total
+
+
+def check_reached(inv: Inventory, info: dict, rho: float, allocation: str) -> None:
+    """Refuse a selection that misses ``rho`` by more than its rounding rule allows (before anything is sliced
+    or written), naming the realized fraction."""
+    realized = float(info.get("realized", rho))
+    bound = shortfall_bound(inv, allocation)
+    if rho - realized > bound + _EPS:
+        raise SecateurError(
+            f"sparsity {rho} cannot be reached: the {allocation} selection removes {realized:.4f} of the removable "
+            f"parameters (rounding accounts for at most {bound:.4f}); lower --sparsity")
+
+
+def allocate_global(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,
+                    cost_normalized: bool = True) -> Allocation:
+    """Greedy global budget (CoCurve §5, ``Delta = score``): repeatedly remove the eligible unit with the
+    smallest ``score / cost`` (``cost_normalized``) until the removed cost reaches ``rho C``.
+
+    With static scores the greedy equals one stable ascending sort scanned once, skipping units whose
+    layer is protected or whose removal would exceed the layer cap. Result: removed cost in
+    ``[rho C, rho C + c_max)``; raises when the guards make the budget infeasible.
+    """
+    costs = inv.costs
+    total = int(costs.sum())
+    target = rho * total
+    key = scores / costs.to(torch.float64) if cost_normalized else scores.to(torch.float64)
+    order = torch.argsort(key, stable=True).tolist()
+    layer_of = inv.layer_of.tolist()
+    cost_l = costs.tolist()
+    layer_cost = inv.layer_costs()
+    prot = guard.protected(inv.n_layers) if guard else set()
+    cap = guard.cap if guard and guard.cap is not None else None
+    removed = torch.zeros(len(inv), dtype=torch.bool)
+    rem_layer: dict[int, int] = {}
+    done = 0
+    for u in order:
+        if done >= target - _EPS * total:
+            break
+        li = layer_of[u]
+        if li in prot:
+            continue
+        if cap is not None and rem_layer.get(li, 0) + cost_l[u] > cap * layer_cost[li] + _EPS * layer_cost[li]:
+            continue
+        removed[u] = True
+        rem_layer[li] = rem_layer.get(li, 0) + cost_l[u]
+        done += cost_l[u]
+    if done < target - _EPS * total:
+        raise SecateurError(
+            f"budget {rho:.4f} is infeasible under the guards: at most {done / total:.4f} of the removable "
+            "parameters can be removed (protected layers / per-layer cap)")
+    return Allocation(removed, report(inv, removed, rho, allocator="global", cost_normalized=cost_normalized,
+                                      guard=None if guard is None else vars(guard)))
+
+
+def allocate_weighted_threshold(inv: Inventory, scores: torch.Tensor, rho: float, rule: str = "nearest",
+                                guard: Guard | None = None) -> Allocation:
+    """FLAP AL-AM global allocation (baselines.md §4, FLAP ``prune_flap``).
+
+    Units are sorted by descending score (protected units first); their costs (removable parameters:
+    a Llama head weighs ``4 d m``, a channel ``3 d``, i.e. FLAP's ``512/3`` ratio for m = 128; a GQA KV
+    group its true ``(2|H_g| + 2) d m``) are accumulated, and the position ``p`` where the cumulative kept
+    weight is closest to ``(1 - rho) C`` is found. ``rule='nearest'`` keeps that prefix, so the kept
+    weight is within half a unit weight of the target (baselines.md B4). ``rule='flap'`` copies the public
+    code: threshold = score at ``p``, keep scores strictly above it (drops position ``p`` and its ties,
+    which can miss the target by up to 1.5 unit weights).
+    """
+    costs = inv.costs.to(torch.float64)
+    total = float(costs.sum())
+    prot = _protected_mask(inv, guard)
+    key = torch.where(prot, torch.full_like(scores, math.inf), scores.to(torch.float64))
+    order = torch.argsort(-key, stable=True)
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(costs[order], 0)])
+    target = (1.0 - rho) * total
+    p = int(torch.argmin((cum - target).abs()))  # keep the first p units (first minimum on ties)
+    keep = torch.zeros(len(inv), dtype=torch.bool)
+    if rule == "nearest":
+        keep[order[:p]] = True
+    elif rule == "flap":
+        p = int(torch.argmin((cum[1:] - target).abs()))
+        keep = key > key[order[p]]
+    else:
+        raise SecateurError(f"rule must be 'nearest' or 'flap', not {rule!r}")
+    keep |= prot
+    removed = ~keep
+    return Allocation(removed, report(inv, removed, rho, allocator="flap_alam", rule=rule,
+                                      kept_params=int(costs[keep].sum()), kept_target=target))
+
+
+def allocate_blocks(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,
+                    n: int | None = None) -> Allocation:
+    """ShortGPT: remove the ``n`` blocks with the smallest score (BI); default ``n = round(rho L)``, half up
+    (baselines.md §8 [R]: ``L_eff = C / mean block cost``, which is L when C is the blocks' own cost, as in
+    this inventory). Ties: lower layer first. Protected layers are never removed."""
+    block = torch.tensor([p.kind == "block" for p in inv.pools for _ in range(p.n)], dtype=torch.bool)
+    if not bool(block.all()):
+        raise SecateurError("allocate_blocks needs an inventory of whole blocks (kinds=('block',))")
+    if n is None:
+        n = math.floor(rho * len(inv) + 0.5 + _EPS)
+    prot = _protected_mask(inv, guard)
+    cand = [u for u in torch.argsort(scores, stable=True).tolist() if not prot[u]]
+    if n > len(cand):
+        raise SecateurError(f"cannot remove {n} blocks: only {len(cand)} are eligible")
+    removed = torch.zeros(len(inv), dtype=torch.bool)
+    removed[cand[:n]] = True
+    return Allocation(removed, report(inv, removed, rho, allocator="shortgpt", n_blocks=n))

@@ -1,0 +1,62 @@
+"""Score-then-allocate for the structured selections: ``select_units`` scores every unit of an inventory
+(:mod:`secateur.scoring.structured`) and hands the scores to one allocator (:mod:`secateur.budgets.allocate`),
+returning the :class:`~secateur.structured.selection.Selection` that compensation and slicing consume."""
+
+from __future__ import annotations
+
+from secateur.budgets.allocate import (
+    Guard,
+    allocate_blocks,
+    allocate_global,
+    allocate_uniform,
+    allocate_weighted_threshold,
+    check_reached,
+)
+from secateur.errors import SecateurError
+from secateur.models.adapters import Adapter
+from secateur.scoring.structured import flap_alam_scores, unit_scores
+from secateur.structured.selection import Selection
+from secateur.structured.units import inventory
+
+#: the allocators select_units runs (the CLI's --allocation names map onto them: secateur.methods.structured)
+ALLOCATORS = ("uniform", "global", "flap", "blocks")
+
+
+def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
+                 kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
+                 guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
+                 ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
+                 **score_opts) -> Selection:
+    """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
+
+    ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
+    removable-parameter budget with ``guard``; CoCurve's shared solver), ``flap`` (FLAP AL-AM: per-layer
+    standardized scores + weighted global threshold; ``method`` must be ``flap``), ``blocks``
+    (ShortGPT; ``kinds=('block',)``, ``method='shortgpt'``, ``stats`` = block influences).
+    ``cost_normalized`` (global): rank by ``score / cost`` (CoCurve's rule; default) or by raw score;
+    the default is raw for ``random``, so that every unit is equally likely whatever its size.
+    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). The allocation report
+    (realized fraction etc.) is ``selection.info``.
+    """
+    if allocation not in ALLOCATORS:
+        raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
+    inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
+    if allocation == "flap":
+        if method != "flap":
+            raise SecateurError("allocation 'flap' (AL-AM) standardizes FLAP metrics; use method='flap'")
+        scores = flap_alam_scores(inv, adapter, stats, score_opts.get("metric", "wifv"))
+        alloc = allocate_weighted_threshold(inv, scores, rho, rule=rule, guard=guard)
+    else:
+        scores = unit_scores(inv, adapter, method, stats, seed=seed, **score_opts)
+        if allocation == "uniform":
+            alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard)
+        elif allocation == "global":
+            norm = cost_normalized if cost_normalized is not None else method != "random"
+            alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
+        else:
+            alloc = allocate_blocks(inv, scores, rho, guard=guard)
+    if guard is None:  # protected layers lower the realized fraction on purpose (reported, not refused)
+        check_reached(inv, alloc.info, rho, allocation)
+    info = {"method": method, "allocation": allocation, "kinds": list(kinds), "seed": seed,
+            "score_opts": score_opts, **alloc.info}
+    return Selection.from_removed(inv, alloc.removed, info)

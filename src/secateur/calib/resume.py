@@ -1,0 +1,255 @@
+"""Checkpoints that let a killed ``secateur prune --out DIR`` continue where it stopped (``--resume``).
+
+The checkpoint is a hidden folder beside the output, ``<parent>/.<name>.secateur-ckpt/``, holding
+
+* ``manifest.json``: the *fingerprint* of the run -- everything that determines its result (model and its
+  weight files, every prune option except out/overwrite/quiet/resume, the calibration tokens' sha256, the
+  library versions; not the thread count, which no result depends on: docs/protocols.md) -- and the
+  marker that makes the folder recognizably secateur's;
+* per finished engine block: ``<stage>-block<i>.pt`` with the block's parameters after pruning and the
+  handler's state for that block (masks, statistics, records); ``<stage>-hs.pt``: the hidden states that
+  feed the next block (only the latest is kept);
+* per compensated projection of a structured run: ``<stage>-<layer>-<group>.pt``.
+
+Stages are named by the order in which the run reaches them (``engine0``, ``comp0``, ...): the computation
+is deterministic, so a resumed run reaches the same stages in the same order. Every file is written to a
+temporary name and moved into place (``os.replace``), so a kill leaves either the old or the new file.
+torch.save/load round-trips tensors exactly, so the continued computation sees the same bits as an
+uninterrupted one and ends with bit-identical weights and masks.
+
+The active checkpoint is a context variable set by :func:`secateur.api.prune` around the method's run; the
+calibration engine and the structured compensation read it with :func:`current` (no argument threading
+through every method runner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from secateur.errors import SecateurError
+
+SUFFIX = ".secateur-ckpt"
+MANIFEST = "manifest.json"
+MARKER = "secateur_checkpoint"
+FORMAT = 1
+#: prune options that do not change the result (everything else is part of the fingerprint)
+NEUTRAL_OPTIONS = ("out", "overwrite", "quiet", "resume")
+
+
+
+class CheckpointError(SecateurError):
+    """A checkpoint that cannot be used; the run leaves it in place for the user to inspect or remove."""
+
+
+_current: contextvars.ContextVar[Checkpoint | None] = contextvars.ContextVar("secateur_checkpoint", default=None)
+
+
+def checkpoint_dir(out: str | Path) -> Path:
+    """``<parent>/.<name>.secateur-ckpt`` for the output folder ``out``."""
+    out = Path(out).absolute()
+    return out.parent / f".{out.name}{SUFFIX}"
+
+
+def _is_ours(path: Path) -> bool:
+    """A folder with our name pattern whose manifest carries the marker."""
+    if not path.name.endswith(SUFFIX) or not path.is_dir():
+        return False
+    if {p.name for p in path.iterdir()} == {f".{MANIFEST}.tmp"}:
+        return True  # killed while writing its manifest
+    try:
+        return MARKER in json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _file_stats(path: Path) -> list[list]:
+    """Name, size and mtime of the files of a local model (cheaper than hashing the weights)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(opts, model: torch.nn.Module, token_sha: str | None) -> dict[str, Any]:
+    """Everything that determines the result of ``secateur prune`` with options ``opts``."""
+    from secateur.models.loading import gguf_file, resolve
+    from secateur.runinfo import versions
+
+    options = {k: v for k, v in sorted(opts.to_dict().items()) if k not in NEUTRAL_OPTIONS}
+    local = None  # an in-memory model: the digest of its weights before pruning
+    if isinstance(opts.model, str):
+        local = gguf_file(opts.model)  # a GGUF input: its file (the cached folder is derived from it)
+        if local is None:
+            local = Path(resolve(opts.model, opts.dtype)[0])
+    weights: Any = _file_stats(local) if local is not None and local.exists() else _weights_digest(model)
+    fp = {"options": options, "model_files": weights, "calibration_sha256": token_sha, "versions": versions()}
+    return json.loads(json.dumps(fp, default=str))  # the same value as after a round trip through the manifest
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            short = k in ("model_files",)
+            out.append(f"{prefix}{k}" + ("" if short else f" ({a!r} -> {b!r})"))
+    return out
+
+
+class Checkpoint:
+    """One run's checkpoint folder: atomic ``save``/``load`` of named pieces and per-kind stage names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stages: dict[str, int] = {}
+        self.saved = False  # whether this run has written anything (then an interruption can be resumed)
+
+    # --- opening / removing ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, out: str | Path, fp: dict, resume: bool, log=None) -> Checkpoint:
+        """The checkpoint of ``out``: an existing matching one with ``resume``, else a fresh one.
+
+        A mismatching checkpoint is refused with ``resume`` (never deleted); without ``resume`` a stale
+        checkpoint of ours is replaced. A folder of that name that is not ours is always refused."""
+        log = log or (lambda msg: print(f"secateur: {msg}", file=sys.stderr))
+        path = checkpoint_dir(out)
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()  # killed between mkdir and the manifest: nothing in it
+        if path.exists() and not _is_ours(path):
+            raise CheckpointError(f"{path} exists but is not a secateur checkpoint; move it away to prune to {out}")
+        if path.exists():
+            old = json.loads((path / MANIFEST).read_text()).get("fingerprint", {})
+            if resume:
+                diff = _differences(old, fp)
+                if diff:
+                    raise CheckpointError(f"the checkpoint {path} was made by a different run (differs in: "
+                                        f"{'; '.join(diff)}); remove it, or drop --resume to start over")
+                log(f"resuming from the checkpoint {path}")
+                return cls(path)
+            log(f"replacing the stale checkpoint {path} (pass --resume to continue it instead)")
+            cls(path).remove()
+        elif resume:
+            log(f"no checkpoint at {path}: starting from scratch")
+        path.mkdir(parents=True)
+        ck = cls(path)
+        ck._write_bytes(MANIFEST, json.dumps({MARKER: FORMAT, "out": str(Path(out).absolute()), "fingerprint": fp},
+                                             indent=1).encode())
+        return ck
+
+    def remove(self) -> None:
+        """Delete the folder, only if it is recognizably a secateur checkpoint."""
+        if _is_ours(self.path):
+            shutil.rmtree(self.path)
+
+    # --- pieces ------------------------------------------------------------------------------------
+    def stage(self, kind: str) -> str:
+        """The next stage name of ``kind`` in this run (``engine0``, ``engine1``, ...)."""
+        n = self._stages.get(kind, 0)
+        self._stages[kind] = n + 1
+        return f"{kind}{n}"
+
+    def _write_bytes(self, name: str, data: bytes) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path / name)
+
+    def save(self, name: str, obj: Any) -> None:
+        tmp = self.path / f".{name}.tmp"
+        torch.save(_pack(obj), tmp)
+        os.replace(tmp, self.path / name)
+        self.saved = True
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    def load(self, name: str) -> Any:
+        try:
+            return _unpack(torch.load(self.path / name, map_location="cpu", weights_only=True))
+        except Exception as e:  # a truncated or foreign file: the user must start over
+            raise CheckpointError(f"checkpoint file {self.path / name} is unreadable ({type(e).__name__}); remove "
+                                f"{self.path} and run without --resume") from e
+
+    def delete(self, name: str) -> None:
+        (self.path / name).unlink(missing_ok=True)
+
+
+def _pack(obj: Any) -> Any:
+    """Boolean tensors (masks) bit-packed: 1 bit instead of 1 byte per weight on disk."""
+    if torch.is_tensor(obj) and obj.dtype == torch.bool:
+        import numpy as np
+
+        bits = torch.from_numpy(np.packbits(obj.cpu().numpy().ravel()))
+        return {"__bits__": bits, "shape": list(obj.shape)}
+    if isinstance(obj, dict):
+        return {k: _pack(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_pack(v) for v in obj)
+    return obj
+
+
+def _unpack(obj: Any) -> Any:
+    if isinstance(obj, dict) and "__bits__" in obj:
+        import math
+
+        import numpy as np
+
+        n = math.prod(obj["shape"])
+        return torch.from_numpy(np.unpackbits(obj["__bits__"].numpy())[:n].astype(bool).reshape(obj["shape"]))
+    if isinstance(obj, dict):
+        return {k: _unpack(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unpack(v) for v in obj)
+    return obj
+
+
+def current() -> Checkpoint | None:
+    """The checkpoint of the running ``prune`` (None when not checkpointing)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def active(ck: Checkpoint | None) -> Iterator[Checkpoint | None]:
+    token = _current.set(ck)
+    try:
+        yield ck
+    finally:
+        _current.reset(token)
+
+
+# --- accumulator (de)serialization: plain tensors and numbers, so torch.load(weights_only=True) reads them --
+
+def pack_accumulator(acc) -> dict:
+    from secateur.calib.stats import ACCUMULATORS
+
+    if acc.name not in ACCUMULATORS or type(acc) is not ACCUMULATORS[acc.name]:
+        raise TypeError(f"cannot checkpoint accumulator {type(acc).__name__}")
+    return {"kind": acc.name, "state": dict(vars(acc))}
+
+
+def unpack_accumulator(d: dict):
+    from secateur.calib.stats import ACCUMULATORS
+
+    cls = ACCUMULATORS[d["kind"]]
+    acc = cls.__new__(cls)
+    acc.__dict__.update(d["state"])
+    return acc

@@ -1,0 +1,352 @@
+"""Write pruned models as Hugging Face folders, atomically, with their report and masks.
+
+``DIR`` is built in a temporary sibling folder and renamed into place only when everything is
+written, so a failure (including a full disk or an interruption) leaves no ``DIR`` behind.
+
+Safety rules (checked before anything is loaded, again before anything is replaced):
+
+* ``overwrite`` replaces only a previous secateur output: a folder holding its marker
+  (``secateur-report.json`` for ``prune``, ``secateur-export.json`` for ``save_pruned``,
+  ``secateur-report-index.json`` for ``report``) and no name such an export does not write
+  (:func:`check_replaceable`). Anything else is refused, naming the path and why.
+* the output may not be, or contain, the model it is made from, the current or home directory, ``/``.
+* temporary folders are named ``.<out>.secateur-tmp-<pid>-<random>`` (``-old-`` while the previous
+  output is moved aside) and hold a marker with their pid and host first; a later write to the same
+  output removes those whose process is gone (:func:`remove_stale_temps`), and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from secateur.errors import SecateurError
+
+REPORT_NAME = "secateur-report.json"
+MASKS_NAME = "secateur-masks.npz"
+EXPORT_MARKER = "secateur-export.json"  # written by export.sliced.save_pruned (library use)
+REPORT_INDEX = "secateur-report-index.json"  # marker of a `secateur report` folder
+TEMP_MARKER = ".secateur-tmp.json"  # first file in every temporary folder: {"pid", "host", "out"}
+_TEMP_KINDS = ("tmp", "old")
+
+# Every name a model export may write (save_run, save_structured, save_pruned, CoCurve).
+TOKENIZER_NAMES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "chat_template.json", "chat_template.jinja"}
+MODEL_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
+METHOD_NAMES = {"secateur_hetero.py", "secateur_selection.json", "qk-removal.png", "cocurve_graph.npz",
+                "cocurve_mask.npz", "cocurve_report.json", "cocurve_mask.pt"}
+MODEL_PATTERNS = ("*.safetensors", "secateur-*.json", "secateur-*.npz", "secateur-*.png")
+REPORT_NAMES = {REPORT_INDEX, "report.md", "report.html"}
+# kind -> (markers, one of which must be present; exact names; patterns; sub-folders and their patterns)
+_KINDS: dict[str, tuple[set[str], set[str], tuple[str, ...], dict[str, tuple[str, ...]]]] = {
+    "model": ({REPORT_NAME, EXPORT_MARKER, "cocurve_report.json"}, TOKENIZER_NAMES | MODEL_NAMES | METHOD_NAMES,
+              MODEL_PATTERNS, {}),
+    "report": ({REPORT_INDEX}, REPORT_NAMES, (), {"plots": ("*.png",)}),
+}
+_SPACE_OVERHEAD = 16 << 20  # tokenizer, config, report, zip headers: a few MB at most
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _existing_ancestor(p: Path) -> Path:
+    """``p`` itself or its nearest ancestor that exists (the folder a new path would be created in)."""
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _protected(protect: Iterable[str | Path]) -> list[tuple[Path, str]]:
+    places = [(Path.cwd().resolve(), "the current directory"), (Path.home().resolve(), "the home directory"),
+              (Path("/"), "the root folder")]
+    return places + [(Path(p).resolve(), f"the --model {p}") for p in protect]
+
+
+def model_paths(spec: str | None) -> list[Path]:
+    """The local files an output must not replace: a model folder or ``.gguf`` file, an alias's cache folder."""
+    if not spec:
+        return []
+    from secateur.models.loading import ALIASES, cache_dir
+
+    if spec in ALIASES:
+        return [cache_dir() / ALIASES[spec][2]]
+    p = Path(spec)
+    return [p] if os.path.lexists(p) else []
+
+
+def _foreign_entries(folder: Path, kind: str) -> tuple[bool, list[str]]:
+    """(has the kind's marker, names in ``folder`` that such an export never writes)."""
+    markers, names, patterns, subdirs = _KINDS[kind]
+    foreign, marked = [], False
+    for p in sorted(folder.iterdir()):
+        n = p.name
+        if p.is_symlink() or not (p.is_file() or p.is_dir()):
+            foreign.append(n)
+        elif p.is_dir():
+            if n not in subdirs or any(q.is_symlink() or not q.is_file()
+                                       or not any(fnmatch.fnmatchcase(q.name, g) for g in subdirs[n])
+                                       for q in p.iterdir()):
+                foreign.append(n + "/")
+        elif n in markers:
+            marked = True
+        elif n not in names and not any(fnmatch.fnmatchcase(n, g) for g in patterns):
+            foreign.append(n)
+    return marked, foreign
+
+
+def check_replaceable(out: str | Path, kind: str = "model") -> None:
+    """Refuse to replace ``out`` unless it is a previous secateur output of ``kind`` (see the module doc)."""
+    out = Path(out)
+    how = "--overwrite only replaces a previous secateur output"
+    if out.is_symlink():
+        raise SecateurError(f"output {out} is a symbolic link; {how}: give the real folder or another path")
+    if not out.is_dir():
+        raise SecateurError(f"output {out} is a file, not a secateur output folder; {how}: choose another path")
+    try:
+        marked, foreign = _foreign_entries(out, kind)
+    except OSError as e:
+        raise SecateurError(f"output {out} cannot be read ({e.strerror or e}); {how}") from None
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise SecateurError(f"output {out} holds files secateur did not write ({shown}); {how}: "
+                            "move them or choose another path")
+    if not marked and any(out.iterdir()):
+        marker = " or ".join(sorted(_KINDS[kind][0]))
+        raise SecateurError(f"output {out} is not a secateur output folder (no {marker}); {how}: "
+                            "choose another path")
+
+
+def check_writable_output(path: str | Path, folder: bool = True) -> None:
+    """Fail now, before any model is loaded, when ``path`` cannot be written: its nearest existing ancestor
+    is not a folder or refuses a probe file (read-only, permissions, ...; a real write, so root is not
+    exempt), or a file output names a folder."""
+    path = Path(path)
+    if not folder and path.is_dir():
+        raise SecateurError(f"output file {path} is a folder; name a file")
+    where = _existing_ancestor(path.parent)
+    if not where.is_dir():
+        raise SecateurError(f"cannot write {path}: {where} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".secateur-probe-", dir=where)
+    except OSError as e:
+        raise SecateurError(f"cannot write {path}: {where} is not writable ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
+                     protect: Iterable[str | Path] = ()) -> Path:
+    """Every check of an output folder that needs no model: named, not a protected place (``protect``:
+    e.g. the model's folder; also the current and home directories, ``/``), replaceable if it exists
+    (:func:`check_replaceable`), writable (:func:`check_writable_output`). A killed run's temporary
+    folders for ``out`` are removed first (:func:`remove_stale_temps`: only secateur's own)."""
+    if out is None or str(out).strip() == "":
+        raise SecateurError("output path is empty: name the output folder (--out DIR)")
+    out = Path(out)
+    real = out.resolve()
+    places = _protected(protect)
+    for place, what in places:
+        if real == place:
+            raise SecateurError(f"output {out} is {what}; choose a new folder")
+    for place, what in places:
+        if real in place.parents:
+            raise SecateurError(f"output {out} contains {what}; choose a new folder")
+    remove_stale_temps(out)
+    if os.path.lexists(out):
+        if not overwrite:
+            raise SecateurError(f"output {out} already exists (pass --overwrite to replace it)")
+        check_replaceable(out, kind)
+    check_writable_output(out)
+    return out
+
+
+def check_free_space(out: str | Path, need: int) -> None:
+    """Refuse before writing when the filesystem of ``out`` has less than ``need`` bytes free."""
+    where = _existing_ancestor(Path(out).parent)
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise SecateurError(f"not enough disk space for {out}: the export needs about {_mb(need)}, "
+                            f"{_mb(free)} free on {where}; free some space or choose another --out")
+
+
+def export_size(model: torch.nn.Module | None, masks: dict[str, torch.Tensor] | None = None,
+                keep: float = 1.0) -> int:
+    """Bytes an export of ``model`` takes, about: its tensors in their saved dtype (tied ones once),
+    ``keep`` times that for a model still to be sliced, the bit-packed masks, a fixed overhead."""
+    seen, n = set(), 0
+    if model is not None:
+        for t in model.state_dict().values():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                n += t.numel() * t.element_size()
+    n = int(n * keep) + sum(m.numel() for m in (masks or {}).values()) // 8
+    return n + _SPACE_OVERHEAD
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """ENOSPC/EDQUOT anywhere in the chain, also when a library wraps it in its own type (safetensors)."""
+    for _ in range(8):
+        if e is None:
+            return False
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e) for s in ("No space left on device", "Disk quota exceeded")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or not a pid we can judge): keep its folder
+    return True
+
+
+def _make_temp(out: Path, kind: str) -> Path:
+    """A fresh hidden sibling of ``out`` whose first file says which process owns it."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.secateur-{kind}-{os.getpid()}-", dir=out.parent))
+    (tmp / TEMP_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": _host(), "out": out.name}))
+    return tmp
+
+
+def _stale(p: Path, out: Path) -> bool:
+    """``p`` is a temporary folder of ``out`` left by a secateur process of this host that is gone."""
+    name = p.name
+    prefixes = [f".{out.name}.secateur-{k}-" for k in _TEMP_KINDS]
+    prefix = next((x for x in prefixes if name.startswith(x)), None)
+    if prefix is None or p.is_symlink() or not p.is_dir():
+        return False
+    pid_part = name[len(prefix):].split("-", 1)[0]
+    if not pid_part.isdigit() or int(pid_part) == os.getpid() or _pid_alive(int(pid_part)):
+        return False
+    marker = p / TEMP_MARKER
+    if not marker.is_file():  # killed between mkdtemp and the marker: only an empty folder is ours for sure
+        return not any(p.iterdir())
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("pid") == int(pid_part) and info.get("host") == _host() \
+        and info.get("out") == out.name
+
+
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove the temporary folders a killed secateur run left beside ``out`` (see :func:`_stale`); a previous
+    output that was moved aside when the run died is put back first when ``out`` is missing. Returns them."""
+    out = Path(out)
+    if not out.name or not out.parent.is_dir():
+        return []
+    removed = []
+    for p in sorted(out.parent.glob(f".{_glob_escape(out.name)}.secateur-*")):
+        if not _stale(p, out):
+            continue
+        aside = p / out.name
+        if p.name.startswith(f".{out.name}.secateur-old-") and aside.is_dir() and not os.path.lexists(out):
+            os.replace(aside, out)
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def _glob_escape(s: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in s)
+
+
+def _missing_parents(p: Path) -> list[Path]:
+    missing = []
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
+               need: int | None = None) -> Iterator[Path]:
+    """Yield a temporary folder that becomes ``out`` on success and vanishes on failure or interruption.
+
+    ``overwrite`` replaces only a previous secateur output of ``kind`` (:func:`check_replaceable`, checked
+    before and again just before the swap); ``need``: the bytes the export will take, checked against the
+    free space and named when the disk fills up. Parent folders created here are removed on failure."""
+    out = Path(out)
+    check_output_dir(out, overwrite, kind)
+    if need is not None:
+        check_free_space(out, need)
+    created = _missing_parents(out.parent)
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _make_temp(out, "tmp")
+        yield tmp
+        (tmp / TEMP_MARKER).unlink()
+        if os.path.lexists(out):  # move the old folder aside first, so there is never a moment without either
+            check_replaceable(out, kind)
+            trash = _make_temp(out, "old")
+            os.replace(out, trash / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:  # only the folders made here, and only while empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        if isinstance(e, SecateurError) or not isinstance(e, Exception):
+            raise
+        if _disk_full(e):
+            where = _existing_ancestor(out.parent)
+            free = shutil.disk_usage(where).free
+            needs = f"the export needs about {_mb(need)}, " if need is not None else ""
+            raise SecateurError(f"disk full while writing {out}: {needs}{_mb(free)} free on {where}; "
+                                "nothing was written") from e
+        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
+            raise SecateurError(f"could not write {out}: {getattr(e, 'strerror', None) or e}") from e
+        raise
+
+
+def write_file_atomic(path: str | Path, text: str) -> Path:
+    """Write a small text file (eval ``--json``) through a temporary sibling: never a partial file."""
+    path = Path(path)
+    created = _missing_parents(path.parent)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.secateur-tmp-{os.getpid()}-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        if isinstance(e, OSError):
+            what = "disk full" if _disk_full(e) else (e.strerror or str(e))
+            raise SecateurError(f"could not write {path}: {what}") from e
+        raise
+    return path

@@ -1,0 +1,158 @@
+"""Incremental safetensors shards: a standard Hugging Face weights folder written one tensor at a time.
+
+Every tensor's name, dtype and shape is known before the run (a streamed prune keeps shapes), so the shards are
+planned up front (:func:`plan_shards`: state-dict order, a new shard when ``max_shard_bytes`` would be passed):
+each file is created at its final size with its final header, and :meth:`ShardWriter.write` puts a tensor's
+bytes at its offset as soon as the tensor is final (then the caller frees it). :meth:`ShardWriter.close`
+checks every planned tensor was written and writes ``model.safetensors.index.json`` (one shard: a single
+``model.safetensors``, no index, as ``save_pretrained``). No tensor is ever copied to serialize it.
+
+The folder is the temporary folder of :func:`secateur.export.folder.atomic_dir`, so a failed run leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from secateur.errors import SecateurError
+
+DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+               torch.bool: "BOOL"}
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass
+class Shard:
+    file: str
+    specs: list[Spec] = field(default_factory=list)
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    header: bytes = b""
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    def finish(self) -> None:
+        """Offsets in order and the JSON header, padded with spaces to 8 bytes (as safetensors writes it)."""
+        pos, meta = 0, {"__metadata__": {"format": "pt"}}
+        for s in self.specs:
+            self.offsets[s.name] = (pos, pos + s.nbytes)
+            meta[s.name] = {"dtype": DTYPE_NAMES[s.dtype], "shape": list(s.shape),
+                            "data_offsets": [pos, pos + s.nbytes]}
+            pos += s.nbytes
+        h = json.dumps(meta, separators=(",", ":")).encode()
+        self.header = h + b" " * (-len(h) % 8)
+
+
+def plan_shards(specs: list[Spec], max_shard_bytes: int) -> list[Shard]:
+    """Tensors in order into shards of at most ``max_shard_bytes`` (a larger tensor gets a shard of its own);
+    ``model-0000i-of-0000N.safetensors``, or ``model.safetensors`` alone."""
+    groups: list[list[Spec]] = [[]]
+    size = 0
+    for s in specs:
+        if s.dtype not in DTYPE_NAMES:
+            raise SecateurError(f"tensor {s.name}: dtype {s.dtype} cannot be written to safetensors here")
+        if groups[-1] and size + s.nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += s.nbytes
+    n = len(groups)
+    shards = [Shard("model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors", g)
+              for i, g in enumerate(groups)]
+    for sh in shards:
+        sh.finish()
+    return shards
+
+
+class ShardWriter:
+    """Writes planned tensors into their shards under ``folder`` in any order (see the module docstring)."""
+
+    def __init__(self, folder: str | Path, specs: list[Spec], max_shard_bytes: int | None = None) -> None:
+        self.folder = Path(folder)
+        self.shards = plan_shards(specs, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
+        self.where = {s.name: (sh, s) for sh in self.shards for s in sh.specs}
+        self.written: set[str] = set()
+        for sh in self.shards:
+            with (self.folder / sh.file).open("wb") as f:
+                f.write(len(sh.header).to_bytes(8, "little"))
+                f.write(sh.header)
+                f.truncate(8 + len(sh.header) + sh.data_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(sh.data_bytes for sh in self.shards)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Put ``tensor`` (its planned dtype and shape) at its place; written once."""
+        if name not in self.where:
+            raise SecateurError(f"tensor {name} is not in the export plan")
+        if name in self.written:
+            raise SecateurError(f"tensor {name} was written twice")
+        sh, spec = self.where[name]
+        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise SecateurError(f"tensor {name} is {tensor.dtype} {list(tensor.shape)}, the export plan says "
+                                f"{spec.dtype} {list(spec.shape)}")
+        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        data = t.view(torch.uint8).numpy() if t.numel() else b""
+        start, _ = sh.offsets[name]
+        with (self.folder / sh.file).open("r+b") as f:
+            f.seek(8 + len(sh.header) + start)
+            f.write(memoryview(data) if t.numel() else data)
+        self.written.add(name)
+
+    def close(self) -> None:
+        """Every planned tensor written, then the index (several shards)."""
+        missing = [n for n in self.where if n not in self.written]
+        if missing:
+            raise SecateurError(f"streamed export incomplete: {len(missing)} tensors never written (first: "
+                                f"{missing[0]})")
+        if len(self.shards) > 1:
+            index = {"metadata": {"total_size": self.total_bytes},
+                     "weight_map": {s.name: sh.file for sh in self.shards for s in sh.specs}}
+            (self.folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def finish_export(folder: str | Path, model, tokenizer, report: dict, masks=None,
+                  extra_files: dict[str, bytes] | None = None) -> None:
+    """Everything of a masked run's folder but the weights (:func:`secateur.export.hf.save_run`'s other files):
+    ``config.json`` (architectures and dtype as ``save_pretrained`` sets them), the generation config, the
+    tokenizer, the bit-packed masks, the method's files and ``secateur-report.json``."""
+    import numpy as np
+
+    from secateur.export.folder import MASKS_NAME, REPORT_NAME
+    from secateur.export.hf import pack_masks
+
+    folder = Path(folder)
+    config = model.config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    if masks:
+        np.savez_compressed(folder / MASKS_NAME, **pack_masks(masks))
+    for name, data in (extra_files or {}).items():
+        (folder / name).write_bytes(data)
+    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))

@@ -1,0 +1,184 @@
+"""CORP Q/K: prune query/key head dimensions of a non-RoPE model and fold the logit-space compensation
+into the q/k projections (CORP, seed 002, Sec. 3.3-3.4; spec ``corp.md`` Sec. 2, 4, 5).
+
+Per block, in the calibration engine's ``attn_in`` group (the q/k input ``X``):
+
+1. statistics: the per-sequence second moments ``A_b = Q_b^T Q_b`` and ``C_b = K_b^T K_b`` of every head,
+   from the block's current q/k projections (biases included) -- :class:`secateur.calib.qk.QKOutputGrams`;
+2. selection: per KV head, keep ``d_s = d_h - floor(rho d_h)`` dims (at least ``min_qk_dim``) by CORP's
+   score ``sum_b diag(A_b) * diag(C_b)`` over the head's query heads (:func:`secateur.scoring.corp.corp_qk_scores`);
+3. compensation: the ridge solve ``M`` of Eq. (4.2) per query head (``q_s^T M k_s`` fits the dense logit
+   ``q^T k`` over the calibration tokens), folded into W_Q/b_Q (one-sided, GQA) or split between W_Q and
+   W_K (balanced, MHA) -- :func:`secateur.compensate.corp_qk_layer`;
+4. materialization by zeroing: the compensated rows are written into the kept positions of each head and
+   the other q/k rows (and bias entries) are set to zero. A head's logit is then exactly ``q_s^T M k_s``
+   with the module's original ``1/sqrt(d_h)`` scale, and the model keeps its stock class (Hugging Face
+   attention needs one head width for q, k and v, so there is no physical slice). The masks mark the
+   zeroed rows.
+
+RoPE models are refused (rotary embeddings do not commute with dim pruning or mixing, corp.md [A8]);
+so are q/k-norm models (the logit is not bilinear in the projections). v and o are untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from secateur.calib import engine
+from secateur.calib.qk import QKOutputGrams
+from secateur.calib.stats import Accumulator
+from secateur.compensate.corp import corp_qk_layer
+from secateur.errors import SecateurError
+from secateur.methods.knobs import MethodOptions
+from secateur.methods.result import MethodResult
+from secateur.models.adapters import Adapter
+from secateur.models.linear import LinearRef
+
+
+@dataclass
+class CorpQKConfig:
+    """rho: fraction of each head's q/k dims removed; lam: ``'auto'`` (corp.md Sec. 5 rule), ``'fixed'``
+    (``lam0``) or a number; mode / fold / min_qk_dim: :func:`corp_qk_layer`'s."""
+
+    sparsity: float = 0.25
+    lam: float | Literal["auto", "fixed"] = "auto"
+    lam0: float = 1e-3
+    mode: Literal["exact", "pooled"] = "exact"
+    fold: Literal["auto", "balanced", "one_sided"] = "auto"
+    min_qk_dim: int = 8
+
+    def validate(self) -> None:
+        if not 0.0 <= float(self.sparsity) < 1.0:
+            raise SecateurError(f"sparsity (the fraction of q/k dims removed) must be in [0, 1), got {self.sparsity}")
+
+
+def check_supported(adapter: Adapter) -> None:
+    g = adapter.geometry
+    if g.rope:
+        raise SecateurError("CORP Q/K compensation is defined only for non-RoPE models (OPT, GPT-2); this model "
+                            "uses rotary embeddings (corp.md [A8]); use --method corp for its MLP channels")
+    if g.qk_norm:
+        raise SecateurError("CORP Q/K needs logits bilinear in the q/k projections; this model normalizes q/k")
+
+
+class CorpQKHandler(engine.Handler):
+    resumable = True
+
+    def __init__(self, cfg: CorpQKConfig) -> None:
+        self.cfg = cfg
+        self.masks: dict[str, torch.Tensor] = {}
+        self.layers: list[dict] = []
+
+    def accumulators(self, ctx, group, names) -> dict[str, Accumulator]:
+        if group != "attn_in":
+            return {}
+        g = ctx.adapter.geometry
+        refs = ctx.adapter.role_refs(ctx.layer)
+        return {"corp_qk": QKOutputGrams(refs["q"], refs["k"], g.n_heads, g.n_kv_heads, g.head_dim)}
+
+    def on_group(self, ctx, group, names, accs) -> None:
+        if group != "attn_in":
+            return
+        acc: QKOutputGrams = accs["corp_qk"]
+        g = ctx.adapter.geometry
+        q, k = acc.q, acc.k
+        # solve on the CPU, where the statistics are (the block may be visiting a GPU)
+        wq, wk = q.weight.detach().double().cpu(), k.weight.detach().double().cpu()
+        bq = None if q.bias is None else q.bias.detach().double().cpu()
+        bk = None if k.bias is None else k.bias.detach().double().cpu()
+        res = corp_qk_layer(wq, bq, wk, bk, acc.qa, acc.ka, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
+                            ratio=self.cfg.sparsity, lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode,
+                            fold=self.cfg.fold, min_qk_dim=self.cfg.min_qk_dim)
+        d_h, ds = g.head_dim, res.kept.shape[1]
+        gs = g.n_heads // g.n_kv_heads
+        new = {"q": (torch.zeros_like(wq), None if bq is None else torch.zeros_like(bq), g.n_heads),
+               "k": (torch.zeros_like(wk), None if bk is None else torch.zeros_like(bk), g.n_kv_heads)}
+        outs = {"q": (res.w_q, res.b_q), "k": (res.w_k, res.b_k)}
+        for role, (w_new, b_new, n) in new.items():
+            w_c, b_c = outs[role]
+            pruned = torch.ones(w_new.shape[0], dtype=torch.bool)
+            for h in range(n):
+                kept = res.kept[h // gs if role == "q" else h]
+                rows = h * d_h + kept  # row j of the reduced head goes to kept dim j: q and k stay aligned
+                w_new[rows] = w_c[h * ds:(h + 1) * ds]
+                pruned[rows] = False
+                if b_new is not None:
+                    b_new[rows] = b_c[h * ds:(h + 1) * ds] if b_c is not None else 0.0
+            ref = q if role == "q" else k
+            ref.set_weight(w_new)
+            if b_new is not None:
+                with torch.no_grad():
+                    ref.bias.copy_(b_new.to(ref.bias.dtype))
+            self._store(ctx, ref, pruned[:, None].expand(-1, w_new.shape[1]).clone())
+        d = res.diagnostics
+        self.layers.append({"layer": ctx.index, "d_h": d_h, "d_s": ds, "fold": d["fold"],
+                            "logit_rel_before": d["logit_rel_before"], "logit_rel_after": d["logit_rel_after"],
+                            "sv_clamped": d["sv_clamped"]})
+
+    def block_state(self, ctx) -> dict:
+        from secateur.methods.unstructured import block_masks
+
+        return {"masks": block_masks(self.masks, ctx), "layers": [r for r in self.layers if r["layer"] == ctx.index]}
+
+    def load_block_state(self, index, state) -> None:
+        self.masks.update(state["masks"])
+        self.layers += state["layers"]
+
+    def _store(self, ctx, ref: LinearRef, mask: torch.Tensor) -> None:
+        """``mask`` ([out, in] of ``ref``) under its module's full name; fused q/k/v slices share one mask."""
+        name = next(n for n, r in ctx.refs.items() if r.module is ref.module)
+        key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
+        if ref.rows is None:
+            self.masks[key] = mask
+            return
+        full = self.masks.get(key)
+        if full is None:
+            full = torch.zeros(ctx.refs[name].weight.shape, dtype=torch.bool)
+        full[ref.rows] = mask
+        self.masks[key] = full
+
+
+def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, cfg: CorpQKConfig,
+                  mode: str = "sequential", chunk_size: int = 8, device=None, progress: bool = True) -> dict:
+    """Prune q/k dims and fold CORP's compensation in place; returns ``{"masks", "timings", "details"}``."""
+    cfg.validate()
+    check_supported(adapter)
+    if calib_ids is None:
+        raise SecateurError("CORP Q/K needs calibration data")
+    h = CorpQKHandler(cfg)
+    rep = engine.run(model, adapter, calib_ids, h, mode=mode, chunk_size=chunk_size, device=device,
+                     progress=progress)
+    n = len(h.layers)
+    details = {"method": "corp-qk", "sparsity": cfg.sparsity, "lam": cfg.lam, "mode": cfg.mode, "layers": h.layers,
+               "d_s": sorted({r["d_s"] for r in h.layers}),
+               "logit_rel_before_mean": sum(r["logit_rel_before"] for r in h.layers) / max(n, 1),
+               "logit_rel_after_mean": sum(r["logit_rel_after"] for r in h.layers) / max(n, 1)}
+    return {"masks": h.masks, "timings": rep.timings, "details": details}
+
+
+# --- the registered method (--method corp-qk) ----------------------------------------------------------------
+
+@dataclass
+class CorpQKOptions(MethodOptions):
+    """CORP Q/K takes no knob beyond ``--sparsity`` (its ridge and fold follow corp.md Sec. 5)."""
+
+
+def corp_qk_config(opts) -> CorpQKConfig:
+    """The validated :class:`CorpQKConfig` from ``PruneOptions``."""
+    if opts.pattern or opts.targets or opts.budget:
+        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
+                            "fraction of every head's query/key dims removed")
+    cfg = CorpQKConfig(sparsity=opts.sparsity)
+    cfg.validate()
+    return cfg
+
+
+def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:
+    """Registry runner: prune q/k dims in place, return the masks of the zeroed rows."""
+    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
+                        device=opts.device, progress=not opts.quiet)
+    return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])

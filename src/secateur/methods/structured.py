@@ -1,0 +1,280 @@
+"""Structured pruning with compensation (issues 5 and 6): the composition of the score-based selections and
+their options.
+
+One dense calibration pass -> selection -> per-layer compensation -> physical slicing::
+
+    stats  = collect_stats(model, adapter, ids, stat_kinds(cfg))   # secateur.calib.collect, engine mode "dense"
+    res    = prune_structured(model, adapter, ids, cfg, stats=stats)
+
+1. **Statistics** (:func:`secateur.calib.collect.collect_stats`): accumulators on the inputs of ``o_proj``
+   (``attn_out``) and ``down_proj`` (``mlp_out``): ``sumsq`` + ``meanvar`` for every selection score (so the
+   selection never depends on the compensator), plus the uncentered ``gram`` ``C = E[x x^T]`` (with the mean)
+   when a compensator runs. ShortGPT adds one dense pass for the block influence
+   (:func:`add_block_influence`). Structured selection from a dense pass does not depend on the sparsity, so one
+   :class:`~secateur.calib.collect.StructuredStats` serves every sparsity and compensator (the benchmarks cache
+   it).
+2. **Selection** (:func:`secateur.budgets.select.select_units`): units ``kv_group`` / ``head`` (attention) and
+   ``channel`` (MLP), ``uniform`` allocation (keep ``ceil((1 - rho) n)`` per layer and kind, COEC Sec. 1)
+   or ``flap-global`` (FLAP AL-AM). Scores: ``wanda_sp`` (COEC's L2 form), ``flap`` (WIFV), ``rcpu``,
+   ``magnitude`` (mag-sp), ``random`` (seeded), ``shortgpt`` (whole blocks), ``corp`` (MLP channels).
+3. **Compensation and materialization** (:func:`secateur.methods.compensation.materialize_selection`, shared
+   with CoCurve): every ``o_proj`` / ``down_proj`` that lost columns is repaired from the dense weight and the
+   dense statistics, then the units are sliced out.
+
+Details for the report (:class:`StructuredResult.details`): per-layer reconstruction error before/after,
+the chosen GCV lambda and alternation rounds (COEC), the compensation time, realized fractions (overall,
+per unit kind, per layer), parameter counts before/after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from secateur.calib.collect import SCORE_STATS, StructuredStats, collect_stats
+from secateur.errors import SecateurError
+from secateur.methods.compensation import (
+    CompensationConfig,
+    CompensationOptions,
+    compensation_details,
+    materialize_selection,
+)
+from secateur.methods.knobs import knob
+from secateur.methods.result import MethodResult
+from secateur.models.adapters import Adapter
+
+# --- names ---------------------------------------------------------------------------------------------
+
+#: registry method name -> unit score (secateur.scoring.structured)
+SELECTIONS: dict[str, str] = {
+    "wanda-sp": "wanda_sp", "flap": "flap", "rcpu": "rcpu", "magnitude-sp": "magnitude", "random": "random",
+    "shortgpt": "shortgpt", "corp": "corp",
+}
+#: ``--structured`` maps these unstructured method names to their structured counterpart
+STRUCTURED_ALIASES: dict[str, str] = {"magnitude": "magnitude-sp", "wanda": "wanda-sp"}
+#: the compensation each selection method ships with (COEC Table 1 "native")
+NATIVE: dict[str, str] = {"wanda-sp": "none", "flap": "bias", "rcpu": "rcpu", "magnitude-sp": "none",
+                          "random": "none", "shortgpt": "none", "corp": "corp"}
+#: ``--allocation`` name -> allocator of :func:`secateur.budgets.select.select_units`
+STRUCTURED_ALLOCATIONS: dict[str, str] = {"uniform": "uniform", "flap-global": "flap"}
+UNIT_CHOICES = ("kv_group", "head", "channel")
+
+
+@dataclass
+class StructuredConfig(CompensationConfig):
+    """What to prune and how to repair it (the compensation fields: :class:`CompensationConfig`).
+
+    score: unit score (``wanda_sp``, ``flap``, ``rcpu``, ``magnitude``, ``random``, ``shortgpt``, ``corp``).
+    units: unit kinds (``kv_group`` or ``head``, and/or ``channel``); ``shortgpt`` always uses blocks.
+    allocation: ``uniform`` (COEC) or ``flap-global`` (FLAP AL-AM, score ``flap`` only).
+    """
+
+    score: str = "rcpu"
+    sparsity: float = 0.3
+    units: tuple[str, ...] = ("kv_group", "channel")
+    allocation: str = "uniform"
+    rounding: str = "ceil"
+    seed: int = 0
+    score_opts: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.score not in SELECTIONS.values():
+            raise SecateurError(f"unknown structured score {self.score!r}; choose from {sorted(SELECTIONS)}")
+        super().validate()
+        if self.allocation not in STRUCTURED_ALLOCATIONS:
+            raise SecateurError(f"allocation must be one of {', '.join(STRUCTURED_ALLOCATIONS)}, "
+                                f"not {self.allocation!r}")
+        if not 0.0 <= float(self.sparsity) < 1.0:
+            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        bad = [u for u in self.units if u not in UNIT_CHOICES]
+        if bad or not self.units:
+            raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}")
+        if "kv_group" in self.units and "head" in self.units:
+            raise SecateurError("choose one attention unit: kv_group or head")
+        if self.allocation == "flap-global" and self.score != "flap":
+            raise SecateurError("--allocation flap-global is FLAP's AL-AM allocation; use it with --method flap")
+        if self.score == "shortgpt" and self.compensation != "none":
+            raise SecateurError("shortgpt removes whole blocks: there are no kept columns to compensate "
+                                "(use --compensation none)")
+        if self.score == "corp" and any(u != "channel" for u in self.units):
+            raise SecateurError("corp ranks MLP channels only (its Q/K head-dimension pruning needs a non-RoPE "
+                                "model); use --units channel, or compensate another selection with "
+                                "--compensation corp")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("block",) if self.score == "shortgpt" else tuple(self.units)
+
+
+@dataclass
+class StructuredResult:
+    selection: Any
+    details: dict
+    timings: dict[str, float]
+
+
+# --- the pipeline -----------------------------------------------------------------------------------------
+
+def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
+    """The accumulators ``cfg`` reads: the score's (none for magnitude, random and ShortGPT, whose block
+    influence is its own forward) plus the Grams when compensating."""
+    score = () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
+    return score + (("gram",) if cfg.needs_gram else ())
+
+
+def block_influence(model: nn.Module, adapter: Adapter, ids: torch.Tensor, chunk_size: int = 8) -> torch.Tensor:
+    """ShortGPT's block influence from one dense forward of the decoder alone (no lm_head: BI only reads the
+    blocks' inputs and outputs)."""
+    from secateur.calib.collect import block_influence as bi_fn
+
+    return bi_fn(getattr(model, "base_model", model), adapter, ids, batch_size=chunk_size)
+
+
+def add_block_influence(stats: StructuredStats, model: nn.Module, adapter: Adapter, ids: torch.Tensor,
+                        chunk_size: int = 8) -> StructuredStats:
+    """``stats`` with ShortGPT's block influence (timed as ``block_influence_s``)."""
+    t = time.perf_counter()
+    stats.block_influence = block_influence(model, adapter, ids, chunk_size)
+    stats.timings["block_influence_s"] = time.perf_counter() - t
+    stats.n_tokens = stats.n_tokens or int(ids.numel())
+    return stats
+
+
+def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, device, progress):
+    """The statistics ``cfg`` reads: ``stats`` when given (checked), else collected from ``ids``."""
+    need_bi = cfg.score == "shortgpt"
+    kinds = stat_kinds(cfg)
+    if stats is not None:  # reused statistics must hold what this config reads
+        missing = [k for k in kinds if not stats.has((k,))]
+        if missing:
+            raise SecateurError(f"the statistics passed lack {', '.join(missing)} (needed by score {cfg.score!r} "
+                                f"with compensation {cfg.compensation!r}); collect them with stat_kinds(cfg)")
+        if need_bi and stats.block_influence is None:
+            if ids is None:
+                raise SecateurError("shortgpt needs calibration data for the block influence")
+            stats.block_influence = block_influence(model, adapter, ids, chunk_size)
+        return stats, {}
+    if (kinds or need_bi) and ids is None:
+        raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
+    stats = collect_stats(model, adapter, ids, kinds, chunk_size, device, progress)
+    if need_bi:
+        add_block_influence(stats, model, adapter, ids, chunk_size)
+    return stats, dict(stats.timings)
+
+
+def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
+                     stats: StructuredStats | None = None, chunk_size: int = 8, device=None,
+                     progress: bool = False) -> StructuredResult:
+    """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
+    reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
+    import dataclasses
+
+    from secateur.budgets.select import select_units
+    from secateur.eval.efficiency import count_params
+
+    cfg.validate()
+    if cfg.compensation == "coec" and cfg.coec is None:
+        from secateur.compensate import COECOptions
+
+        cfg = dataclasses.replace(cfg, coec=COECOptions())
+    t_all = time.perf_counter()
+    need_bi = cfg.score == "shortgpt"
+    stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress)
+    params_before = count_params(model)
+    t = time.perf_counter()
+    score_stats = stats.block_influence if need_bi else stats.groups
+    sel = select_units(adapter, cfg.score, cfg.sparsity, score_stats, kinds=cfg.kinds,
+                       allocation="blocks" if need_bi else STRUCTURED_ALLOCATIONS[cfg.allocation],
+                       rounding=cfg.rounding, seed=cfg.seed, **cfg.score_opts)
+    timings["select_s"] = time.perf_counter() - t
+    records, mt = materialize_selection(model, adapter, sel, cfg, stats)
+    timings.update(mt)
+    timings["total_s"] = time.perf_counter() - t_all
+    params_after = count_params(model)
+    info = sel.info
+    details = {
+        "structured": True, "score": cfg.score, "units": list(cfg.kinds),
+        "allocation": "blocks" if need_bi else cfg.allocation, "target_sparsity": cfg.sparsity,
+        "realized": info.get("realized"), "by_kind": info.get("by_kind"),
+        "per_layer_realized": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()},
+        "removed_blocks": list(sel.removed_blocks),
+        "params_before": params_before, "params_after": params_after,
+        "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
+        "calibration_tokens": stats.n_tokens, **compensation_details(cfg, records, mt["compensation_s"]),
+    }
+    return StructuredResult(sel, details, timings)
+
+
+# --- the registered methods (--method wanda-sp|flap|rcpu|magnitude-sp|random|shortgpt|corp) -------------------
+
+@dataclass
+class StructuredOptions(CompensationOptions):
+    """The score-based structured methods' knobs: the units, the allocation and the compensation."""
+
+    units: str | tuple[str, ...] | None = knob("comma list of kv_group|head and/or channel (default: "
+                                               "kv_group,channel)")
+    allocation: str | None = knob("uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with "
+                                  "--method flap)", choices=STRUCTURED_ALLOCATIONS)
+
+
+def _units(value) -> tuple[str, ...]:
+    if value is None:
+        return ("kv_group", "channel")
+    if isinstance(value, str):
+        return tuple(u.strip() for u in value.split(",") if u.strip())
+    return tuple(value)
+
+
+def structured_config(name: str, opts) -> StructuredConfig:
+    """The validated :class:`StructuredConfig` of registry method ``name`` from ``PruneOptions`` (its common
+    fields and its :class:`StructuredOptions`); no ``--compensation``: the method as its paper ships it
+    (FLAP's bias, RCPU's rotation, CORP's ridge)."""
+    if opts.pattern:
+        raise SecateurError("structured pruning takes no --pattern (N:M is unstructured)")
+    if opts.targets:
+        raise SecateurError("structured pruning takes no --targets; choose units with --units")
+    o: StructuredOptions = opts.method_options
+    units = ("channel",) if o.units is None and name == "corp" else _units(o.units)
+    cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,
+                           allocation=o.allocation or "uniform", rounding=opts.rounding or "ceil",
+                           sparsity=float(opts.sparsity), seed=int(opts.seed or 0))
+    cfg.validate()
+    return cfg
+
+
+def check_reachable(name: str, adapter: Adapter, opts) -> None:
+    """Refuse, from the model's shapes alone (before calibration), a uniform target above what the rounding
+    rule can deliver: ``ceil`` keeps at least one unit of every (layer, kind) pool."""
+    if name == "shortgpt":
+        return
+    cfg = structured_config(name, opts)
+    if STRUCTURED_ALLOCATIONS[cfg.allocation] != "uniform":
+        return
+    from secateur.budgets.allocate import UNIT_NAMES, uniform_reach
+    from secateur.structured.units import inventory
+
+    reach = uniform_reach(inventory(adapter, cfg.kinds), cfg.rounding)
+    if cfg.sparsity > reach:
+        kept = " and one ".join(UNIT_NAMES.get(k, k) for k in cfg.kinds)
+        raise SecateurError(f"--sparsity {cfg.sparsity} cannot be reached with --structured {name}: at most "
+                            f"{reach:.4f} of the removable parameters can go, because at least one {kept} per layer "
+                            f"are kept (ceil rounding); use --sparsity {math.floor(reach * 1000) / 1000} or less")
+
+
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
+    """Registry runner: prune in place; the selection travels as ``secateur_selection.json``."""
+    res = prune_structured(model, adapter, calib_ids, structured_config(name, opts), chunk_size=opts.chunk_size,
+                           device=opts.device, progress=not opts.quiet)
+    d = res.details
+    details = {"method": name, **d, "realized_sparsity": {
+        "targeted": d["realized"], "of_all_parameters": d["params_removed_fraction"],
+        "pruned_weights": d["params_before"] - d["params_after"], "targeted_weights": res.selection.info.get(
+            "total_removable"), "per_module": d["per_layer_realized"]}}
+    files = {"secateur_selection.json": json.dumps(res.selection.to_dict(), indent=1).encode()}
+    return MethodResult(masks={}, timings=res.timings, details=details, extra_files=files)

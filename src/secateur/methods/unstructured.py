@@ -1,0 +1,220 @@
+"""Unstructured and N:M pruning: magnitude, Wanda, SparseGPT, over the sequential engine.
+
+Scores (lower = pruned first):
+  magnitude  ``|W_ij|``                           (no calibration)
+  wanda      ``|W_ij| * ||X_j||_2``                (Sun et al. 2024, Eq. 1; ||X_j|| from ``SumSq``)
+  sparsegpt  OBS saliency ``w^2 / [U]_jj^2`` with reconstruction (see :mod:`secateur.compensate.sparsegpt`)
+
+Budgets: ``row`` (each output row loses ``round(rho * d_in)``; Wanda's comparison group), ``matrix``
+(one pool per projection), or an N:M pattern (per row, the M-N lowest of every M consecutive inputs).
+Rounding is ``ceil`` by default (``floor`` reproduces Wanda's code); ties break by a stable sort on the
+flat index (lower index pruned first). See :mod:`secateur.budgets.masks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from secateur.budgets.masks import prune_mask
+from secateur.calib import engine
+from secateur.calib.stats import Accumulator, Gram, SumSq
+from secateur.compensate.sparsegpt import sparsegpt_prune
+from secateur.errors import SecateurError
+from secateur.methods.knobs import MethodOptions, knob
+from secateur.methods.result import MethodResult
+from secateur.models.adapters import Adapter
+from secateur.models.streaming import STREAM_ATTR, PackedMasks
+from secateur.scoring.wanda import wanda_scores
+
+METHODS = ("magnitude", "wanda", "sparsegpt")
+ALL_ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down")
+
+
+def parse_pattern(pattern: str | None) -> tuple[int, int] | None:
+    if not pattern:
+        return None
+    try:
+        n, m = (int(x) for x in pattern.split(":"))
+    except ValueError:
+        raise SecateurError(f"pattern {pattern!r} is not N:M (e.g. 2:4)") from None
+    if not 0 < n < m:
+        raise SecateurError(f"pattern {pattern!r} needs 0 < N < M")
+    return n, m
+
+
+def parse_targets(targets: str | None) -> frozenset[str]:
+    """Roles to prune; default every projection of every block."""
+    if not targets:
+        return frozenset(ALL_ROLES)
+    roles = {t.strip() for t in targets.split(",") if t.strip()}
+    if not roles:
+        raise SecateurError(f"--targets {targets!r} names no projection role; give a comma list from "
+                            f"{', '.join(ALL_ROLES)} or omit it to prune all")
+    bad = roles - set(ALL_ROLES)
+    if bad:
+        raise SecateurError(f"unknown projection roles {sorted(bad)}; choose from {', '.join(ALL_ROLES)}")
+    if roles & {"q", "k", "v"}:
+        roles.add("qkv")  # GPT-2's fused projection follows q/k/v
+    return frozenset(roles)
+
+
+@dataclass
+class UnstructuredConfig:
+    method: str = "wanda"
+    sparsity: float = 0.5
+    pattern: tuple[int, int] | None = None
+    budget: str | None = None  # None: the method's own comparison group (see resolved_budget)
+    rounding: str = "ceil"
+    targets: frozenset[str] = frozenset(ALL_ROLES)
+    blocksize: int = 128
+    percdamp: float = 0.01
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
+            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if self.budget not in (None, "row", "matrix"):
+            raise SecateurError(f"budget must be row or matrix, got {self.budget!r}")
+        if self.rounding not in ("ceil", "floor"):
+            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
+
+    @property
+    def resolved_budget(self) -> str:
+        """The comparison group used: an explicit ``budget``, else Wanda's per-output row (Wanda Sec. 3) and
+        the whole layer for magnitude (its paper's convention). N:M patterns ignore it; SparseGPT has its own."""
+        if self.budget is not None:
+            return self.budget
+        return "matrix" if self.method == "magnitude" else "row"
+
+
+def block_masks(masks: dict[str, torch.Tensor], ctx: engine.BlockContext) -> dict[str, torch.Tensor]:
+    """The masks of block ``ctx`` (compact copies: a mask may view a larger buffer) for a checkpoint."""
+    prefix = f"{ctx.adapter.base_prefix}.{ctx.index}."
+    return {k: v.clone() for k, v in masks.items() if k.startswith(prefix)}
+
+
+class UnstructuredHandler(engine.Handler):
+    """Prunes the targeted projections of each group as soon as the group's statistics are complete."""
+
+    resumable = True
+
+    def __init__(self, cfg: UnstructuredConfig) -> None:
+        self.cfg = cfg
+        self.masks: dict[str, torch.Tensor] = {}
+
+    def _targets(self, ctx: engine.BlockContext, names: list[str]) -> list[str]:
+        return [n for n in names if ctx.refs[n].role in self.cfg.targets]
+
+    def accumulators(self, ctx, group, names) -> dict[str, Accumulator]:
+        tg = self._targets(ctx, names)
+        if not tg or self.cfg.method == "magnitude":
+            return {}
+        d = ctx.refs[tg[0]].in_features
+        return {"gram": Gram(d)} if self.cfg.method == "sparsegpt" else {"sumsq": SumSq(d)}
+
+    def on_group(self, ctx, group, names, accs) -> None:
+        for name in self._targets(ctx, names):
+            ref = ctx.refs[name]
+            key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
+            self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
+
+    def block_state(self, ctx) -> dict:
+        return {"masks": block_masks(self.masks, ctx)}
+
+    def load_block_state(self, index, state) -> None:
+        self.masks.update(state["masks"])
+
+
+def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accumulator], ref=None) -> torch.Tensor:
+    """Prune one ``[out, in]`` weight in place (through ``ref`` when given); return the mask."""
+    n, m = cfg.pattern or (0, 0)
+    if cfg.method == "sparsegpt":
+        new, mask = sparsegpt_prune(W, accs["gram"].G, cfg.sparsity, n, m, cfg.blocksize, cfg.percdamp,
+                                    cfg.rounding)
+        ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
+        return mask
+    scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])
+    mask = prune_mask(scores, cfg.sparsity, budget=cfg.resolved_budget, rounding=cfg.rounding, pattern=cfg.pattern)
+    with torch.no_grad():
+        W.masked_fill_(mask, 0)
+    return mask
+
+
+@dataclass
+class UnstructuredResult:
+    masks: dict[str, torch.Tensor]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None,
+                       cfg: UnstructuredConfig, mode: str = "sequential", chunk_size: int = 8,
+                       device: str | None = None, progress: bool = True) -> UnstructuredResult:
+    """Prune ``model`` in place; masks keyed by the full parameter-owner name (``model.layers.3.mlp.up_proj``)."""
+    cfg.validate()
+    handler = UnstructuredHandler(cfg)
+    if getattr(adapter.model, STREAM_ATTR, None) is not None:  # block-streamed: masks kept bit-packed
+        handler.masks = PackedMasks()
+    if cfg.method == "magnitude":  # data-free: no engine pass
+        for i, layer in enumerate(adapter.layers):
+            with engine.block_scope(adapter, i):  # a streamed model's block is loaded only here
+                ctx = engine.BlockContext(i, layer, adapter, adapter.linears(layer), {})
+                for names in adapter.groups(layer).values():
+                    handler.on_group(ctx, "", names, {})
+        return UnstructuredResult(handler.masks)
+    if calib_ids is None:
+        raise SecateurError(f"{cfg.method} needs calibration data")
+    rep = engine.run(model, adapter, calib_ids, handler, mode=mode, chunk_size=chunk_size, device=device,
+                     progress=progress)
+    return UnstructuredResult(handler.masks, rep.timings)
+
+
+# --- the registered methods (--method magnitude|wanda|sparsegpt) ---------------------------------------------
+
+def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: int) -> tuple[torch.Tensor, int]:
+    """Cut ``ids [N, L]`` into ``[N L / s, s]`` independent sequences (positions restart in each, QK-Wanda
+    App. E.1); the chunk size scales by ``L / s`` so each forward still carries ``chunk_size`` windows of tokens
+    (the paper's batches of 2048/T segments). Masks do not depend on the chunking (I9)."""
+    from secateur.scoring import segment_sequences
+
+    if not segment_len or segment_len == ids.shape[1]:
+        return ids, chunk_size
+    seg = segment_sequences(ids, segment_len)
+    return seg, chunk_size * (ids.shape[1] // segment_len)
+
+
+@dataclass
+class UnstructuredOptions(MethodOptions):
+    """Magnitude, Wanda and SparseGPT's knob (the rest are the common ``--pattern``, ``--budget``, ...)."""
+
+    CLI_GROUP = "unstructured and QK-Wanda pruning (every default below is None = unset)"
+
+    segment_len: int | None = knob("cut every calibration window into independent sequences of T tokens "
+                                   "(QK-Wanda paper: 64)", type=int, metavar="T")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.segment_len is not None and self.segment_len < 1:
+            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
+
+
+def unstructured_config(name: str, opts) -> UnstructuredConfig:
+    """The validated :class:`UnstructuredConfig` of method ``name`` from ``PruneOptions``."""
+    cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=parse_pattern(opts.pattern),
+                             budget=opts.budget, rounding=opts.rounding, targets=parse_targets(opts.targets))
+    cfg.validate()
+    return cfg
+
+
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
+    """Registry runner: prune in place, return the masks."""
+    cfg = unstructured_config(name, opts)
+    chunk = opts.chunk_size
+    if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
+        calib_ids, chunk = segment_calibration(calib_ids, opts.method_options.segment_len, chunk)
+    res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk, device=opts.device,
+                             progress=not opts.quiet)
+    return MethodResult(masks=res.masks, timings=res.timings)

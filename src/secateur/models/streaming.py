@@ -1,0 +1,300 @@
+"""Block-streamed models: bigger than memory, one decoder block materialized at a time.
+
+:func:`load_streamed` builds the model from its config with every *parameter* on the meta device (buffers such as
+RoPE tables are built for real, as without streaming), then loads the tensors outside the decoder blocks
+(embeddings, final norm, LM head; tied weights tied again) from the model's safetensors files. Decoder blocks stay
+on the meta device until :class:`BlockStream` loads one: the calibration engine (and the streamed evaluator)
+calls :meth:`BlockStream.load` before visiting block ``i`` and :meth:`BlockStream.release` after it
+(:func:`secateur.calib.engine.block_scope`), which hands the finished block to a writer
+(:class:`secateur.export.shards.ShardWriter`) and puts its parameters back on the meta device.
+
+Tensors are read lazily with :func:`safetensors.safe_open` from one ``*.safetensors`` file or a sharded folder
+(``model.safetensors.index.json``), cast to the model's dtype exactly as ``from_pretrained(dtype=...)`` casts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+
+STREAM_ATTR = "secateur_stream"  # the model attribute the engine looks for (secateur.calib.engine.block_scope)
+SAFE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+               "BOOL": torch.bool}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def _header(path: Path) -> dict:
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n).decode("utf-8"))
+
+
+class LazyWeights:
+    """The tensors of a model folder, read one at a time (never the whole file): name -> file, dtype, shape."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            files = sorted({self.folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        else:
+            files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise SecateurError(f"--stream reads safetensors files; model folder {self.folder} has none "
+                                "(re-save it with save_pretrained(safe_serialization=True))")
+        self.info: dict[str, TensorInfo] = {}
+        for f in files:
+            if not f.exists():
+                raise SecateurError(f"model folder {self.folder}: shard {f.name} named by its index is missing")
+            for name, v in _header(f).items():
+                if name == "__metadata__":
+                    continue
+                if v["dtype"] not in SAFE_DTYPES:
+                    raise SecateurError(f"model file {f}: tensor {name} has dtype {v['dtype']}, which --stream "
+                                        "does not read")
+                self.info[name] = TensorInfo(f, SAFE_DTYPES[v["dtype"]], tuple(v["shape"]))
+        self._open: dict[Path, object] = {}
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        f = self.info[name].file
+        if f not in self._open:
+            self._open[f] = safe_open(str(f), framework="pt", device="cpu")
+        return self._open[f].get_tensor(name)
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def _file_key(name: str, weights: LazyWeights, prefix: str) -> str | None:
+    """The file's name of model tensor ``name`` (checkpoints may omit or add the base model's prefix)."""
+    if name in weights.info:
+        return name
+    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1:] in weights.info:
+        return name[len(prefix) + 1:]
+    if prefix and f"{prefix}.{name}" in weights.info:
+        return f"{prefix}.{name}"
+    return None
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Build modules with every parameter on the meta device and every buffer real (accelerate's
+    ``init_empty_weights(include_buffers=False)``): nothing as large as a weight is ever touched, and
+    buffers computed at construction (RoPE's ``inv_freq``, scaled-embedding factors) stay right."""
+    old = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        old(module, name, param)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = old
+
+
+def _set_tensor(root: nn.Module, name: str, value: torch.Tensor) -> None:
+    mod_name, _, leaf = name.rpartition(".")
+    mod = root.get_submodule(mod_name) if mod_name else root
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    else:
+        mod._buffers[leaf] = value
+
+
+def saved_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state-dict entries an export writes: tied tensors once (the first name, as ``save_pretrained``)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
+@dataclass
+class BlockStream:
+    """Loads and frees decoder blocks of a model built by :func:`load_streamed` (see the module docstring).
+
+    ``writer(name, tensor)``: called for each tensor of a finished block before it is freed (the shard writer of
+    a streamed prune; None while evaluating)."""
+
+    model: nn.Module
+    weights: LazyWeights
+    prefix: str  # qualified name of the block list, e.g. "model.layers"
+    file_keys: dict[str, str]  # model state-dict name -> the file's name
+    device: torch.device
+    writer: Callable[[str, torch.Tensor], None] | None = None
+    loaded: set[int] = field(default_factory=set)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The model's parameter or buffer ``name`` (on the meta device while not loaded)."""
+        return self.model.get_parameter(name) if _is_param(self.model, name) else self.model.get_buffer(name)
+
+    def block_names(self, index: int) -> list[str]:
+        p = f"{self.prefix}.{index}."
+        return [k for k in self.file_keys if k.startswith(p)]
+
+    def load(self, index: int) -> None:
+        """Materialize block ``index`` from the files (in the dtype the model was built in)."""
+        if index in self.loaded:
+            return
+        for name in self.block_names(index):
+            target = self.tensor(name)
+            t = self.weights.get(self.file_keys[name])
+            if tuple(t.shape) != tuple(target.shape):
+                raise SecateurError(f"model file tensor {self.file_keys[name]} has shape {list(t.shape)}, the "
+                                    f"config builds {list(target.shape)}")
+            _set_tensor(self.model, name, t.to(device=self.device, dtype=target.dtype))
+        self.weights.close()  # unmap the files: their touched pages are not kept resident across blocks
+        self.loaded.add(index)
+
+    def release(self, index: int, done: bool = True) -> None:
+        """Block ``index`` is finished (``done``: hand its tensors to the writer first); back to meta."""
+        if index not in self.loaded:
+            return
+        if done and self.writer is not None:
+            for name in self.block_names(index):
+                self.writer(name, self.tensor(name).detach())
+        for name in self.block_names(index):
+            _set_tensor(self.model, name, torch.empty_like(self.tensor(name), device="meta"))
+        self.loaded.discard(index)
+
+    def resident(self) -> dict[str, torch.Tensor]:
+        """The tensors outside the blocks (loaded for the whole run), by state-dict name."""
+        p = f"{self.prefix}."
+        return {k: self.tensor(k).detach() for k in self.file_keys if not k.startswith(p)}
+
+    def load_resident(self) -> None:
+        """Load the tensors outside the blocks, tie tied weights, attach the stream to the model."""
+        model, device = self.model, self.device
+        for name, t in self.resident().items():
+            _set_tensor(model, name, self.weights.get(self.file_keys[name]).to(device=device, dtype=t.dtype))
+        self.weights.close()
+        model.tie_weights()
+        p = self.prefix + "."
+        left = [n for n, t in model.named_parameters() if t.device.type == "meta" and not n.startswith(p)]
+        if left:
+            raise SecateurError(f"model folder {self.weights.folder}: {left[0]} was not loaded (not in the files, "
+                                "not tied)")
+        for name, b in list(model.named_buffers()):  # buffers are real already; move them with the model
+            if b.device != device:
+                _set_tensor(model, name, b.to(device))
+        setattr(model, STREAM_ATTR, self)
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.weights.folder, trust_remote_code=False)
+
+    def materialized_blocks(self) -> list[int]:
+        """Blocks with any parameter off the meta device (the tests' peak-memory check)."""
+        blocks = self.model.get_submodule(self.prefix)
+        return [i for i, b in enumerate(blocks) if any(p.device.type != "meta" for p in b.parameters())]
+
+
+def _is_param(model: nn.Module, name: str) -> bool:
+    mod_name, _, leaf = name.rpartition(".")
+    return leaf in (model.get_submodule(mod_name) if mod_name else model)._parameters
+
+
+def local_folder(spec: str, dtype: str | torch.dtype) -> Path:
+    """The local folder of a model spec (GGUF inputs: their cached folder); a hub id is refused."""
+    from secateur.models.loading import resolve
+
+    path = Path(resolve(spec, dtype)[0])
+    if not path.is_dir():
+        raise SecateurError(f"--stream reads a local model folder; {spec} is not one (download it first, e.g. "
+                            "huggingface-cli download, and pass the folder)")
+    return path
+
+
+def build_meta(folder: Path, dtype: torch.dtype) -> nn.Module:
+    """The model of ``folder``'s config with every parameter on the meta device, in eval mode, SDPA attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from secateur.models.loading import _register_custom_classes
+
+    _register_custom_classes()
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    with params_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> BlockStream:
+    """The model of ``spec`` built on the meta device and its :class:`BlockStream` (nothing loaded yet; the
+    memory plan is computed from it, then :meth:`BlockStream.load_resident`)."""
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import parse_dtype
+
+    folder = local_folder(spec, dtype)
+    model = build_meta(folder, parse_dtype(dtype))
+    weights = LazyWeights(folder)
+    keys = {}
+    for name in saved_tensors(model):
+        fk = _file_key(name, weights, model.base_model_prefix)
+        if fk is None:
+            raise SecateurError(f"model folder {spec}: tensor {name} is not in its safetensors files")
+        keys[name] = fk
+    stream = BlockStream(model, weights, get_adapter(model).base_prefix, keys, torch.device(device))
+    return stream
+
+
+def load_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu"
+                  ) -> tuple[nn.Module, object, BlockStream]:
+    """``(model, tokenizer, stream)``: embeddings, final norm and head loaded, every decoder block on the meta
+    device until ``stream.load(i)``; the stream is attached to the model as ``model.secateur_stream``."""
+    stream = open_streamed(spec, dtype, device)
+    stream.load_resident()
+    return stream.model, stream.tokenizer(), stream
+
+
+class PackedMasks(MutableMapping):
+    """Boolean masks stored bit-packed (1 bit per weight instead of torch.bool's byte), read back as tensors:
+    the masks of a streamed prune grow with depth, so they are kept at 1/16 of the bf16 weights."""
+
+    def __init__(self) -> None:
+        self._bits: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}
+
+    def __setitem__(self, key: str, mask: torch.Tensor) -> None:
+        self._bits[key] = (np.packbits(mask.detach().cpu().numpy().astype(bool).ravel()), tuple(mask.shape))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        bits, shape = self._bits[key]
+        n = int(np.prod(shape))
+        return torch.from_numpy(np.unpackbits(bits, count=n).astype(bool).reshape(shape))
+
+    def __delitem__(self, key: str) -> None:
+        del self._bits[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._bits)
+
+    def __len__(self) -> int:
+        return len(self._bits)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b, _ in self._bits.values())
