@@ -149,23 +149,32 @@ def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: 
     full = len(plan)
     plan = plan[:max_windows] if max_windows is not None else plan
     device = next(model.parameters()).device
-    nll, scored, legacy = 0.0, 0, 0.0
     t0 = time.perf_counter()
-    for b, e, n in tqdm(plan, desc="perplexity", disable=not progress):
-        s = _nll_sum(model, ids[b:e].unsqueeze(0).to(device), n)
-        if not math.isfinite(s):
-            raise SecateurError("the model produced non-finite losses (NaN/Inf)")
+    sums = [(_nll_sum(model, ids[b:e].unsqueeze(0).to(device), n), n)
+            for b, e, n in tqdm(plan, desc="perplexity", disable=not progress)]
+    return ppl_result(sums, seqlen, stride, rule, full, corpus, t0)
+
+
+def ppl_result(sums: list[tuple[float, int]], seqlen: int, stride: int | None, rule: str, full: int, corpus: int,
+               t0: float) -> dict:
+    """The perplexity and its protocol from each evaluated window's (summed NLL, scored tokens), summed in window
+    order: ``exp(sum NLL / sum scored)``, and the legacy mean of per-window perplexity logs for non-overlapping
+    windows."""
+    if not all(math.isfinite(s) for s, _ in sums):
+        raise SecateurError("the model produced non-finite losses (NaN/Inf)")
+    nll, scored, legacy = 0.0, 0, 0.0
+    for s, n in sums:
         nll += s
         scored += n
         legacy += s / n
     return {
         "ppl": math.exp(nll / scored),
-        "legacy_ppl": math.exp(legacy / len(plan)) if stride is None or stride >= seqlen else None,
+        "legacy_ppl": math.exp(legacy / len(sums)) if stride is None or stride >= seqlen else None,
         "protocol": protocol_id(seqlen, stride, rule),
         "bos": rule,
         "seqlen": seqlen,
         "stride": stride,
-        "windows": len(plan),
+        "windows": len(sums),
         "windows_total": full,
         "scored_tokens": scored,
         "corpus_tokens": corpus,

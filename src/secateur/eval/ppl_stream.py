@@ -10,7 +10,6 @@ only the route through the blocks differs (the family's block forward instead of
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -18,8 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from secateur.calib import engine
-from secateur.errors import SecateurError
-from secateur.eval.ppl import eval_windows, nll_from_hidden, protocol_id
+from secateur.eval.ppl import eval_windows, nll_from_hidden, ppl_result
 from secateur.models.adapters import get_adapter
 
 
@@ -47,25 +45,5 @@ def perplexity_streamed(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048,
         with engine.block_scope(adapter, i):
             hs = [adapter.block_forward(layer, h, adapter.layer_kwargs(i, kwargs[h.shape[1]])) for h in hs]
     head = model.get_output_embeddings()
-    nll, scored, legacy = 0.0, 0, 0.0
-    for w, h, (_, _, n) in zip(windows, hs, plan):
-        s = nll_from_hidden(head, adapter.final_hidden(h)[0], w, n)
-        if not math.isfinite(s):
-            raise SecateurError("the model produced non-finite losses (NaN/Inf)")
-        nll += s
-        scored += n
-        legacy += s / n
-    return {
-        "ppl": math.exp(nll / scored),
-        "legacy_ppl": math.exp(legacy / len(plan)) if stride is None or stride >= seqlen else None,
-        "protocol": protocol_id(seqlen, stride, rule),
-        "bos": rule,
-        "seqlen": seqlen,
-        "stride": stride,
-        "windows": len(plan),
-        "windows_total": full,
-        "scored_tokens": scored,
-        "corpus_tokens": corpus,
-        "seconds": time.perf_counter() - t0,
-        "streamed": True,
-    }
+    sums = [(nll_from_hidden(head, adapter.final_hidden(h)[0], w, n), n) for w, h, (_, _, n) in zip(windows, hs, plan)]
+    return ppl_result(sums, seqlen, stride, rule, full, corpus, t0) | {"streamed": True}

@@ -21,9 +21,10 @@ Adding a family (say ``falcon``):
 
 1. ``src/secateur/models/families/falcon.py``: a subclass of :class:`~secateur.models.families.base.Adapter` (or of
    a close family's adapter) with ``family = "falcon"``, ``config_class, model_class = FalconConfig,
-   FalconForCausalLM``, ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), and the
-   structure/staged-forward methods the base leaves abstract (``base``, ``layers``, ``geometry``, ``linears``,
-   ``attn_norm``, ``attn_core``, ``mlp_norm``, ``mlp_core``, ``final_hidden``); where the family departs from
+   FalconForCausalLM``, ``layout = FamilyLayout(...)``, ``gguf_architecture`` (or None), ``projections``
+   (``(name in the block, role)`` pairs in forward order), and the structure/staged-forward methods the base
+   leaves abstract (``base``, ``layers``, ``geometry``, ``attn_norm``, ``attn_core``, ``mlp_norm``,
+   ``mlp_core``, ``final_hidden``); where the family departs from
    the plain pre-norm block, the hooks with defaults: ``attn_residual`` / ``mlp_residual`` (Gemma-3 normalizes
    a sublayer's output before the residual add), ``capture_inputs`` / ``layer_kwargs`` (Gemma-3's per-layer-type
    masks and RoPE tables), ``role_refs`` (row slices of fused projections: GPT-2, Phi-3); end with

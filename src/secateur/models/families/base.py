@@ -141,9 +141,14 @@ class Adapter:
     def geometry(self) -> Geometry:
         raise NotImplementedError
 
+    #: the block's prunable projections in forward order: (name inside the block, role)
+    projections: tuple[tuple[str, str], ...] = ()
+
     def linears(self, layer: nn.Module) -> dict[str, LinearRef]:
-        """All prunable projections of a block, keyed by qualified name, in forward order."""
-        raise NotImplementedError
+        """All prunable projections of a block (:attr:`projections`), keyed by qualified name, in forward order."""
+        conv1d = bool(self.layout and self.layout.conv1d)
+        return {name: LinearRef(name, role, _resolve(layer, name, self.family), conv1d=conv1d)
+                for name, role in self.projections}
 
     def role_refs(self, layer: nn.Module) -> dict[str, LinearRef]:
         """Projections keyed by role; fused projections are also split into their logical q/k/v."""
@@ -225,16 +230,18 @@ class Adapter:
 
         handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
         try:
+            self.forward_until_stop(input_ids)
+        finally:
+            handle.remove()
+        return got["h"], block_kwargs(got["kw"])
+
+    def forward_until_stop(self, input_ids: torch.Tensor) -> None:
+        """Run the model on ``input_ids`` until a hook raises :class:`_Stop` (input capture)."""
+        try:
             with torch.no_grad():
                 self.model(input_ids=input_ids.to(self.device), use_cache=False)
         except _Stop:
             pass
-        finally:
-            handle.remove()
-        kw = {k: v for k, v in got["kw"].items()
-              if k not in ("hidden_states", "past_key_values", "cache", "past_key_value")}
-        kw["use_cache"] = False
-        return got["h"], kw
 
     @property
     def device(self) -> torch.device:
@@ -291,6 +298,14 @@ class Adapter:
             raise ValueError(f"{where}: qk_norm={lay.qk_norm} but the model's q/k norms say {g.qk_norm}")
         if lay.positions and lay.positions not in keys:
             raise ValueError(f"{where}: the config has no position-table key {lay.positions!r}")
+
+
+def block_kwargs(bound: dict) -> dict:
+    """The keyword arguments a block is called with, as captured: without the hidden states and any cache, and
+    with ``use_cache=False`` (the engine runs blocks one at a time, cache-free)."""
+    kw = {k: v for k, v in bound.items() if k not in ("hidden_states", "past_key_values", "cache", "past_key_value")}
+    kw["use_cache"] = False
+    return kw
 
 
 def _resolve(obj: Any, path: str, where: str) -> Any:

@@ -12,13 +12,13 @@ embedding module, a GeGLU MLP and RMSNorms computing ``x * (1 + w)``.
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from secateur.models.families.base import ByLayerType, _Stop
+from secateur.models.families.base import ByLayerType, _Stop, block_kwargs
 from secateur.models.families.llama import LlamaAdapter
-from secateur.models.hetero import FamilyLayout
 
 _PER_TYPE = ("attention_mask", "position_embeddings")  # the block kwargs that differ between layer types
 
@@ -28,12 +28,7 @@ class Gemma3Adapter(LlamaAdapter):
 
     family = "gemma3_text"
     config_class, model_class = Gemma3TextConfig, Gemma3ForCausalLM
-    layout = FamilyLayout(
-        layers="model.layers", attn="self_attn", q="q_proj", k="k_proj", v="v_proj", out="o_proj", mlp="mlp",
-        mlp_in=("gate_proj", "up_proj"), mlp_out="down_proj", heads_key="num_attention_heads",
-        inter_key="intermediate_size", kv_heads_key="num_key_value_heads", gqa=True,
-        mlp_width_attr="intermediate_size", qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias=False,
-        qk_norm=True, norms_per_layer=4)
+    layout = replace(LlamaAdapter.layout, mlp_bias=False, qk_norm=True, norms_per_layer=4)
     gguf_architecture = "gemma3"
     plain_residual = False
 
@@ -74,19 +69,14 @@ class Gemma3Adapter(LlamaAdapter):
         for i in range(last + 1):
             self.layers[i].forward = recorder(i)
         try:
-            with torch.no_grad():
-                self.model(input_ids=input_ids.to(self.device), use_cache=False)
-        except _Stop:
-            pass
+            self.forward_until_stop(input_ids)
         finally:
             for i in range(last + 1):
                 del self.layers[i].forward
-        kw = {k: v for k, v in got["kw"].items()
-              if k not in ("hidden_states", "past_key_values", "cache", "past_key_value")}
+        kw = block_kwargs(got["kw"])
         for key in _PER_TYPE:
             if key in kw:
                 kw[key] = ByLayerType({t: got[t].get(key) for t in first})
-        kw["use_cache"] = False
         return got["h"], kw
 
     def check_calibration_length(self, seqlen: int) -> None:

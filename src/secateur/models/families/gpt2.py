@@ -20,6 +20,7 @@ class GPT2Adapter(Adapter):
         mlp_in=("c_fc",), mlp_out="c_proj", heads_key="n_head", inter_key="n_inner", fused_qkv=True, conv1d=True,
         qkv_bias=True, o_bias=True, mlp_bias=True, layer_norm=True, positions="n_positions", default_inner_mult=4)
     gguf_architecture = "gpt2"
+    projections = (("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "up"), ("mlp.c_proj", "down"))
 
     @property
     def base(self) -> nn.Module:
@@ -37,13 +38,6 @@ class GPT2Adapter(Adapter):
                         intermediate=inner, rope=False, qkv_bias=True, o_bias=True, mlp_bias=True,
                         qk_norm=False, gated_mlp=False)
 
-    def linears(self, layer):
-        return {
-            "attn.c_attn": LinearRef("attn.c_attn", "qkv", layer.attn.c_attn, conv1d=True),
-            "attn.c_proj": LinearRef("attn.c_proj", "o", layer.attn.c_proj, conv1d=True),
-            "mlp.c_fc": LinearRef("mlp.c_fc", "up", layer.mlp.c_fc, conv1d=True),
-            "mlp.c_proj": LinearRef("mlp.c_proj", "down", layer.mlp.c_proj, conv1d=True),
-        }
 
     def role_refs(self, layer):
         refs = {r.role: r for r in self.linears(layer).values()}

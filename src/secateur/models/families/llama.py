@@ -9,7 +9,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from secateur.models.families.base import Adapter, Geometry, run_until
 from secateur.models.hetero import FamilyLayout
-from secateur.models.linear import LinearRef
 
 
 class LlamaAdapter(Adapter):
@@ -23,6 +22,9 @@ class LlamaAdapter(Adapter):
         inter_key="intermediate_size", kv_heads_key="num_key_value_heads", gqa=True,
         mlp_width_attr="intermediate_size", qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias")
     gguf_architecture = "llama"
+    projections = (("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"),
+                   ("self_attn.o_proj", "o"), ("mlp.gate_proj", "gate"), ("mlp.up_proj", "up"),
+                   ("mlp.down_proj", "down"))
 
     @property
     def base(self) -> nn.Module:
@@ -45,17 +47,6 @@ class LlamaAdapter(Adapter):
             qkv_bias=attn.q_proj.bias is not None, o_bias=attn.o_proj.bias is not None,
             mlp_bias=mlp.down_proj.bias is not None, qk_norm=hasattr(attn, "q_norm"), gated_mlp=True)
 
-    def linears(self, layer: nn.Module) -> dict[str, LinearRef]:
-        a, m = layer.self_attn, layer.mlp
-        return {
-            "self_attn.q_proj": LinearRef("self_attn.q_proj", "q", a.q_proj),
-            "self_attn.k_proj": LinearRef("self_attn.k_proj", "k", a.k_proj),
-            "self_attn.v_proj": LinearRef("self_attn.v_proj", "v", a.v_proj),
-            "self_attn.o_proj": LinearRef("self_attn.o_proj", "o", a.o_proj),
-            "mlp.gate_proj": LinearRef("mlp.gate_proj", "gate", m.gate_proj),
-            "mlp.up_proj": LinearRef("mlp.up_proj", "up", m.up_proj),
-            "mlp.down_proj": LinearRef("mlp.down_proj", "down", m.down_proj),
-        }
 
     def attn_norm(self, layer, h):
         return layer.input_layernorm(h)

@@ -8,7 +8,6 @@ from transformers import OPTConfig, OPTForCausalLM
 from secateur.errors import SecateurError
 from secateur.models.families.base import Adapter, Geometry, run_until
 from secateur.models.hetero import FamilyLayout
-from secateur.models.linear import LinearRef
 
 
 class OPTAdapter(Adapter):
@@ -21,6 +20,8 @@ class OPTAdapter(Adapter):
         mlp_in=("fc1",), mlp_out="fc2", heads_key="num_attention_heads", inter_key="ffn_dim",
         qkv_bias="enable_bias", o_bias="enable_bias", mlp_bias="enable_bias", layer_norm=True,
         positions="max_position_embeddings", position_offset=2)
+    projections = (("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"),
+                   ("self_attn.out_proj", "o"), ("fc1", "up"), ("fc2", "down"))
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -43,16 +44,6 @@ class OPTAdapter(Adapter):
                         qkv_bias=c.enable_bias, o_bias=c.enable_bias, mlp_bias=c.enable_bias, qk_norm=False,
                         gated_mlp=False)
 
-    def linears(self, layer):
-        a = layer.self_attn
-        return {
-            "self_attn.q_proj": LinearRef("self_attn.q_proj", "q", a.q_proj),
-            "self_attn.k_proj": LinearRef("self_attn.k_proj", "k", a.k_proj),
-            "self_attn.v_proj": LinearRef("self_attn.v_proj", "v", a.v_proj),
-            "self_attn.out_proj": LinearRef("self_attn.out_proj", "o", a.out_proj),
-            "fc1": LinearRef("fc1", "up", layer.fc1),
-            "fc2": LinearRef("fc2", "down", layer.fc2),
-        }
 
     def attn_norm(self, layer, h):
         return layer.self_attn_layer_norm(h)

@@ -12,13 +12,15 @@ from __future__ import annotations
 from torch import nn
 from transformers import Phi3Config, Phi3ForCausalLM
 
-from secateur.models.families.base import Adapter, Geometry, run_until
+from secateur.models.families.base import Geometry
+from secateur.models.families.llama import LlamaAdapter
 from secateur.models.hetero import FamilyLayout
 from secateur.models.linear import LinearRef
 
 
-class Phi3Adapter(Adapter):
-    """Phi-3: pre-norm RMSNorm, RoPE, GQA through a fused qkv_proj, SwiGLU through a fused gate_up_proj."""
+class Phi3Adapter(LlamaAdapter):
+    """Phi-3: Llama's block (norms, RoPE attention, final norm) with GQA through a fused qkv_proj and SwiGLU
+    through a fused gate_up_proj."""
 
     family = "phi3"
     config_class, model_class = Phi3Config, Phi3ForCausalLM
@@ -28,14 +30,8 @@ class Phi3Adapter(Adapter):
         inter_key="intermediate_size", kv_heads_key="num_key_value_heads", gqa=True, fused_qkv=True,
         fused_gate_up=True)
     gguf_architecture = None  # transformers reads phi3 GGUFs, but secateur's GGUF path is not tested on one
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model.model
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.model.model.layers
+    projections = (("self_attn.qkv_proj", "qkv"), ("self_attn.o_proj", "o"), ("mlp.gate_up_proj", "gate_up"),
+                   ("mlp.down_proj", "down"))
 
     @property
     def geometry(self) -> Geometry:
@@ -47,14 +43,6 @@ class Phi3Adapter(Adapter):
             intermediate=c.intermediate_size, rope=True, qkv_bias=False, o_bias=False, mlp_bias=False,
             qk_norm=False, gated_mlp=True)
 
-    def linears(self, layer: nn.Module) -> dict[str, LinearRef]:
-        a, m = layer.self_attn, layer.mlp
-        return {
-            "self_attn.qkv_proj": LinearRef("self_attn.qkv_proj", "qkv", a.qkv_proj),
-            "self_attn.o_proj": LinearRef("self_attn.o_proj", "o", a.o_proj),
-            "mlp.gate_up_proj": LinearRef("mlp.gate_up_proj", "gate_up", m.gate_up_proj),
-            "mlp.down_proj": LinearRef("mlp.down_proj", "down", m.down_proj),
-        }
 
     def role_refs(self, layer: nn.Module) -> dict[str, LinearRef]:
         refs = {r.role: r for r in self.linears(layer).values()}
@@ -68,22 +56,10 @@ class Phi3Adapter(Adapter):
             refs[role] = LinearRef(f"mlp.gate_up_proj[{role}]", role, m.gate_up_proj, rows=rows)
         return refs
 
-    def attn_norm(self, layer, h):
-        return layer.input_layernorm(h)
-
-    def attn_core(self, layer, x, kw):
-        return run_until(lambda: layer.self_attn(hidden_states=x, **kw), layer.self_attn.o_proj)
-
-    def mlp_norm(self, layer, h):
-        return layer.post_attention_layernorm(h)
-
     def mlp_core(self, layer, x):
         m = layer.mlp
         gate, up = m.gate_up_proj(x).chunk(2, dim=-1)
         return up * m.activation_fn(gate)
-
-    def final_hidden(self, h):
-        return self.model.model.norm(h)
 
 
 ADAPTER = Phi3Adapter
