@@ -221,3 +221,27 @@ def test_blocks_allocation_removes_lowest_influence():
     assert al.removed.nonzero().view(-1).tolist() == [1, 3]
     sel = Selection.from_removed(inv, al.removed)
     assert sel.removed_blocks == [1, 3]
+
+
+def test_a_shortfall_is_named_on_the_command_line(tmp_path, capsys):
+    """Tiny Llama with 2 KV groups per layer at 30%: uniform allocation keeps ceil(0.7 x 2) = 2 groups, so no
+    attention is pruned and the run realizes less than asked; the CLI says so, naming the KV groups."""
+    from secateur.cli import main
+    from secateur.testing import save_tiny
+
+    model = save_tiny("llama", tmp_path / "m")
+    text = tmp_path / "c.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    rc = main(["prune", "--model", model, "--method", "wanda-sp", "--sparsity", "0.3", "--calib", str(text),
+               "--nsamples", "2", "--seqlen", "32", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "secateur: note: realized 0.19" in err and "KV groups 0.000 (0 of 4 units)" in err
+
+
+def test_no_shortfall_note_when_the_target_is_met():
+    from secateur.budgets.allocate import shortfall_note
+
+    info = {"realized": 0.295, "by_kind": {"channel": {"realized": 0.295, "removed_units": 3, "units": 10}}}
+    assert shortfall_note(info, 0.3) is None
+    assert "MLP channels 0.295" in shortfall_note(info, 0.4)

@@ -146,6 +146,10 @@ def _cmd_prune(args) -> int:
     rs = report["realized_sparsity"]
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
+    from secateur.budgets.allocate import shortfall_note
+
+    if report["kind"] == "structured" and (note := shortfall_note(report["details"], report["target_sparsity"])):
+        print(f"secateur: note: {note}", file=sys.stderr)
     if args.eval_ppl:
         if opts.stream:  # the pruned blocks are in --out only: evaluate it block by block too
             res = api.eval_ppl(opts.out, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,

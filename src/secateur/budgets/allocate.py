@@ -132,6 +132,20 @@ UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "channel": "MLP 
               "block": "block"}
 
 
+def shortfall_note(info: dict, rho: float, tol: float = 0.01) -> str | None:
+    """A one-line note when an allocation realized visibly less than ``rho`` of the removable parameters
+    (``info``: :func:`report`'s fields): which unit kinds fell short and why, e.g. a model with 2 KV groups per
+    layer at 20% keeps ``ceil(0.8 x 2) = 2`` groups under uniform allocation, so no attention is pruned."""
+    realized = info.get("realized")
+    if realized is None or rho - realized <= tol:
+        return None
+    kinds = ", ".join(f"{UNIT_NAMES.get(k, k)}s {d['realized']:.3f} ({d['removed_units']} of {d['units']} units)"
+                      for k, d in (info.get("by_kind") or {}).items())
+    return (f"realized {realized:.4f} of the removable parameters against --sparsity {rho}: {kinds}; per-layer "
+            f"rounding keeps ceil((1 - rho) n) of each layer's n units, so few large units (KV groups) may not be "
+            f"removed at all: use a global allocation (--allocation flap-global with flap) or a higher --sparsity")
+
+
 def uniform_reach(inv: Inventory, rounding: str = "ceil") -> float:
     """The largest fraction of the removable parameters :func:`allocate_uniform` can remove at any ``rho < 1``:
     ``ceil`` keeps at least one unit of every pool, ``floor`` and ``round`` may empty a pool."""
