@@ -126,12 +126,17 @@ class StructuredResult:
 
 # --- the pipeline -----------------------------------------------------------------------------------------
 
+def selection_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
+    """The accumulators the selection of ``cfg`` reads (what its own dense pass collects for every layer; the
+    Grams of a compensation come from the per-block pass of :func:`materialize_selection`)."""
+    return () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
+
+
 def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
     """The accumulators statistics passed to :func:`prune_structured` must hold for ``cfg``: the score's (none for
     magnitude, random and ShortGPT, whose block influence is its own forward) plus the Grams when compensating
     (every layer's: a cache reused across sparsities; without one the Grams are taken one block at a time)."""
-    score = () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
-    return score + (("gram",) if cfg.needs_gram else ())
+    return selection_kinds(cfg) + (("gram",) if cfg.needs_gram else ())
 
 
 def block_influence(model: nn.Module, adapter: Adapter, ids: torch.Tensor, chunk_size: int = 8) -> torch.Tensor:
@@ -150,12 +155,6 @@ def add_block_influence(stats: StructuredStats, model: nn.Module, adapter: Adapt
     stats.timings["block_influence_s"] = time.perf_counter() - t
     stats.n_tokens = stats.n_tokens or int(ids.numel())
     return stats
-
-
-def selection_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
-    """The accumulators the selection of ``cfg`` reads (what its own dense pass collects for every layer; the
-    Grams of a compensation come from the per-block pass of :func:`materialize_selection`)."""
-    return () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
 
 
 def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, device, progress):
