@@ -122,7 +122,8 @@ def render() -> None:
              f"COEC rows run at most {COEC_ROUNDS} alternation rounds (`max_rounds={COEC_ROUNDS}`, relative "
              "tolerance 1e-4, every setting the paper's); rows keyed `rounds: 1` in the JSONL come from an earlier "
              "run capped at one round, before the solver was made ~4x cheaper per round (`coec-speed.md`). The "
-             "tempered Gram `C^0.9` is computed once per layer and reused across rows (identical result, tested).",
+             "tempered Gram `C^0.9` is computed once per projection and COEC runs with alpha = 1 on it (identical "
+             "result, tested).",
              "",
              "Native compensation: Wanda-sp none, FLAP bias (`b + W[:, P] mu_P`), RCPU left rotation + global "
              "scale. COEC: paper defaults (alpha 0.9, GCV per-mode rescale, reduced-Stiefel right rotation, "

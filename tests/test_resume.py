@@ -89,7 +89,10 @@ def test_killed_run_resumes_bit_identical(models, tmp_path, monkeypatch, capsys,
     seen.clear()
     monkeypatch.setattr(engine, "_after_block", seen.append)
     assert _prune(models[family], b, args, "--resume") == 0
-    assert seen == list(range(k + 1, 4))  # continued after the killed block, did not start over
+    # continued after the killed block, did not start over; a compensated structured run then walks every block
+    # again (its Grams, one block at a time: secateur.methods.compensation.BlockCompensation)
+    second = list(range(4)) if case == "wanda-sp-coec" else []
+    assert seen == list(range(k + 1, 4)) + second
     assert "resuming from the checkpoint" in capsys.readouterr().err
     assert not ck.exists()
     da, db = _digests(a), _digests(b)
@@ -125,7 +128,35 @@ def test_structured_killed_during_compensation_resumes(models, tmp_path, monkeyp
     seen: list[int] = []
     monkeypatch.setattr(engine, "_after_block", seen.append)
     assert _prune(models[family], b, args, "--resume") == 0
-    assert seen == [] and len(calls) == n - 2  # two restored from the checkpoint
+    # the statistics pass is restored whole, the compensation pass from block 1 (block 0's two projections
+    # restored from the checkpoint)
+    assert seen == [1, 2, 3] and len(calls) == n - 2
+    assert _digests(a) == _digests(b)
+
+
+def test_structured_killed_between_blocks_of_the_compensation_pass_resumes(models, tmp_path, monkeypatch):
+    """A kill after block 2 of the second (per-block compensation) pass: the resumed run visits block 3 only."""
+    import secateur.compensate as comp
+
+    family, args, _ = CASES["wanda-sp-coec"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _prune(models[family], a, args) == 0
+    seen: list[int] = []
+
+    def hook(i: int) -> None:
+        seen.append(i)
+        if seen == [0, 1, 2, 3, 0, 1, 2]:  # the statistics pass, then blocks 0-2 of the compensation pass
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_after_block", hook)
+    assert _prune(models[family], b, args) == 130
+    assert len(list(resume.checkpoint_dir(b).glob("comp0-*.pt"))) == 6
+    real, calls = comp.compensate, []
+    monkeypatch.setattr(comp, "compensate", lambda *a_, **kw: calls.append(1) or real(*a_, **kw))
+    seen.clear()
+    monkeypatch.setattr(engine, "_after_block", seen.append)
+    assert _prune(models[family], b, args, "--resume") == 0
+    assert seen == [3] and len(calls) == 2
     assert _digests(a) == _digests(b)
 
 

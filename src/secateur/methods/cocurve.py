@@ -37,7 +37,6 @@ from torch import nn
 from secateur.budgets.allocate import Guard, report
 from secateur.budgets.greedy import DEFAULT_LAMBDAS, lambda_path
 from secateur.budgets.heldout import HeldoutKL, select_heldout
-from secateur.calib.collect import collect_stats
 from secateur.data.windows import token_sha256
 from secateur.errors import SecateurError
 from secateur.methods.compensation import (
@@ -268,13 +267,12 @@ def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
 
 
 def _compensate(model, adapter, selection, ccfg: CompensationConfig, graph_ids, opts) -> tuple[dict, dict]:
-    """Any compensator after CoCurve's selection: dense Grams of the graph windows, then slice. Returns the
-    report fields and the timings."""
-    t = time.perf_counter()
-    stats = collect_stats(model, adapter, graph_ids, ("gram",), chunk_size=opts.chunk_size, progress=not opts.quiet)
-    records, timings = materialize_selection(model, adapter, selection, ccfg, stats)
-    timings["comp_stats_s"] = time.perf_counter() - t - sum(timings.values())
-    return compensation_details(ccfg, records, timings["compensation_s"]), timings
+    """Any compensator after CoCurve's selection: dense Grams of the graph windows (one block's at a time), then
+    slice. Returns the report fields and the timings."""
+    records, timings, memory = materialize_selection(model, adapter, selection, ccfg, None, graph_ids,
+                                                     chunk_size=opts.chunk_size, progress=not opts.quiet)
+    timings["comp_stats_s"] = timings.pop("gram_pass_s")
+    return compensation_details(ccfg, records, timings["compensation_s"], memory), timings
 
 
 def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:

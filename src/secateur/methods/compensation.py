@@ -10,6 +10,21 @@ only), ``corp`` (CORP's ridge-affine refit, ``W2[:, S] + W2[:, P] B`` with bias 
 dimensions, which RoPE forbids). Then :func:`materialize_selection` slices the selection out with the
 compensated weights as replacements (bias-free projections get a bias where the compensator returns one).
 
+Memory **[impl]** (issue 16): the Grams are not kept for every layer. Without statistics passed in,
+:func:`materialize_selection` runs one dense engine pass (:class:`BlockCompensation`) after the selection that
+accumulates one block's Grams, compensates that block's projections and frees them before the next block; the
+replacements are sliced in after the pass (the walk stays dense, so every Gram is the dense model's, bit for
+bit those of a single pass that kept them all). Peak memory of the statistics, independent of the depth ``L``::
+
+    8 (d_o^2 + d_down^2)   one block's float64 Grams (o_proj and down_proj inputs; each becomes E[x x^T] in place)
+  + 8 d_in^2               COEC's tempered copy C^alpha of the projection being solved (alpha != 1; not cached)
+  + the solver's workspace (a few |K| x |K| / d_in x d_in float64 matrices of that one projection)
+  + 24 d bytes per layer and group: the selection statistics (sumsq, meanvar), kept for every layer
+
+instead of ``L`` times the first two lines. Each run reports the numbers as ``statistics_memory``. The price is
+a second dense forward of the calibration set. Statistics that already hold every layer's Gram (a benchmark's
+cache) are used as they are.
+
 Safeguard **[impl]** (``no_worse=True``, default): the relative calibration reconstruction error
 ``E||W0 x + b - W~ x_K - b~||^2 / E||W0 x||^2`` (untempered, from the same dense statistics) of every
 compensated projection is compared with the slice-only error; a compensator that would raise it (COEC
@@ -29,6 +44,8 @@ import torch
 from torch import nn
 
 from secateur.calib.collect import GROUP_ROLE, StructuredStats
+from secateur.calib.engine import BlockContext, Handler
+from secateur.calib.stats import Accumulator
 from secateur.compensate import COECOptions, coec_ablation_options
 from secateur.compensate.coec import COEC_ABLATION_STAGES
 from secateur.errors import SecateurError
@@ -155,32 +172,22 @@ _KEEP_DIAG = ("method", "recon_before", "recon_after", "gcv_lambda", "gcv_lambda
               "gcv_clamped", "solve_method")
 
 
-def _tempered(stats: StructuredStats, layer: int, group: str, st, alpha: float) -> torch.Tensor:
-    """``C^alpha`` (COEC Sec. 4.4) of one projection input, cached on ``stats`` (in memory only)."""
-    from secateur.linalg import psd_power
-
-    cache = stats.__dict__.setdefault("tempered", {})
-    key = (layer, group, float(alpha))
-    if key not in cache:
-        cache[key] = psd_power(st.second_moment, alpha)
-    return cache[key]
-
-
-def _solve(cfg: CompensationConfig, adapter: Adapter, stats: StructuredStats, i: int, group: str, w0, st, kept,
-           bias):
+def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st, kept, bias):
     """One compensator call on projection ``(i, group)``. COEC with ``alpha != 1`` runs as ``alpha = 1`` on the
-    tempered Gram ``G^alpha``, taken once per (layer, group, alpha) and reused across selections/sparsities
-    (the same computation: ``G^alpha`` is taken before slicing, COEC Alg. 1 l. 1)."""
+    tempered Gram ``G^alpha`` (the same computation: ``G^alpha`` is taken before slicing, COEC Alg. 1 l. 1),
+    taken here and freed when the call returns: never cached across projections (memory, module docstring)."""
     from secateur.compensate import InputStats, compensate, relative_recon_error
+    from secateur.linalg import psd_power
 
     fn = COMPENSATIONS[cfg.compensation]
     opts = _options(cfg, group, adapter, i)
     if fn != "coec" or opts["options"].alpha == 1.0:
         return compensate(fn, w0, st, kept, bias=bias, **opts)
     alpha = opts["options"].alpha
-    g_alpha = _tempered(stats, i, group, st, alpha)
+    g_alpha = psd_power(st.second_moment, alpha)
     opts["options"] = dataclasses.replace(opts["options"], alpha=1.0)
     comp = compensate(fn, w0, InputStats(g_alpha, st.mean, st.n), kept, bias=bias, **opts)
+    del g_alpha
     comp.diagnostics.update(alpha=alpha, recon_before=relative_recon_error(w0, st, kept, w0[:, kept]),
                             recon_after=relative_recon_error(w0, st, kept, comp.weight))
     return comp
@@ -202,16 +209,11 @@ def _guarded(cfg: CompensationConfig, comp, rec: dict, w0, st, kept, bias):
     return comp
 
 
-def _compensate_one(cfg: CompensationConfig, adapter: Adapter, stats: StructuredStats, i: int, group: str, ref,
-                    kept) -> tuple[Any, dict]:
-    """``(Compensation or None, record)`` of one projection that lost columns (None: nothing kept)."""
-    from secateur.compensate import InputStats
-
+def _compensate_one(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, ref, kept,
+                    st) -> tuple[Any, dict]:
+    """``(Compensation or None, record)`` of one projection that lost columns (None: nothing kept), from its
+    dense input statistics ``st`` (:class:`secateur.compensate.InputStats`; unused when nothing is kept)."""
     w0 = ref.weight.detach().cpu()  # compensators solve on the CPU, next to the statistics
-    accs = stats.groups.get(i, {}).get(group, {})
-    if "gram" not in accs:
-        raise SecateurError(f"compensation {cfg.compensation!r} needs the input Gram of layer {i} {group}")
-    st = InputStats.from_gram(accs["gram"])
     bias = None if ref.bias is None else ref.bias.detach().cpu()
     rec: dict[str, Any] = {"layer": i, "group": group, "kept": int(kept.numel()), "width": int(w0.shape[1])}
     if kept.numel() == 0:  # everything removed: nothing to compensate into
@@ -219,10 +221,12 @@ def _compensate_one(cfg: CompensationConfig, adapter: Adapter, stats: Structured
                    skipped="no kept columns")
         return None, rec
     t = time.perf_counter()
-    comp = _solve(cfg, adapter, stats, i, group, w0, st, kept, bias)
+    comp = _solve(cfg, adapter, i, group, w0, st, kept, bias)
     dt = time.perf_counter() - t
     rec.update({k: _summary(comp.diagnostics[k]) for k in _KEEP_DIAG if k in comp.diagnostics}, seconds=dt)
-    return _guarded(cfg, comp, rec, w0, st, kept, bias), rec
+    comp = _guarded(cfg, comp, rec, w0, st, kept, bias)
+    # only what slicing reads is kept until the end of the stage (diagnostics may hold solver tensors)
+    return dataclasses.replace(comp, diagnostics={}), rec
 
 
 def _to_compensate(adapter: Adapter, sel):
@@ -235,34 +239,143 @@ def _to_compensate(adapter: Adapter, sel):
                 yield i, group, refs[role], kept
 
 
+class _Results:
+    """The compensations of a stage and their records; with an active checkpoint (``--resume``) every
+    compensated projection is saved as it is done (``comp<k>-<layer>-<group>.pt``) and reloaded instead of
+    solved again."""
+
+    def __init__(self) -> None:
+        from secateur.calib import resume
+
+        self.reps: dict = {}
+        self.records: list[dict] = []
+        self.ck = resume.current()
+        self.stage = self.ck.stage("comp") if self.ck is not None else ""
+
+    def _name(self, i: int, group: str) -> str:
+        return f"{self.stage}-{i}-{group}.pt"
+
+    def restore(self, i: int, group: str) -> bool:
+        """Reload a checkpointed projection; False when it must be solved."""
+        from secateur.compensate.base import Compensation
+
+        name = self._name(i, group)
+        if self.ck is None or not self.ck.has(name):
+            return False
+        got = self.ck.load(name)
+        self.reps[(i, group)] = Compensation(got["weight"], got["bias"], got["kept"])
+        self.records.append(got["rec"])
+        return True
+
+    def add(self, i: int, group: str, comp, rec: dict) -> None:
+        self.records.append(rec)
+        if comp is None:
+            return
+        self.reps[(i, group)] = comp
+        if self.ck is not None:
+            self.ck.save(self._name(i, group), {"weight": comp.weight.clone(), "rec": rec, "kept": comp.kept.clone(),
+                                                "bias": None if comp.bias is None else comp.bias.clone()})
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.get("seconds", 0.0) for r in self.records)
+
+
 def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: StructuredStats,
                          cfg: CompensationConfig) -> tuple[dict, list[dict], float]:
     """Replacements ``{(layer, group): Compensation}`` for every projection that lost columns, the
-    per-layer records and the total compensation time (seconds). With an active checkpoint (``--resume``)
-    every compensated projection is saved as it is done and reloaded instead of solved again."""
-    from secateur.calib import resume
-    from secateur.compensate.base import Compensation
+    per-layer records and the total compensation time (seconds), from statistics that already hold every
+    layer's Gram (``stats``, e.g. cached by a benchmark across sparsities: ``L`` Grams in memory, the caller's
+    choice; :func:`materialize_selection` without them keeps one block's). Checkpointed like the per-block
+    pass (:class:`_Results`)."""
+    from secateur.compensate import InputStats
 
-    reps: dict = {}
-    records: list[dict] = []
-    ck = resume.current()
-    stage = ck.stage("comp") if ck is not None else ""
+    res = _Results()
     for i, group, ref, kept in _to_compensate(adapter, sel):
-        name = f"{stage}-{i}-{group}.pt"
-        if ck is not None and ck.has(name):
-            got = ck.load(name)
-            reps[(i, group)] = Compensation(got["weight"], got["bias"], got["kept"])
-            records.append(got["rec"])
+        if res.restore(i, group):
             continue
-        comp, rec = _compensate_one(cfg, adapter, stats, i, group, ref, kept)
-        records.append(rec)
-        if comp is None:
-            continue
-        reps[(i, group)] = comp
-        if ck is not None:
-            ck.save(name, {"weight": comp.weight.clone(), "rec": rec, "kept": comp.kept.clone(),
-                           "bias": None if comp.bias is None else comp.bias.clone()})
-    return reps, records, sum(r.get("seconds", 0.0) for r in records)
+        accs = stats.groups.get(i, {}).get(group, {})
+        if "gram" not in accs:
+            raise SecateurError(f"compensation {cfg.compensation!r} needs the input Gram of layer {i} {group}")
+        res.add(i, group, *_compensate_one(cfg, adapter, i, group, ref, kept, InputStats.from_gram(accs["gram"])))
+    return res.reps, res.records, res.seconds
+
+
+class BlockCompensation(Handler):
+    """The per-block compensation pass (engine mode ``dense``): accumulates the dense input Grams of one block's
+    ``o_proj`` / ``down_proj`` that lost columns, compensates them as soon as the block's forward is done
+    (``on_group``, in the order attn_out, mlp_out) and drops them before the next block, so at most one block's
+    Grams are alive. The Gram becomes ``E[x x^T]`` in place (the same values as
+    :attr:`secateur.calib.stats.Gram.second_moment`). Nothing is written to the model: the walk stays dense
+    and the replacements are sliced in after the pass. Resumable: a finished block's projections are in the
+    checkpoint's ``comp`` files, reloaded by :meth:`load_block_state`.
+
+    ``live_bytes`` / ``peak_bytes``: the Gram state alive now and at most (8 d^2 bytes each)."""
+
+    resumable = True
+    modifies_weights = False
+
+    def __init__(self, cfg: CompensationConfig, adapter: Adapter, sel) -> None:
+        self.cfg, self.adapter = cfg, adapter
+        self.todo = {(i, g): (kept, int(ref.weight.shape[1])) for i, g, ref, kept in _to_compensate(adapter, sel)}
+        self.results = _Results()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    @property
+    def layers(self) -> list[int]:
+        """The blocks the pass must visit: up to the last one with a projection to compensate."""
+        return list(range(max(i for i, _ in self.todo) + 1)) if self.todo else []
+
+    def accumulators(self, ctx: BlockContext, group: str, names: list[str]) -> dict[str, Accumulator]:
+        got = self.todo.get((ctx.index, group))
+        if got is None or got[0].numel() == 0 or self._saved(ctx.index, group):
+            return {}
+        from secateur.calib.stats import Gram
+
+        self.live_bytes += 8 * got[1] ** 2
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return {"gram": Gram(got[1])}
+
+    def _saved(self, i: int, group: str) -> bool:
+        r = self.results
+        return r.ck is not None and r.ck.has(r._name(i, group))
+
+    def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
+        from secateur.compensate import InputStats
+
+        key = (ctx.index, group)
+        if key not in self.todo or self.results.restore(*key):
+            return
+        kept, width = self.todo[key]
+        st = None
+        if "gram" in accs:
+            gram = accs.pop("gram")  # the engine's reference goes: the Gram lives only in this frame
+            if gram.n <= 0:
+                raise SecateurError("the Gram accumulator saw no tokens")
+            st = InputStats(second_moment=gram.G.div_(gram.n), mean=gram.mean, n=int(gram.n))
+            del gram
+        ref = self.adapter.role_refs(ctx.layer)[GROUP_ROLE[group]]
+        try:
+            self.results.add(*key, *_compensate_one(self.cfg, self.adapter, *key, ref, kept, st))
+        finally:
+            if st is not None:
+                self.live_bytes -= 8 * width ** 2
+
+    def block_state(self, ctx: BlockContext) -> dict:
+        return {}  # the block's compensations are in the checkpoint's comp files already
+
+    def load_block_state(self, index: int, state: dict) -> None:
+        for i, group in self.todo:
+            if i == index and not self.results.restore(i, group):
+                kept, _ = self.todo[(i, group)]
+                if kept.numel():
+                    from secateur.calib.resume import CheckpointError
+
+                    raise CheckpointError(f"checkpoint {self.results.ck.path} lacks the compensation of layer {i} "
+                                          f"{group}; remove it and run without --resume")
+                ref = self.adapter.role_refs(self.adapter.layers[i])[GROUP_ROLE[group]]
+                self.results.add(i, group, *_compensate_one(self.cfg, self.adapter, i, group, ref, kept, None))
 
 
 def _aggregate(records: list[dict]) -> dict:
@@ -285,26 +398,77 @@ def _aggregate(records: list[dict]) -> dict:
     return out
 
 
+#: the memory of the statistics of a compensated structured run (also in the report: ``statistics_memory``)
+MEMORY_FORMULA = ("per block: 8 (d_o^2 + d_down^2) bytes for the float64 input Grams of its o_proj and down_proj, "
+                  "+ 8 d_in^2 for COEC's tempered copy C^alpha (alpha != 1) + the solver's workspace, one block at "
+                  "a time (independent of the depth L); plus 24 d bytes per layer and group for the selection "
+                  "statistics (sumsq, meanvar)")
+
+
+def _nbytes(acc) -> int:
+    return sum(v.numel() * v.element_size() for v in vars(acc).values() if torch.is_tensor(v))
+
+
+def statistics_memory(adapter: Adapter, sel, cfg: CompensationConfig, stats: StructuredStats | None,
+                      per_block: bool, peak_bytes: int | None = None) -> dict:
+    """The report's ``statistics_memory``: bytes of the Grams alive at once (one block's with the per-block
+    pass, every layer's with statistics passed in), of COEC's tempered copy, of the selection statistics, and
+    :data:`MEMORY_FORMULA`."""
+    widths: dict[int, list[int]] = {}
+    for i, _, ref, kept in _to_compensate(adapter, sel):
+        if kept.numel():
+            widths.setdefault(i, []).append(int(ref.weight.shape[1]))
+    blocks = [sum(8 * d * d for d in ds) for ds in widths.values()] or [0]
+    coec = cfg.compensation == "coec" and (cfg.coec or COECOptions()).alpha != 1.0
+    selection = sum(_nbytes(a) for g in (stats.groups.values() if stats else ()) for accs in g.values()
+                    for k, a in accs.items() if k != "gram")
+    out = {"mode": "one block at a time" if per_block else "every layer (statistics passed in)",
+           "grams_bytes": max(blocks) if per_block else sum(blocks), "grams_bytes_all_layers": sum(blocks),
+           "tempered_bytes": 8 * max((d * d for ds in widths.values() for d in ds), default=0) if coec else 0,
+           "selection_bytes": selection, "formula": MEMORY_FORMULA}
+    if peak_bytes is not None:
+        out["grams_bytes_measured_peak"] = peak_bytes
+    return out
+
+
 def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: CompensationConfig,
-                          stats: StructuredStats | None) -> tuple[list[dict], dict[str, float]]:
-    """Compensate (``cfg.compensation``, from the dense ``stats``) and slice ``sel`` out of ``model`` in place:
-    the last two stages of every structured method, whatever made the selection. Returns the per-layer
-    compensation records and the timings."""
+                          stats: StructuredStats | None = None, ids: torch.Tensor | None = None, *,
+                          chunk_size: int = 8, device=None,
+                          progress: bool = False) -> tuple[list[dict], dict[str, float], dict | None]:
+    """Compensate (``cfg.compensation``, from dense statistics) and slice ``sel`` out of ``model`` in place:
+    the last two stages of every structured method, whatever made the selection. The dense Grams come from
+    ``stats`` when it holds them (every layer's, reused by the caller), else from one dense engine pass over
+    ``ids`` that keeps one block's Grams at a time (:class:`BlockCompensation`). Returns the per-layer
+    compensation records, the timings and the ``statistics_memory`` report (None without compensation)."""
+    from secateur.calib import engine
     from secateur.structured.slicing import apply_selection
 
-    reps, records, comp_s = ({}, [], 0.0)
+    reps, records, comp_s, memory = {}, [], 0.0, None
+    timings: dict[str, float] = {}
     if cfg.compensation != "none":
-        if stats is None:
+        if stats is not None and stats.groups and stats.has(("gram",)):
+            reps, records, comp_s = compensate_selection(model, adapter, sel, stats, cfg)
+            memory = statistics_memory(adapter, sel, cfg, stats, per_block=False)
+        elif ids is not None:
+            t = time.perf_counter()
+            h = BlockCompensation(cfg, adapter, sel)
+            if h.todo:
+                engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device,
+                           progress=progress, layers=h.layers)
+            reps, records, comp_s = h.results.reps, h.results.records, h.results.seconds
+            timings["gram_pass_s"] = time.perf_counter() - t - comp_s
+            memory = statistics_memory(adapter, sel, cfg, stats, per_block=True, peak_bytes=h.peak_bytes)
+        else:
             raise SecateurError(f"compensation {cfg.compensation!r} needs dense calibration statistics")
-        reps, records, comp_s = compensate_selection(model, adapter, sel, stats, cfg)
     t = time.perf_counter()
     apply_selection(model, adapter, sel, reps)
-    return records, {"compensation_s": comp_s, "slice_s": time.perf_counter() - t}
+    return records, {"compensation_s": comp_s, **timings, "slice_s": time.perf_counter() - t}, memory
 
 
-def compensation_details(cfg: CompensationConfig, records: list[dict], seconds: float) -> dict:
+def compensation_details(cfg: CompensationConfig, records: list[dict], seconds: float,
+                         memory: dict | None = None) -> dict:
     """The report fields of a compensation stage (shared by every structured method)."""
-    return {
+    return {"statistics_memory": memory,
         "compensation": cfg.compensation, "compensation_seconds": seconds,
         "compensation_summary": _aggregate(records), "per_layer": records,
         "coec_options": None if cfg.compensation != "coec" else _summary(

@@ -1,18 +1,22 @@
 """Structured pruning with compensation (issues 5 and 6): the composition of the score-based selections and
 their options.
 
-One dense calibration pass -> selection -> per-layer compensation -> physical slicing::
+One dense calibration pass -> selection -> per-layer compensation (a second dense pass, one block's Grams at a
+time) -> physical slicing::
 
-    stats  = collect_stats(model, adapter, ids, stat_kinds(cfg))   # secateur.calib.collect, engine mode "dense"
-    res    = prune_structured(model, adapter, ids, cfg, stats=stats)
+    res    = prune_structured(model, adapter, ids, cfg)                      # collects what it needs
+    stats  = collect_stats(model, adapter, ids, stat_kinds(cfg))             # or: every layer's statistics, cached
+    res    = prune_structured(model, adapter, ids, cfg, stats=stats)         # (same weights, L Grams in memory)
 
 1. **Statistics** (:func:`secateur.calib.collect.collect_stats`): accumulators on the inputs of ``o_proj``
    (``attn_out``) and ``down_proj`` (``mlp_out``): ``sumsq`` + ``meanvar`` for every selection score (so the
-   selection never depends on the compensator), plus the uncentered ``gram`` ``C = E[x x^T]`` (with the mean)
-   when a compensator runs. ShortGPT adds one dense pass for the block influence
-   (:func:`add_block_influence`). Structured selection from a dense pass does not depend on the sparsity, so one
-   :class:`~secateur.calib.collect.StructuredStats` serves every sparsity and compensator (the benchmarks cache
-   it).
+   selection never depends on the compensator), kept for every layer (global allocation reads them; 24 d bytes
+   per layer and group). The uncentered ``gram`` ``C = E[x x^T]`` (with the mean) a compensator reads is taken
+   in the compensation stage, one block at a time (memory formula:
+   :mod:`secateur.methods.compensation`), unless the statistics passed in hold every layer's. ShortGPT adds one
+   dense pass for the block influence (:func:`add_block_influence`). Structured selection from a dense pass does
+   not depend on the sparsity, so one :class:`~secateur.calib.collect.StructuredStats` of :func:`stat_kinds`
+   serves every sparsity and compensator (the benchmarks cache it).
 2. **Selection** (:func:`secateur.budgets.select.select_units`): units ``kv_group`` / ``head`` (attention) and
    ``channel`` (MLP), ``uniform`` allocation (keep ``ceil((1 - rho) n)`` per layer and kind, COEC Sec. 1)
    or ``flap-global`` (FLAP AL-AM). Scores: ``wanda_sp`` (COEC's L2 form), ``flap`` (WIFV), ``rcpu``,
@@ -22,8 +26,9 @@ One dense calibration pass -> selection -> per-layer compensation -> physical sl
    dense statistics, then the units are sliced out.
 
 Details for the report (:class:`StructuredResult.details`): per-layer reconstruction error before/after,
-the chosen GCV lambda and alternation rounds (COEC), the compensation time, realized fractions (overall,
-per unit kind, per layer), parameter counts before/after.
+the chosen GCV lambda and alternation rounds (COEC), the compensation time, the statistics' memory
+(``statistics_memory``: bytes and formula), realized fractions (overall, per unit kind, per layer), parameter
+counts before/after.
 """
 
 from __future__ import annotations
@@ -121,11 +126,17 @@ class StructuredResult:
 
 # --- the pipeline -----------------------------------------------------------------------------------------
 
+def selection_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
+    """The accumulators the selection of ``cfg`` reads (what its own dense pass collects for every layer; the
+    Grams of a compensation come from the per-block pass of :func:`materialize_selection`)."""
+    return () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
+
+
 def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
-    """The accumulators ``cfg`` reads: the score's (none for magnitude, random and ShortGPT, whose block
-    influence is its own forward) plus the Grams when compensating."""
-    score = () if cfg.score in ("magnitude", "random", "shortgpt") else SCORE_STATS
-    return score + (("gram",) if cfg.needs_gram else ())
+    """The accumulators statistics passed to :func:`prune_structured` must hold for ``cfg``: the score's (none for
+    magnitude, random and ShortGPT, whose block influence is its own forward) plus the Grams when compensating
+    (every layer's: a cache reused across sparsities; without one the Grams are taken one block at a time)."""
+    return selection_kinds(cfg) + (("gram",) if cfg.needs_gram else ())
 
 
 def block_influence(model: nn.Module, adapter: Adapter, ids: torch.Tensor, chunk_size: int = 8) -> torch.Tensor:
@@ -147,7 +158,8 @@ def add_block_influence(stats: StructuredStats, model: nn.Module, adapter: Adapt
 
 
 def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, device, progress):
-    """The statistics ``cfg`` reads: ``stats`` when given (checked), else collected from ``ids``."""
+    """The statistics ``cfg`` reads: ``stats`` when given (checked: with every Gram when compensating), else the
+    selection's, collected from ``ids``."""
     need_bi = cfg.score == "shortgpt"
     kinds = stat_kinds(cfg)
     if stats is not None:  # reused statistics must hold what this config reads
@@ -162,7 +174,7 @@ def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, d
         return stats, {}
     if (kinds or need_bi) and ids is None:
         raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
-    stats = collect_stats(model, adapter, ids, kinds, chunk_size, device, progress)
+    stats = collect_stats(model, adapter, ids, selection_kinds(cfg), chunk_size, device, progress)
     if need_bi:
         add_block_influence(stats, model, adapter, ids, chunk_size)
     return stats, dict(stats.timings)
@@ -193,8 +205,11 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
                        allocation="blocks" if need_bi else STRUCTURED_ALLOCATIONS[cfg.allocation],
                        rounding=cfg.rounding, seed=cfg.seed, **cfg.score_opts)
     timings["select_s"] = time.perf_counter() - t
-    records, mt = materialize_selection(model, adapter, sel, cfg, stats)
+    records, mt, memory = materialize_selection(model, adapter, sel, cfg, stats, ids, chunk_size=chunk_size,
+                                                device=device, progress=progress)
     timings.update(mt)
+    if cfg.needs_gram and ids is not None:
+        stats.n_tokens = stats.n_tokens or int(ids.numel())
     timings["total_s"] = time.perf_counter() - t_all
     params_after = count_params(model)
     info = sel.info
@@ -206,7 +221,8 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
         "removed_blocks": list(sel.removed_blocks),
         "params_before": params_before, "params_after": params_after,
         "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
-        "calibration_tokens": stats.n_tokens, **compensation_details(cfg, records, mt["compensation_s"]),
+        "calibration_tokens": stats.n_tokens,
+        **compensation_details(cfg, records, mt["compensation_s"], memory),
     }
     return StructuredResult(sel, details, timings)
 
