@@ -40,11 +40,18 @@ def save_run(model, tokenizer, out: str | Path, report: dict, masks: dict[str, t
     as one atomic folder. Sliced models go through :func:`secateur.export.sliced.save_pruned`."""
     with atomic_dir(out, overwrite, need=export_size(model, masks)) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if masks:
-            np.savez_compressed(tmp / MASKS_NAME, **pack_masks(masks))
-        for name, data in (extra_files or {}).items():
-            (tmp / name).write_bytes(data)
-        (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+        write_run_files(tmp, tokenizer, report, masks, extra_files)
     return Path(out)
+
+
+def write_run_files(folder: Path, tokenizer, report: dict, masks=None, extra_files: dict[str, bytes] | None = None
+                    ) -> None:
+    """The files of a run folder besides the model: tokenizer, bit-packed masks, the method's files and
+    ``secateur-report.json`` (written last: its presence marks a complete secateur output)."""
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    if masks:
+        np.savez_compressed(folder / MASKS_NAME, **pack_masks(masks))
+    for name, data in (extra_files or {}).items():
+        (folder / name).write_bytes(data)
+    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))

@@ -138,10 +138,7 @@ def finish_export(folder: str | Path, model, tokenizer, report: dict, masks=None
     """Everything of a masked run's folder but the weights (:func:`secateur.export.hf.save_run`'s other files):
     ``config.json`` (architectures and dtype as ``save_pretrained`` sets them), the generation config, the
     tokenizer, the bit-packed masks, the method's files and ``secateur-report.json``."""
-    import numpy as np
-
-    from secateur.export.folder import MASKS_NAME, REPORT_NAME
-    from secateur.export.hf import pack_masks
+    from secateur.export.hf import write_run_files
 
     folder = Path(folder)
     config = model.config
@@ -149,10 +146,4 @@ def finish_export(folder: str | Path, model, tokenizer, report: dict, masks=None
     config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    if masks:
-        np.savez_compressed(folder / MASKS_NAME, **pack_masks(masks))
-    for name, data in (extra_files or {}).items():
-        (folder / name).write_bytes(data)
-    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    write_run_files(folder, tokenizer, report, masks, extra_files)
