@@ -154,8 +154,28 @@ def render() -> None:
                      f"{r.get('error') or fmt((r.get('wikitext2') or {}).get('ppl'))} | "
                      f"{fmt(qk, 4) if isinstance(qk, float) else '-'} | {fmt(r.get('prune_seconds'), 0)} | "
                      f"{fmt(r.get('peak_rss_mb'), 0)} |")
-        L.append("")
+        L += [""] + _claims(mine) + [""]
+    L.append("Machine: AMD EPYC, 2 cores (shared with other work while these ran), torch 2.13.0+cpu, "
+             "transformers 5.24.0. Rows not listed for a model were not run yet: `python bench/families.py` "
+             "resumes and adds them.")
     MD.write_text("\n".join(L) + "\n")
+
+
+def _claims(rows: list[dict]) -> list[str]:
+    """The paper claims that transfer: QK-Wanda's QK error at 50% >= 50% below Wanda's (QK-Wanda paper); COEC
+    below the native compensation at 30% structured (COEC paper, Table 1)."""
+    by = {r["run"]: r for r in rows}
+    out = ["Claim checks:"]
+    qk = {k: (by.get(k, {}).get("qk") or {}).get("e_qk_percent") for k in ("wanda-50", "qk-wanda-50")}
+    if all(isinstance(v, float) for v in qk.values()):
+        cut = 1 - qk["qk-wanda-50"] / qk["wanda-50"]
+        out.append(f"- QK-Wanda's QK error at 50% is {100 * cut:.1f}% below Wanda's ({qk['qk-wanda-50']:.4f}% vs "
+                   f"{qk['wanda-50']:.4f}%): the >= 50% claim {'holds' if cut >= 0.5 else 'does not hold'}.")
+    pp = {k: (by.get(k, {}).get("wikitext2") or {}).get("ppl") for k in ("rcpu-30", "rcpu-30-coec")}
+    if all(isinstance(v, float) for v in pp.values()):
+        out.append(f"- RCPU 30% with COEC: WikiText-2 {pp['rcpu-30-coec']:.2f} vs native {pp['rcpu-30']:.2f}: COEC "
+                   f"below native {'holds' if pp['rcpu-30-coec'] < pp['rcpu-30'] else 'does not hold'}.")
+    return out if len(out) > 1 else []
 
 
 if __name__ == "__main__":
