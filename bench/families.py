@@ -142,7 +142,9 @@ def render() -> None:
     for m in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == m]
         dense = next((r for r in mine if r["run"] == "dense"), {})
-        L += [f"## {m}", "", f"Dense WikiText-2: {fmt((dense.get('wikitext2') or {}).get('ppl'))}", "",
+        dw = dense.get("wikitext2") or {}
+        head = f"Dense WikiText-2: {fmt(dw.get('ppl'))} (`{dw.get('protocol')}`, BOS {dw.get('bos')})"
+        L += [f"## {m}", "", head, "",
               "| run | realized (targeted) | realized (all) | WikiText-2 ppl | QK error % | prune s | peak RSS MB |",
               "|---|---|---|---|---|---|---|"]
         for r in mine:
@@ -175,6 +177,11 @@ def _claims(rows: list[dict]) -> list[str]:
     if all(isinstance(v, float) for v in pp.values()):
         out.append(f"- RCPU 30% with COEC: WikiText-2 {pp['rcpu-30-coec']:.2f} vs native {pp['rcpu-30']:.2f}: COEC "
                    f"below native {'holds' if pp['rcpu-30-coec'] < pp['rcpu-30'] else 'does not hold'}.")
+    bf = {k: (by.get(k, {}).get("wikitext2") or {}).get("ppl") for k in ("wanda-50", "wanda-50-bf16")}
+    if all(isinstance(v, float) for v in bf.values()):
+        out.append(f"- Wanda 50% in bfloat16 (weights and forward in bf16, statistics in float32/64, export in bf16, "
+                   f"evaluated in bf16): WikiText-2 {bf['wanda-50-bf16']:.2f} vs {bf['wanda-50']:.2f} in float32 "
+                   f"({100 * (bf['wanda-50-bf16'] / bf['wanda-50'] - 1):+.1f}%).")
     return out if len(out) > 1 else []
 
 
