@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from secateur.calib.collect import SCORE_STATS, StructuredStats, collect_stats
+from secateur.calib.collect import SCORE_STATS, StructuredStats, block_influence, collect_stats
 from secateur.errors import SecateurError
 from secateur.methods.compensation import (
     CompensationConfig,
@@ -139,19 +139,11 @@ def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
     return selection_kinds(cfg) + (("gram",) if cfg.needs_gram else ())
 
 
-def block_influence(model: nn.Module, adapter: Adapter, ids: torch.Tensor, chunk_size: int = 8) -> torch.Tensor:
-    """ShortGPT's block influence from one dense forward of the decoder alone (no lm_head: BI only reads the
-    blocks' inputs and outputs)."""
-    from secateur.calib.collect import block_influence as bi_fn
-
-    return bi_fn(getattr(model, "base_model", model), adapter, ids, batch_size=chunk_size)
-
-
 def add_block_influence(stats: StructuredStats, model: nn.Module, adapter: Adapter, ids: torch.Tensor,
                         chunk_size: int = 8) -> StructuredStats:
     """``stats`` with ShortGPT's block influence (timed as ``block_influence_s``)."""
     t = time.perf_counter()
-    stats.block_influence = block_influence(model, adapter, ids, chunk_size)
+    stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size)
     stats.timings["block_influence_s"] = time.perf_counter() - t
     stats.n_tokens = stats.n_tokens or int(ids.numel())
     return stats
@@ -170,7 +162,7 @@ def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, d
         if need_bi and stats.block_influence is None:
             if ids is None:
                 raise SecateurError("shortgpt needs calibration data for the block influence")
-            stats.block_influence = block_influence(model, adapter, ids, chunk_size)
+            stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size)
         return stats, {}
     if (kinds or need_bi) and ids is None:
         raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
