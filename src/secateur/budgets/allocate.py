@@ -128,22 +128,27 @@ def allocate_uniform(inv: Inventory, scores: torch.Tensor, rho: float, rounding:
     return Allocation(removed, report(inv, removed, rho, allocator="uniform", rounding=rounding))
 
 
-UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "channel": "MLP channel", "ffn_group": "FFN group",
-              "block": "block"}
+UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "head_slot": "query-head slot",
+              "channel": "MLP channel", "ffn_group": "FFN group", "block": "block"}
 
 
 def shortfall_note(info: dict, rho: float, tol: float = 0.01) -> str | None:
     """A one-line note when an allocation realized visibly less than ``rho`` of the removable parameters
     (``info``: :func:`report`'s fields): which unit kinds fell short and why, e.g. a model with 2 KV groups per
-    layer at 20% keeps ``ceil(0.8 x 2) = 2`` groups under uniform allocation, so no attention is pruned."""
+    layer at 20% keeps ``ceil(0.8 x 2) = 2`` groups under uniform allocation, so no attention is pruned; when KV
+    groups fell short it names ``head_slot`` units (one query head of every group: ``g`` units per layer)."""
     realized = info.get("realized")
     if realized is None or rho - realized <= tol:
         return None
     kinds = ", ".join(f"{UNIT_NAMES.get(k, k)}s {d['realized']:.3f} ({d['removed_units']} of {d['units']} units)"
                       for k, d in (info.get("by_kind") or {}).items())
+    kv = (info.get("by_kind") or {}).get("kv_group")
+    slots = ("--units head_slot,channel (one query head of every KV group per unit: the group size drops, the KV "
+             "heads stay), " if kv and rho - kv["realized"] > tol else "")
     return (f"realized {realized:.4f} of the removable parameters against --sparsity {rho}: {kinds}; per-layer "
             f"rounding keeps ceil((1 - rho) n) of each layer's n units, so few large units (KV groups) may not be "
-            f"removed at all: use a global allocation (--allocation flap-global with flap) or a higher --sparsity")
+            f"removed at all: use {slots}a global allocation (--allocation flap-global with flap) or a higher "
+            f"--sparsity")
 
 
 def uniform_reach(inv: Inventory, rounding: str = "ceil") -> float:

@@ -17,7 +17,8 @@ time) -> physical slicing::
    dense pass for the block influence (:func:`add_block_influence`). Structured selection from a dense pass does
    not depend on the sparsity, so one :class:`~secateur.calib.collect.StructuredStats` of :func:`stat_kinds`
    serves every sparsity and compensator (the benchmarks cache it).
-2. **Selection** (:func:`secateur.budgets.select.select_units`): units ``kv_group`` / ``head`` (attention) and
+2. **Selection** (:func:`secateur.budgets.select.select_units`): units ``kv_group`` / ``head`` / ``head_slot``
+   (attention; ``head_slot``: one query head of every KV group, :mod:`secateur.structured.units`) and
    ``channel`` (MLP), ``uniform`` allocation (keep ``ceil((1 - rho) n)`` per layer and kind, COEC Sec. 1)
    or ``flap-global`` (FLAP AL-AM). Scores: ``wanda_sp`` (COEC's L2 form), ``flap`` (WIFV), ``rcpu``,
    ``magnitude`` (mag-sp), ``random`` (seeded), ``shortgpt`` (whole blocks), ``corp`` (MLP channels).
@@ -68,7 +69,8 @@ NATIVE: dict[str, str] = {"wanda-sp": "none", "flap": "bias", "rcpu": "rcpu", "m
                           "random": "none", "shortgpt": "none", "corp": "corp"}
 #: ``--allocation`` name -> allocator of :func:`secateur.budgets.select.select_units`
 STRUCTURED_ALLOCATIONS: dict[str, str] = {"uniform": "uniform", "flap-global": "flap"}
-UNIT_CHOICES = ("kv_group", "head", "channel")
+UNIT_CHOICES = ("kv_group", "head", "head_slot", "channel")
+ATTN_UNITS = ("kv_group", "head", "head_slot")
 
 
 @dataclass
@@ -76,7 +78,8 @@ class StructuredConfig(CompensationConfig):
     """What to prune and how to repair it (the compensation fields: :class:`CompensationConfig`).
 
     score: unit score (``wanda_sp``, ``flap``, ``rcpu``, ``magnitude``, ``random``, ``shortgpt``, ``corp``).
-    units: unit kinds (``kv_group`` or ``head``, and/or ``channel``); ``shortgpt`` always uses blocks.
+    units: unit kinds (``kv_group``, ``head`` or ``head_slot``, and/or ``channel``); ``shortgpt`` always uses
+    blocks.
     allocation: ``uniform`` (COEC) or ``flap-global`` (FLAP AL-AM, score ``flap`` only).
     """
 
@@ -100,8 +103,8 @@ class StructuredConfig(CompensationConfig):
         bad = [u for u in self.units if u not in UNIT_CHOICES]
         if bad or not self.units:
             raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}")
-        if "kv_group" in self.units and "head" in self.units:
-            raise SecateurError("choose one attention unit: kv_group or head")
+        if sum(u in ATTN_UNITS for u in self.units) > 1:
+            raise SecateurError(f"choose one attention unit: {', '.join(ATTN_UNITS)}")
         if self.allocation == "flap-global" and self.score != "flap":
             raise SecateurError("--allocation flap-global is FLAP's AL-AM allocation; use it with --method flap")
         if self.score == "shortgpt" and self.compensation != "none":
@@ -225,8 +228,8 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
 class StructuredOptions(CompensationOptions):
     """The score-based structured methods' knobs: the units, the allocation and the compensation."""
 
-    units: str | tuple[str, ...] | None = knob("comma list of kv_group|head and/or channel (default: "
-                                               "kv_group,channel)")
+    units: str | tuple[str, ...] | None = knob("comma list of kv_group|head|head_slot and/or channel (default: "
+                                               "kv_group,channel; head_slot: one query head of every KV group)")
     allocation: str | None = knob("uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with "
                                   "--method flap)", choices=STRUCTURED_ALLOCATIONS)
 

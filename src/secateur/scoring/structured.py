@@ -23,10 +23,17 @@ Column scores (baselines.md §1, 3, 4, 5; corp.md §2):
                      ``weight_factor='in_row_out_col'`` multiplies by the input-row norms instead of
                      nothing (public-code variant, corp.md [A1]).
 
-Unit scores: KV group / head = sum of its columns' scores (baselines.md §3 [R]); FFN group = sum of its
+Unit scores: KV group / head = sum of its columns' scores (baselines.md §3 [R]); head slot (one query head
+of every KV group, :mod:`secateur.structured.units`) = the same sum over its heads' columns, after
+:func:`~secateur.structured.units.rank_slots` has assigned each group's ``j``-th lowest-scored head (by that
+per-head sum) to slot ``j``; the sum, not the mean, because a slot is costed as the sum of its heads (so
+``score / cost`` under global allocation is the same per-parameter density as a KV group's) and every slot of a
+layer has ``n_kv`` heads (sum and mean rank one layer's slots alike); FFN group = sum of its
 channels' scores; ``magnitude_unit`` = Frobenius norm over every weight the unit owns (q/k/v rows + o
 columns, gate/up rows + down columns; CoCurve baseline [R]); ``random`` = i.i.d. uniform scores from a
-seeded generator (so a ranking-based allocator picks a uniform random subset); ``shortgpt`` = block
+seeded generator (so a ranking-based allocator picks a uniform random subset; head slots: i.i.d. per-head
+scores drawn after the units' from the same generator, ranked and summed as above, so the other units'
+draws do not depend on whether slots are present); ``shortgpt`` = block
 influence ``BI_i = 1 - mean cos(x_i, x_{i+1})`` (baselines.md §8). FLAP's adaptive (AL-AM) unit scores
 are per-layer standardized instead, see :func:`flap_alam_scores`.
 
@@ -50,7 +57,7 @@ from secateur.models import hetero
 from secateur.models.adapters import Adapter
 from secateur.models.families import layout_of
 from secateur.scoring.corp import corp_mlp_scores
-from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool
+from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory, Pool, rank_slots
 
 StatsLike = Accumulator | Mapping[str, Accumulator]
 
@@ -253,8 +260,12 @@ def _magnitude_unit(inv: Inventory, adapter: Adapter) -> torch.Tensor:
             wq, wk, wv = (_w(t) for t in _qkv(fam, layer))
             wo = _w(_out_weight(adapter, layer, "attn_out"))
             per_head = wq.pow(2).sum(1).view(-1, m).sum(1) + wo.pow(2).sum(0).view(-1, m).sum(1)
-            per_kv = (wk.pow(2).sum(1) + wv.pow(2).sum(1)).view(-1, m).sum(1)
-            sq = _segment_sum(per_head, p) + per_kv[p.kv]
+            if p.kind == "head_slot":  # the KV heads belong to no slot
+                rank_slots(p, per_head)
+                sq = _segment_sum(per_head, p)
+            else:
+                per_kv = (wk.pow(2).sum(1) + wv.pow(2).sum(1)).view(-1, m).sum(1)
+                sq = _segment_sum(per_head, p) + per_kv[p.kv]
         elif p.kind in MLP_KINDS:
             rows = sum(_w(w).pow(2).sum(1) for w in _in_weights(adapter, layer))
             sq = _segment_sum(rows + _w(_out_weight(adapter, layer, "mlp_out")).pow(2).sum(0), p)
@@ -276,10 +287,20 @@ def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, se
     ``{name: accumulator}`` (what the calibration engine hands to ``Handler.on_group``).
     """
     if method in _SCORERS:
-        return _SCORERS[method](inv, adapter, stats, seed=seed, **opts).to(torch.float64)
+        out = _SCORERS[method](inv, adapter, stats, seed=seed, **opts).to(torch.float64)
+        if any(not p.ranked for p in inv.pools):
+            raise SecateurError(f"scorer {method!r} gives no per-query-head scores, which head_slot units need to "
+                                "form their slots (structured.units.rank_slots); use kv_group units")
+        return out
     if method == "random":
         g = torch.Generator().manual_seed(seed)
-        return torch.rand(len(inv), generator=g, dtype=torch.float64)
+        out = torch.rand(len(inv), generator=g, dtype=torch.float64)
+        for p in inv.pools:
+            if p.kind == "head_slot":
+                heads = torch.rand(p.members.numel(), generator=g, dtype=torch.float64)
+                rank_slots(p, heads)
+                out[p.offset:p.offset + p.n] = _segment_sum(heads, p)
+        return out
     if method == "magnitude_unit":
         return _magnitude_unit(inv, adapter)
     if method == "shortgpt":
@@ -295,6 +316,8 @@ def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, se
         c = col(adapter, adapter.layers[p.layer], p.layer, p.group, stats)
         if p.kind in ATTN_KINDS:
             c = _head_sums(c, inv.head_dim)
+        if p.kind == "head_slot":
+            rank_slots(p, c)
         out[p.offset:p.offset + p.n] = _segment_sum(c, p)
     return out
 
@@ -336,7 +359,9 @@ def flap_alam_scores(inv: Inventory, adapter: Adapter, stats, metric: str = "wif
             raise SecateurError("FLAP does not score whole blocks")
         z = _standardize(col(adapter, adapter.layers[p.layer], p.layer, p.group, stats))
         if p.kind in ATTN_KINDS:
-            z = z.view(-1, m).mean(dim=1)  # per query head; a KV group averages its heads
+            z = z.view(-1, m).mean(dim=1)  # per query head; a KV group (or head slot) averages its heads
+        if p.kind == "head_slot":
+            rank_slots(p, z)
         out[p.offset:p.offset + p.n] = _segment_mean(z, p)
     return out
 

@@ -51,10 +51,16 @@ class Selection:
             if not bool(r.any()):
                 continue
             shape = inv.shapes[p.layer]
+            if not p.ranked:
+                raise SecateurError(f"layer {p.layer}: the head_slot units were never ranked by a score "
+                                    "(structured.units.rank_slots), so their membership is not chosen")
             keep = sel.layers.setdefault(p.layer, LayerKeep())
             gone = r[p.unit_of_member]
             dropped = set(p.members[gone].tolist())
-            if p.kind in ATTN_KINDS:
+            if p.kind == "head_slot":  # the KV heads go with the last slot (units docstring)
+                keep.heads = [h for h in range(shape.n_heads) if h not in dropped]
+                keep.kv_heads = list(range(shape.n_kv_heads)) if keep.heads else []
+            elif p.kind in ATTN_KINDS:
                 dropped_kv = set(p.kv[r].tolist()) - set(p.kv[~r].tolist())  # MQA heads share KV head 0
                 keep.heads = [h for h in range(shape.n_heads) if h not in dropped]
                 keep.kv_heads = [g for g in range(shape.n_kv_heads) if g not in dropped_kv]

@@ -2,12 +2,13 @@
 
 Physical slicing (``apply_selection``), per layer:
 
-* attention: keep whole KV groups (GQA stays valid): rows of q (all query heads of kept groups), k, v
-  (the kept KV heads) and their biases; the matching o_proj columns. Qwen3's ``q_norm``/``k_norm`` act on
-  ``head_dim`` and are untouched. The attributes the stock attention forward reads are updated
-  (``num_key_value_groups`` for the Llama family, ``num_heads`` for OPT, ``num_heads``/``split_size`` for
-  GPT-2's fused ``c_attn``), so stock eager/SDPA kernels run. A layer that loses every head gets a
-  :class:`~secateur.models.hetero.NullAttention` (output = o_proj bias or zero).
+* attention: rows of q (the kept query heads), k, v (the kept KV heads) and their biases; the matching
+  o_proj columns. Every kept KV head must keep the same number of its query heads (GQA stays valid: whole
+  KV groups, or head slots that take one head from every group; :func:`_check_gqa`). Qwen3's
+  ``q_norm``/``k_norm`` act on ``head_dim`` and are untouched. The attributes the stock attention forward
+  reads are updated (``num_key_value_groups`` for the Llama family, ``num_heads`` for OPT,
+  ``num_heads``/``split_size`` for GPT-2's fused ``c_attn``), so stock eager/SDPA kernels run. A layer that
+  loses every head gets a :class:`~secateur.models.hetero.NullAttention` (output = o_proj bias or zero).
 * MLP: rows of gate/up (OPT ``fc1``, GPT-2 ``c_fc`` in Conv1D storage) and their biases; the matching
   down-projection columns.
 * whole blocks: dropped from the layer list; ``layer_idx`` renumbered, ``num_hidden_layers`` and
@@ -147,14 +148,19 @@ def _qkv_rows(fam: str, attn: nn.Module, q_rows: torch.Tensor, kv_rows: torch.Te
 
 
 def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: int) -> None:
+    """Hugging Face's ``repeat_kv`` (and llama.cpp) read kept query head ``p`` against kept KV head
+    ``p // r``: every kept KV head must keep the same number ``r >= 1`` of its own query heads, listed in
+    the order of ``kv`` (whole KV groups: ``r = g``; head slots: ``r = g - removed slots``; MQA: any heads)."""
     gs = n_heads // n_kv
-    if n_kv == 1 and kv == [0] and heads and set(heads) <= set(range(n_heads)):
-        return  # MQA: any query heads may share the one KV head
-    expect = [g * gs + r for g in kv for r in range(gs)]
-    if sorted(heads) != expect:
+    ok = len(set(heads)) == len(heads) and len(set(kv)) == len(kv) and (not heads) == (not kv)
+    if ok and heads:
+        r, rem = divmod(len(heads), len(kv))
+        ok = rem == 0 and all(0 <= h < n_heads and h // gs == kv[p // r] for p, h in enumerate(heads))
+    if not ok:
         raise SecateurError(
-            f"layer {layer}: kept query heads {sorted(heads)} are not the full groups of the kept KV heads "
-            f"{sorted(kv)} (group size {gs}); Hugging Face attention needs whole KV groups")
+            f"layer {layer}: kept query heads {list(heads)} do not give each kept KV head of {list(kv)} the same "
+            f"number of its own query heads (group size {gs}), in KV order; Hugging Face attention needs a uniform "
+            "group size")
 
 
 # --- slicing --------------------------------------------------------------------------------------------

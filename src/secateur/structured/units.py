@@ -10,6 +10,21 @@ Kinds (one attention kind and one MLP kind per layer at most, plus optional whol
                under MQA (one KV head, Gemma-3 270M), where it is q rows + o columns and the KV head stays
                while any query head does. A ``kv_group`` there would be the whole attention, so on an MQA
                layer either attention kind enumerates query heads (pools of kind ``head``).
+``head_slot``  one query head of EVERY KV group at once (GQA, group size ``g > 1``): q rows of those
+               ``n_kv`` heads and their o_proj columns; k/v stay. A layer has ``g`` slots; removing ``r``
+               of them leaves ``g - r`` query heads in every group, so the group size stays uniform (what
+               Hugging Face's ``repeat_kv`` and llama.cpp need) and the result is a stock GQA config with
+               ``num_attention_heads = n_kv (g - r)``. Which head of each group forms slot ``j`` comes from
+               the scores (:func:`rank_slots`): inside each group the query heads are ranked by their
+               per-head score, ascending, stable (ties: lower head index first), and slot ``j`` takes the
+               ``j``-th lowest head of every group; its score aggregates its heads' scores as a KV group
+               does (:mod:`secateur.scoring.structured`). The pool is built in index order (slot ``j`` =
+               head ``j`` of every group, the ranking of equal scores) and a scorer re-ranks it; a
+               selection refuses a pool no scorer ranked. Emptying rule, as for MQA query heads: the KV
+               heads belong to no slot's cost and go with the last slot (removing every slot removes the
+               attention: :class:`~secateur.models.hetero.NullAttention`); uniform (ceil) allocation always
+               keeps one slot. Under MQA a slot is one query head (a pool of kind ``head``); a layer with
+               one query head per KV head (MHA) has no slots and is refused (use ``head``).
 ``channel``    one MLP intermediate channel: gate/up rows (OPT ``fc1`` rows, GPT-2 ``c_fc`` columns in
                Conv1D storage) and the matching down-projection column.
 ``ffn_group``  ``n_ffn_groups`` channel groups per layer (CoCurve: 16). Default: contiguous index blocks
@@ -18,7 +33,8 @@ Kinds (one attention kind and one MLP kind per layer at most, plus optional whol
 ``block``      a whole decoder layer (ShortGPT).
 
 Removable parameters (CoCurve §1 "c_u"; biases included, output-projection biases excluded because they
-stay): attention unit ``d m (2|H_g| + 2)`` + q bias ``|H_g| m`` + k/v biases ``2m`` where present; MLP
+stay): attention unit ``d m (2|H_g| + 2)`` + q bias ``|H_g| m`` + k/v biases ``2m`` where present (a head
+slot or an MQA query head: ``n_kv`` resp. one query head, no KV head: ``2 d m n_kv`` + q bias); MLP
 channel ``3d`` (gated) or ``2d`` + gate/up biases; a block counts every parameter of the layer.
 
 An :class:`Inventory` stores units compactly as per-(layer, kind) :class:`Pool` objects (CSR member lists)
@@ -39,7 +55,7 @@ from secateur.models import hetero
 from secateur.models.adapters import Adapter
 from secateur.models.families import layout_of
 
-ATTN_KINDS = ("kv_group", "head")
+ATTN_KINDS = ("kv_group", "head", "head_slot")
 MLP_KINDS = ("channel", "ffn_group")
 KINDS = ATTN_KINDS + MLP_KINDS + ("block",)
 
@@ -114,8 +130,10 @@ class Pool:
     """The units of one kind in one layer.
 
     ``members`` are query heads (attention kinds), channels (MLP kinds) or ``[layer]`` (block), grouped
-    by unit in CSR form: unit ``u`` owns ``members[ptr[u]:ptr[u+1]]``; ``kv`` (attention kinds) is the
-    KV head of each unit.
+    by unit in CSR form: unit ``u`` owns ``members[ptr[u]:ptr[u+1]]`` (ascending); ``kv`` (``kv_group`` /
+    ``head``) is the KV head of each unit (``None`` for ``head_slot``: a slot spans every KV head).
+    ``ranked``: ``False`` while a ``head_slot`` pool still has its provisional index-order membership
+    (:func:`rank_slots` sets it from scores).
     """
 
     layer: int
@@ -125,6 +143,7 @@ class Pool:
     members: torch.Tensor
     ptr: torch.Tensor
     kv: torch.Tensor | None = None
+    ranked: bool = True
 
     @property
     def n(self) -> int:
@@ -196,6 +215,9 @@ class Inventory:
         p = self.pool_at(i)
         u = i - p.offset
         mem = tuple(int(x) for x in p.unit_members(u))
+        if p.kind == "head_slot":
+            kv = tuple(range(self.shapes[p.layer].n_kv_heads))
+            return Unit(i, p.kind, p.layer, u, heads=mem, kv_heads=kv, params=int(p.cost[u]))
         if p.kind in ATTN_KINDS:
             return Unit(i, p.kind, p.layer, u, heads=mem, kv_heads=(int(p.kv[u]),), params=int(p.cost[u]))
         if p.kind in MLP_KINDS:
@@ -214,10 +236,37 @@ def _attn_pool(shape: LayerShape, layer: int, kind: str, offset: int) -> Pool | 
     if kind == "head" and gs != 1:
         raise SecateurError(
             f"single query heads are not removable units in a GQA layer ({shape.n_heads} query heads share "
-            f"{shape.n_kv_heads} KV heads); use kv_group units")
+            f"{shape.n_kv_heads} KV heads); use kv_group or head_slot units")
+    if kind == "head_slot":
+        if gs == 1:
+            raise SecateurError(
+                f"head_slot units remove one query head of every KV group, but layer {layer} has one query head "
+                f"per KV head ({shape.n_heads} of each, MHA); use head units")
+        n, kv = gs, shape.n_kv_heads  # provisional membership: slot j = head j of every group (rank_slots)
+        return Pool(layer, kind, offset, torch.full((n,), shape.attn_unit_params(kv, 0), dtype=torch.long),
+                    (torch.arange(kv)[None, :] * gs + torch.arange(gs)[:, None]).reshape(-1),
+                    torch.arange(n + 1) * kv, None, ranked=False)
     n = shape.n_kv_heads
     cost = torch.full((n,), shape.attn_unit_params(gs, 1), dtype=torch.long)
     return Pool(layer, kind, offset, cost, torch.arange(n * gs), torch.arange(n + 1) * gs, torch.arange(n))
+
+
+def rank_slots(pool: Pool, head_scores: torch.Tensor) -> None:
+    """Set a ``head_slot`` pool's membership from per-query-head scores (``head_scores[h]``, higher = keep,
+    indexed by the layer's query heads): inside each KV group ``k`` (heads ``k g .. k g + g - 1``) the heads
+    are sorted ascending by score, stable (equal scores: lower head index first), and slot ``j`` takes the
+    ``j``-th of every group. Slot scores then follow by aggregating ``head_scores`` over the new members."""
+    if pool.kind != "head_slot":
+        raise SecateurError(f"rank_slots takes a head_slot pool, not {pool.kind!r}")
+    g = pool.n
+    n_kv = pool.members.numel() // g
+    s = torch.as_tensor(head_scores).detach().to("cpu", torch.float64).reshape(-1)
+    if s.numel() != g * n_kv:
+        raise SecateurError(f"layer {pool.layer}: {s.numel()} head scores for {g * n_kv} query heads")
+    order = torch.argsort(s.view(n_kv, g), dim=1, stable=True)  # [group, rank]
+    heads = torch.arange(n_kv)[:, None] * g + order
+    pool.members = heads.T.reshape(-1).contiguous()  # slot-major; within a slot ascending (group order)
+    pool.ranked = True
 
 
 def _mlp_pool(shape: LayerShape, layer: int, kind: str, offset: int, n_groups: int,
