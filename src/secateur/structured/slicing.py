@@ -158,9 +158,8 @@ def _check_gqa(heads: list[int], kv: list[int], n_heads: int, n_kv: int, layer: 
         ok = rem == 0 and all(0 <= h < n_heads and h // gs == kv[p // r] for p, h in enumerate(heads))
     if not ok:
         raise SecateurError(
-            f"layer {layer}: kept query heads {list(heads)} do not give each kept KV head of {list(kv)} the same "
-            f"number of its own query heads (group size {gs}), in KV order; Hugging Face attention needs a uniform "
-            "group size")
+            f"layer {layer}: kept query heads {list(heads)} are not the same number of heads from each of the kept "
+            f"KV groups {list(kv)} (group size {gs}), in KV order; Hugging Face attention needs KV groups of one size")
 
 
 # --- slicing --------------------------------------------------------------------------------------------
