@@ -295,6 +295,13 @@ CASES: list[Case] = [
                                                   "--sparsity", "0.99"), 2,
          r"--sparsity 0\.99 cannot be reached with --structured wanda-sp: at most 0\.\d{4} of the removable "
          r"parameters can go, because at least one KV group and one MLP channel per layer are kept"),
+    Case("structured-head-slot-mha", prune(lambda ws: ws.model("opt"), "--structured", "--method", "wanda-sp",
+                                           "--units", "head_slot,channel"), 2,
+         r"head_slot units remove one query head of every KV group, but layer 0 has one query head per KV head "
+         r"\(4 of each, MHA\); use head units"),
+    Case("structured-two-attention-units", prune(lambda ws: ws.model(), "--structured", "--method", "wanda-sp",
+                                                 "--units", "kv_group,head_slot"), 2,
+         r"choose one attention unit: kv_group, head, head_slot"),
     Case("pattern-0-of-4", prune(lambda ws: ws.model(), "--pattern", "0:4"), 2, r"pattern '0:4' needs 0 < N < M"),
     Case("pattern-4-of-4", prune(lambda ws: ws.model(), "--pattern", "4:4"), 2, r"pattern '4:4' needs 0 < N < M"),
     Case("pattern-5-of-4", prune(lambda ws: ws.model(), "--pattern", "5:4"), 2, r"pattern '5:4' needs 0 < N < M"),

@@ -237,6 +237,7 @@ def test_a_shortfall_is_named_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0
     assert "secateur: note: realized 0.19" in err and "KV groups 0.000 (0 of 4 units)" in err
+    assert "--units head_slot,channel" in err  # the unit kind that can prune attention there
 
 
 def test_no_shortfall_note_when_the_target_is_met():

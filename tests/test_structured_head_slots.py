@@ -88,6 +88,24 @@ def test_uniform_allocation_removes_the_lowest_slots_and_keeps_group_sizes():
     assert (info["units"], info["removed_units"]) == (10, 4)
 
 
+def test_flap_alam_ranks_slots_by_standardized_head_scores():
+    m = qwen2_g5()
+    a = get_adapter(m)
+    stats = collect_stats(m, a, random_ids(2, 16), stat_kinds(StructuredConfig(score="flap")))
+    sel = select_units(a, "flap", 0.3, stats.groups, kinds=("head_slot", "channel"), allocation="flap")
+    uni = select_units(a, "flap", 0.4, stats.groups, kinds=("head_slot",))
+    for k in list(sel.layers.values()) + list(uni.layers.values()):
+        if k.heads is not None:
+            assert k.kv_heads == [0, 1] and sum(h < 5 for h in k.heads) == sum(h >= 5 for h in k.heads)
+    # AL-AM's per-head z is monotone in the uniform score's per-head sum: both rank the slots alike
+    inv_u, inv_z = inventory(a, ("head_slot",)), inventory(a, ("head_slot",))
+    unit_scores(inv_u, a, "flap", stats.groups)
+    from secateur.scoring.structured import flap_alam_scores
+
+    flap_alam_scores(inv_z, a, stats.groups)
+    assert all(torch.equal(p.members, q.members) for p, q in zip(inv_u.pools, inv_z.pools))
+
+
 # --- slicing == masking, for every GQA family, uniform and global, with every compensator ----------------------
 
 @pytest.mark.parametrize("family", GQA)
