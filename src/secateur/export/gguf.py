@@ -536,7 +536,7 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
         vocab = int(run.shapes["model.embed_tokens.weight"][0])
         fallbacks = _storage(entries, run, qtype)
         need = sum(_info(e)[2] for e in entries) + (64 << 20)
-        with atomic_file(out, overwrite, is_secateur_gguf, need=need, kind="GGUF file secateur") as tmp:
+        with atomic_file(out, overwrite, is_secateur_gguf, need=need, kind="GGUF file") as tmp:
             w = _gguf().GGUFWriter(str(tmp), arch)
             _metadata(w, run, arch, layers, head_dim, qtype)
             src = _source_gguf(run.path)
