@@ -310,3 +310,26 @@ def test_atomic_write_overwrite_rules_and_cli(tmp_path, monkeypatch, capsys):
     mine.write_text("not a model")
     assert main(["export", "gguf", run, "--out", str(mine), "--overwrite"]) == 2
     assert "is not a GGUF file secateur wrote" in capsys.readouterr().err and mine.read_text() == "not a model"
+
+
+@pytest.mark.parametrize(("family", "kinds"), [("llama", None), ("qwen2", None), ("llama", ("kv_group", "channel")),
+                                               ("qwen2", ("channel",))])
+def test_transformers_reads_the_file_back_to_identical_logits(family, kinds, tmp_path):
+    """An independent GGUF reader: transformers' loader (its llama q/k un-permutation, its config mapping and
+    tokenizer conversion) rebuilds the run from the f32 file with logits equal to the run's, bit for bit."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from secateur.budgets.select import select_units
+    from secateur.testing import random_ids
+
+    m = tiny_model(family, layers=2)
+    sel = select_units(get_adapter(m), "magnitude", 0.5, kinds=kinds) if kinds else None
+    run = save_run(m, tmp_path / "run", sel)
+    gx.export_gguf(run, tmp_path / "m.gguf", "f32")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32).eval()
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, m(ids).logits)
+    text = "a t b\n12"
+    assert AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")(text)["input_ids"] == \
+        tiny_bpe_tokenizer()(text)["input_ids"]
