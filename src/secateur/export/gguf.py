@@ -490,6 +490,8 @@ def _metadata(w, run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     w.add_name(run.path.name)
     w.add_file_type({"f32": g.LlamaFileType.ALL_F32, "f16": g.LlamaFileType.MOSTLY_F16,
                      "bf16": g.LlamaFileType.MOSTLY_BF16, "q8_0": g.LlamaFileType.MOSTLY_Q8_0}[want])
+    if want in ("bf16", "q8_0"):
+        w.add_quantization_version(g.GGML_QUANT_VERSION)
     w.add_block_count(len(layers))
     w.add_context_length(int(cfg["max_position_embeddings"]))
     w.add_embedding_length(int(cfg["hidden_size"]))
