@@ -1,0 +1,207 @@
+"""SmolLM2-135M pruned by secateur, exported to GGUF and run by llama.cpp (issue 17 section 2).
+
+    make deploy                                                      # llama-cpp-python, built once ([deploy] extra)
+    nice -n 5 python bench/llamacpp_smollm2.py --prepare             # prune + export GGUF for every row
+    python bench/llamacpp_smollm2.py --measure --repeats 3           # ppl + speed, each model in its own process
+    python bench/llamacpp_smollm2.py --render                        # results/llamacpp-smollm2.md
+
+Rows: dense, Wanda-sp 30% (uniform widths: the family's own ``llama`` architecture), FLAP 20% with global
+allocation (uneven widths: ``deci``), CoCurve 30% (uneven: ``deci``), each exported as f16 and q8_0 by
+``secateur export gguf``. Calibration C4 8 x 512, seed 0 (CoCurve: its quick preset, 8 graph + 4 held-out
+windows of 512, 32 positions, top-r 256).
+
+Perplexity: WikiText-2 test, the very windows of ``secateur eval ppl --seqlen 512 --max-windows 8`` (the same
+token ids from secateur's tokenizer and window plan, BOS rule included), scored from llama.cpp's logits
+(``logits_all``) in float64 on this side; the HF number is ``secateur eval ppl`` on the run folder, beside it.
+Speed: prefill of 512 tokens (one ``eval`` call, n_batch 512) and decode of 64 tokens one at a time (greedy
+argmax fed back), tokens/s at 2 threads; every (model, type) is measured in its own fresh process, the rows are
+alternated in rounds (round r measures every model once, in a rotated order), and the ratio to dense is taken
+within each round, then the median over rounds is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, WORK, append_row, fmt, read_rows  # noqa: E402
+
+JSONL = RESULTS / "llamacpp-smollm2.jsonl"
+MD = RESULTS / "llamacpp-smollm2.md"
+OUT = WORK / "llamacpp"
+CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
+ROWS: dict[str, list[str]] = {
+    "dense": [],
+    "wanda-sp-30": ["--method", "wanda-sp", "--sparsity", "0.3"],
+    "flap-20-global": ["--method", "flap", "--sparsity", "0.2", "--allocation", "flap-global"],
+    "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "12", "--heldout", "4",
+                   "--positions", "32", "--top-r", "256"],
+}
+TYPES = ("f16", "q8_0")
+SEQLEN, WINDOWS, PREFILL, DECODE, THREADS = 512, 8, 512, 64, 2
+SECATEUR = [sys.executable, "-m", "secateur.cli"]
+
+
+def run_dir(row: str) -> Path:
+    return OUT / row
+
+
+def gguf_path(row: str, typ: str) -> Path:
+    return OUT / f"{row}.{typ}.gguf"
+
+
+def _call(cmd: list[str]) -> None:
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.check_call(cmd, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+
+
+def prepare() -> None:
+    """Prune each row (dense: the model folder itself), export f16 and q8_0, and measure the HF perplexity."""
+    from secateur.models.loading import resolve
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    for row, args in ROWS.items():
+        src = run_dir(row)
+        if row == "dense":
+            src = Path(resolve("smollm2-135m", "float32")[0])
+        elif not (src / "secateur-report.json").exists():
+            _call([*SECATEUR, "prune", "--model", "smollm2-135m", *CALIB, *args, "--out", str(src), "--overwrite",
+                   "--quiet"])
+        for typ in TYPES:
+            if not gguf_path(row, typ).exists():
+                _call([*SECATEUR, "export", "gguf", str(src), "--out", str(gguf_path(row, typ)), "--type", typ])
+        hf = OUT / f"{row}.hf-ppl.json"
+        if not hf.exists():
+            _call([*SECATEUR, "eval", "ppl", "--model", str(src), "--dataset", "wikitext2", "--seqlen", str(SEQLEN),
+                   "--max-windows", str(WINDOWS), "--json", str(hf), "--quiet"])
+
+
+def windows() -> tuple[list[list[int]], list[int], str]:
+    """secateur's WikiText-2 windows for SmolLM2's tokenizer: (window ids, scored count per window, protocol)."""
+    from transformers import AutoTokenizer
+
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids  # the same tokenization as `secateur eval ppl`
+    from secateur.eval.ppl import eval_windows, protocol_id
+    from secateur.models.loading import resolve
+
+    tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m", "float32")[0])
+    ids = eval_ids(eval_text("wikitext2"), tok)
+    ids, plan, rule, _ = eval_windows(ids, SEQLEN, None, WINDOWS, tok, None)
+    plan = plan[:WINDOWS]
+    return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(SEQLEN, None, rule)
+
+
+def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
+    """In this (fresh) process: llama.cpp's perplexity on the windows, prefill and decode tokens/s."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=SEQLEN, n_batch=SEQLEN, n_threads=THREADS, n_threads_batch=THREADS,
+                logits_all=True, verbose=False)
+    nll, n = 0.0, 0
+    for w, k in zip(wins, scored):
+        llm.reset()
+        llm.eval(w)
+        logits = np.asarray(llm.scores[:len(w)], dtype=np.float64)
+        lp = logits - logits.max(-1, keepdims=True)
+        lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+        T = len(w)
+        rows = np.arange(T - 1 - k, T - 1)
+        nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
+        n += k
+    prompt = wins[0][:PREFILL]
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    prefill = len(prompt) / (time.perf_counter() - t)
+    tok = int(np.argmax(llm.scores[len(prompt) - 1]))
+    t = time.perf_counter()
+    for _ in range(DECODE):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    decode = DECODE / (time.perf_counter() - t)
+    return {"ppl": math.exp(nll / n), "scored_tokens": n, "prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def measure(repeats: int) -> None:
+    import llama_cpp
+
+    wins, scored, protocol = windows()
+    todo = [(r, t) for r in ROWS for t in TYPES if gguf_path(r, t).exists()]
+    blob = WORK / "llamacpp-windows.json"
+    blob.write_text(json.dumps({"wins": wins, "scored": scored}))
+    rounds: list[dict] = []
+    for rep in range(repeats):
+        order = todo[rep % len(todo):] + todo[:rep % len(todo)]  # rotated: no model always runs first
+        res = {}
+        for row, typ in order:
+            out = subprocess.run([sys.executable, __file__, "--child", str(gguf_path(row, typ)), str(blob)],
+                                 capture_output=True, text=True, check=True)
+            res[f"{row}|{typ}"] = json.loads(out.stdout.strip().splitlines()[-1])
+        rounds.append(res)
+    for row, typ in todo:
+        key = f"{row}|{typ}"
+        per = [r[key] for r in rounds]
+        dense = [r[f"dense|{typ}"] for r in rounds]
+        hf = json.loads((OUT / f"{row}.hf-ppl.json").read_text())
+        append_row(JSONL, {
+            "key": key, "row": row, "type": typ, "args": ROWS[row], "file_bytes": gguf_path(row, typ).stat().st_size,
+            "ppl_llamacpp": per[0]["ppl"], "ppl_hf": hf["ppl"], "protocol": protocol, "windows": len(wins),
+            "prefill_tok_s": statistics.median(p["prefill_tok_s"] for p in per),
+            "decode_tok_s": statistics.median(p["decode_tok_s"] for p in per),
+            "prefill_vs_dense": statistics.median(p["prefill_tok_s"] / d["prefill_tok_s"] for p, d in zip(per, dense)),
+            "decode_vs_dense": statistics.median(p["decode_tok_s"] / d["decode_tok_s"] for p, d in zip(per, dense)),
+            "repeats": repeats, "threads": THREADS, "llama_cpp_python": llama_cpp.__version__,
+            "loadavg_1m": os.getloadavg()[0],
+        }, unique_key=True)
+
+
+def render() -> None:
+    rows = read_rows(JSONL)
+    L = ["# SmolLM2-135M pruned by secateur, run by llama.cpp", "",
+         "Produced by `bench/llamacpp_smollm2.py` (protocol in its docstring). Perplexity: WikiText-2 test, "
+         f"`{rows[0]['protocol'] if rows else '-'}`, first {WINDOWS} windows, llama.cpp's logits beside "
+         "`secateur eval ppl` on the HF folder. Speed: prefill 512 tokens and decode 64 tokens at 2 threads, each "
+         "model in its own process, rounds alternated, median over rounds; ratio to dense within each round.", "",
+         "| row | type | file MB | ppl llama.cpp | ppl HF (f32) | prefill tok/s | x dense | decode tok/s | x dense |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {r['row']} | {r['type']} | {r['file_bytes'] / 1e6:.1f} | {fmt(r['ppl_llamacpp'])} | "
+                 f"{fmt(r['ppl_hf'])} | {fmt(r['prefill_tok_s'], 0)} | {fmt(r['prefill_vs_dense'])} | "
+                 f"{fmt(r['decode_tok_s'], 1)} | {fmt(r['decode_vs_dense'])} |")
+    if rows:
+        L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds; machine: 2 cores "
+              "(load average in the JSONL rows; other work ran beside these measurements)."]
+    MD.write_text("\n".join(L) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prepare", action="store_true")
+    ap.add_argument("--measure", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--render", action="store_true")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        blob = json.loads(Path(a.child[1]).read_text())
+        print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"])))
+        return
+    if a.prepare:
+        prepare()
+    if a.measure:
+        measure(a.repeats)
+    render()
+
+
+if __name__ == "__main__":
+    main()
