@@ -49,6 +49,8 @@ MODELS = {
     "smollm2-135m": ("smollm2-135m", "float32"),
     "qwen2.5-0.5b": (str(cache() / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), "float32"),
     "llama2-7b-shaped": (str(cache() / "models" / "llama2-7b-shaped"), "bfloat16"),
+    # the same widths, 2 blocks (make_7b.py --layers 2): COEC's per-block cost at 7B widths without 32 blocks of it
+    "llama2-7b-widths-2blocks": (str(cache() / "models" / "llama2-7b-shaped-2blocks"), "bfloat16"),
 }
 #: run -> (tool, CLI arguments after ``prune``)
 RUNS: dict[str, tuple[str, list[str]]] = {
@@ -61,6 +63,10 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     # COEC capped at 5 alternation rounds (paper: 50), as in bench/families.py: memory is what these rows show
     "rcpu-coec": ("secateur", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec", "--coec-rounds",
                                "5"]),
+    "rcpu-coec-r1": ("secateur", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec",
+                                  "--coec-rounds", "1"]),
+    "rcpu-coec-r1-stream": ("secateur", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec",
+                                         "--coec-rounds", "1", "--stream"]),
     "rcpu-coec-stream": ("secateur", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec",
                                       "--coec-rounds", "5", "--stream"]),
 }
@@ -159,7 +165,7 @@ def secateur_row(model: str, run: str, log: Path) -> dict:
         rec["planned_peak_gib"] = planned_peak_gib(log) if rec["memory_plan"] else None
         rec["statistics_memory"] = (rep.get("details") or {}).get("statistics_memory")
         rec["out_bytes"] = model_bytes(out)
-        if model == "llama2-7b-shaped":
+        if model.startswith("llama2-7b"):
             rec["meta_reload"] = meta_reload_check(out)
             rec["wikitext2_stream"] = _ppl_stream(out, dtype, Path(d), log)
     return rec
@@ -260,7 +266,7 @@ def main() -> None:
 
 def _per_block(r: dict) -> str:
     ph = r.get("phases") or {}
-    layers = {"smollm2-135m": 30, "qwen2.5-0.5b": 24, "llama2-7b-shaped": 32}[r["model"]]
+    layers = {"smollm2-135m": 30, "qwen2.5-0.5b": 24, "llama2-7b-shaped": 32, "llama2-7b-widths-2blocks": 2}[r["model"]]
     return fmt(ph["prune"] / layers, 1) if isinstance(ph.get("prune"), (int, float)) else "-"
 
 
