@@ -41,6 +41,9 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "sparsegpt-2:4": (["--method", "sparsegpt", "--pattern", "2:4"], False),
     "qk-wanda-50": (["--method", "qk-wanda", "--sparsity", "0.5", "--budget", "shared"], True),
     "wanda-sp-30": (["--method", "wanda-sp", "--sparsity", "0.3"], False),
+    # 20% on few KV groups (Qwen2.5-0.5B: 2 groups of 7 query heads): whole groups vs one query head per group
+    "wanda-sp-20": (["--method", "wanda-sp", "--sparsity", "0.2"], False),
+    "wanda-sp-20-head-slot": (["--method", "wanda-sp", "--sparsity", "0.2", "--units", "head_slot,channel"], False),
     "flap-20": (["--method", "flap", "--sparsity", "0.2"], False),
     "rcpu-30": (["--method", "rcpu", "--sparsity", "0.3"], False),
     # COEC capped at 5 alternation rounds (paper default 50): 50 rounds on a 4864-wide down_proj is ~1 h per model here
