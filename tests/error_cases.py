@@ -325,9 +325,12 @@ CASES: list[Case] = [
     Case("eval-json-is-a-folder", ppl(lambda ws: ws.model(), "--json", _txt("results", None)), 2,
          r"output file \S+results is a folder; name a file"),
     # --- --stream (one block in memory at a time) ----------------------------------------------------------------
-    Case("stream-method-not-streamed", prune(lambda ws: ws.model(), "--method", "wanda-sp", "--stream"), 2,
-         r"--stream prunes with magnitude, wanda, sparsegpt; --method wanda-sp is not block-streamed yet: run it "
-         r"without --stream"),
+    Case("stream-method-not-streamed", prune(lambda ws: ws.model(), "--method", "qk-wanda", "--stream"), 2,
+         r"--stream prunes with magnitude, wanda, sparsegpt, wanda-sp, .*, corp; --method qk-wanda is not "
+         r"block-streamed yet: run it without --stream"),
+    Case("stream-cocurve", prune(lambda ws: ws.model(), "--method", "cocurve", "--stream"), 2,
+         r"--method cocurve is not block-streamed: its ablation sweep and held-out lambda choice read the whole "
+         r"model's output logits .*: run it without --stream"),
     Case("stream-calib-self", prune(lambda ws: ws.model(), "--stream"), 2,
          r"--stream cannot sample calibration text from the model \(--calib self .*\); pass --calib c4"),
     Case("eval-json-under-a-file", ppl(lambda ws: ws.model(), "--json", lambda ws: ws.text("f2", "x") + "/p.json"), 2,

@@ -196,9 +196,9 @@ def test_streamed_eval_of_a_streamed_prune(folders, tmp_path):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"method": "wanda-sp"}, "--method wanda-sp is not block-streamed yet"),
     ({"method": "qk-wanda"}, "--method qk-wanda is not block-streamed yet"),
-    ({"method": "shortgpt"}, "--method shortgpt is not block-streamed yet"),
+    ({"method": "corp-qk"}, "--method corp-qk is not block-streamed yet"),
+    ({"method": "cocurve"}, "--method cocurve is not block-streamed: its ablation sweep"),
     ({"method": "wanda", "calib": "self"}, "cannot sample calibration text from the model"),
     ({"method": "wanda", "out": None}, "pass --out"),
     ({"method": "wanda", "resume": True}, "--resume does not apply to --stream"),

@@ -32,6 +32,7 @@ from secateur.export.hf import save_run
 from secateur.export.sliced import save_structured
 from secateur.methods.knobs import MethodOptions
 from secateur.methods.registry import METHODS, method_options, resolve
+from secateur.methods.structured_stream import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
@@ -146,8 +147,10 @@ class PruneOptions:
     def _check_stream(self, method) -> None:
         """What ``--stream`` cannot do, each refused in one line before anything is loaded."""
         if self.method not in STREAMABLE:
+            why = STREAM_REFUSED.get(self.method)
             raise SecateurError(f"--stream prunes with {', '.join(STREAMABLE)}; --method {self.method} is not "
-                                "block-streamed yet: run it without --stream")
+                                + (f"block-streamed: {why}" if why else "block-streamed yet")
+                                + ": run it without --stream")
         if self.in_memory:
             raise SecateurError("--stream reads a model folder block by block; this model is already in memory: "
                                 "pass its folder, or drop stream=True")
@@ -160,7 +163,10 @@ class PruneOptions:
                                 "whole model per token); pass --calib c4, wikitext2, ptb or a .txt file")
 
 
-STREAMABLE = ("magnitude", "wanda", "sparsegpt")  # methods whose every step visits one block at a time
+# methods whose every step visits one block at a time: unstructured ones prune each block as it is visited,
+# structured ones stream twice (statistics and scores, then compensate-slice-write: secateur.methods.structured_stream)
+STREAMABLE = ("magnitude", "wanda", "sparsegpt") + tuple(n for n, m in METHODS.items() if m.stream is not None)
+STREAM_REFUSED = REFUSED  # method -> why it is not streamed
 _COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
 
 
@@ -223,7 +229,8 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     :mod:`secateur.export.shards`); the output folder is atomic as always."""
     from secateur.export.folder import atomic_dir
     from secateur.export.shards import ShardWriter, Spec, finish_export
-    from secateur.models.memory import available_bytes, prune_plan, shape_of
+    from secateur.export.sliced import finish_structured_export
+    from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
     from secateur.models.streaming import open_streamed, saved_tensors
 
     cfg = check_model(opts.model)
@@ -233,12 +240,20 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
         stream = open_streamed(opts.model, opts.dtype, opts.device)
     model, adapter = stream.model, get_adapter(stream.model)
     shape = shape_of(model, adapter, stream)
-    plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
+    if method.kind == "structured":
+        plan = structured_prune_plan(shape, method.config(opts), opts.nsamples if needs_calibration else 0,
+                                     opts.seqlen, opts.chunk_size)
+    else:
+        plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)
     plan.check(available)
+    if method.check is not None:  # an unreachable structured target: from the shapes, before any data
+        method.check(adapter, opts)
     specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(model).items()]
-    need = sum(s.nbytes for s in specs) + shape.prunable // 8
+    dense = sum(s.nbytes for s in specs)
+    # structured: at least the kept share (as the in-memory run checks); unstructured: every weight + the masks
+    need = int(dense * (1 - opts.sparsity)) if method.kind == "structured" else dense + shape.prunable // 8
     with timer("load"):
         stream.load_resident()
         tok = stream.tokenizer()
@@ -247,21 +262,33 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
     with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
-        writer = ShardWriter(tmp, specs)
-        for name, t in stream.resident().items():
-            writer.write(name, t)
-        stream.writer = writer.write
-        try:
+        writers: list[ShardWriter] = []
+
+        def open_writer(out_specs: list[Spec]):  # the output's tensors, known before any block is written
+            writers.append(ShardWriter(tmp, out_specs))
+            for name, t in stream.resident().items():
+                writers[0].write(name, t)
+            return writers[0].write
+
+        if method.kind == "structured":  # two streamed passes; the writer opens between them
             with timer("prune"):
-                result = method.run(model, adapter, ids, opts)
-        finally:
-            stream.writer = None
-        writer.close()
+                result = method.stream(model, adapter, ids, opts, open_writer)
+        else:
+            stream.writer = open_writer(specs)
+            try:
+                with timer("prune"):
+                    result = method.run(model, adapter, ids, opts)
+            finally:
+                stream.writer = None
+        writers[0].close()
         report = _report(opts, method, model, result, manifest, timer)
         report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
                                  "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
         with timer("save"):
-            finish_export(tmp, model, tok, report, result.masks, result.extra_files)
+            if method.kind == "structured":  # stock or per-layer config, as save_structured writes it
+                finish_structured_export(tmp, model, tok, report, result.extra_files)
+            else:
+                finish_export(tmp, model, tok, report, result.masks, result.extra_files)
     report["timings"]["phases"] = timer.phases
     report["_model"], report["_tokenizer"] = model, tok
     return report

@@ -22,11 +22,23 @@ from secateur.structured.units import inventory
 ALLOCATORS = ("uniform", "global", "flap", "blocks")
 
 
+def selection_scores(inv, adapter: Adapter, method: str, stats=None, *, allocation: str = "uniform",
+                     seed: int = 0, layers: set[int] | None = None, **score_opts):
+    """The unit scores :func:`select_units` allocates from (FLAP's standardized AL-AM scores for ``allocation
+    'flap'``); ``layers``: only the pools of these layers (the others 0), for a block-streamed run that scores
+    each block while it is loaded and passes the assembled vector back as ``select_units(scores=...)``."""
+    if allocation == "flap":
+        if method != "flap":
+            raise SecateurError("allocation 'flap' (AL-AM) standardizes FLAP metrics; use method='flap'")
+        return flap_alam_scores(inv, adapter, stats, score_opts.get("metric", "wifv"), layers=layers)
+    return unit_scores(inv, adapter, method, stats, seed=seed, layers=layers, **score_opts)
+
+
 def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
                  kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
                  guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
                  ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
-                 **score_opts) -> Selection:
+                 scores=None, **score_opts) -> Selection:
     """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
 
     ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
@@ -35,26 +47,24 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
     (ShortGPT; ``kinds=('block',)``, ``method='shortgpt'``, ``stats`` = block influences).
     ``cost_normalized`` (global): rank by ``score / cost`` (CoCurve's rule; default) or by raw score;
     the default is raw for ``random``, so that every unit is equally likely whatever its size.
-    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). The allocation report
-    (realized fraction etc.) is ``selection.info``.
+    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). ``scores``: the unit scores
+    already computed (:func:`selection_scores` of the same inventory), nothing is scored here. The allocation
+    report (realized fraction etc.) is ``selection.info``.
     """
     if allocation not in ALLOCATORS:
         raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
     inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
+    if scores is None:
+        scores = selection_scores(inv, adapter, method, stats, allocation=allocation, seed=seed, **score_opts)
     if allocation == "flap":
-        if method != "flap":
-            raise SecateurError("allocation 'flap' (AL-AM) standardizes FLAP metrics; use method='flap'")
-        scores = flap_alam_scores(inv, adapter, stats, score_opts.get("metric", "wifv"))
         alloc = allocate_weighted_threshold(inv, scores, rho, rule=rule, guard=guard)
+    elif allocation == "uniform":
+        alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard)
+    elif allocation == "global":
+        norm = cost_normalized if cost_normalized is not None else method != "random"
+        alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
     else:
-        scores = unit_scores(inv, adapter, method, stats, seed=seed, **score_opts)
-        if allocation == "uniform":
-            alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard)
-        elif allocation == "global":
-            norm = cost_normalized if cost_normalized is not None else method != "random"
-            alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
-        else:
-            alloc = allocate_blocks(inv, scores, rho, guard=guard)
+        alloc = allocate_blocks(inv, scores, rho, guard=guard)
     if guard is None:  # protected layers lower the realized fraction on purpose (reported, not refused)
         check_reached(inv, alloc.info, rho, allocation)
     info = {"method": method, "allocation": allocation, "kinds": list(kinds), "seed": seed,

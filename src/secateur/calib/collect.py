@@ -10,6 +10,7 @@ Usage (dense statistics, as COEC/FLAP/CoCurve baselines use)::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,10 +36,12 @@ class StatsCollector(Handler):
     resumable = True
     modifies_weights = False
 
-    def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out")):
+    def __init__(self, kinds: tuple[str, ...] | list[str], groups: tuple[str, ...] = ("attn_out", "mlp_out"),
+                 on_block: Callable[[int, dict], None] | None = None):
         self.kinds = tuple(kinds)
         self.groups = groups
         self.stats: dict[int, dict[str, dict[str, Accumulator]]] = {}
+        self.on_block = on_block  # on_block(index, stats) while the block is loaded (a streamed run's scores)
 
     @classmethod
     def for_method(cls, method: str, metric: str = "wifv") -> StatsCollector:
@@ -55,6 +58,10 @@ class StatsCollector(Handler):
     def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
         if accs:
             self.stats.setdefault(ctx.index, {})[group] = accs
+
+    def on_block_end(self, ctx: BlockContext) -> None:
+        if self.on_block is not None:
+            self.on_block(ctx.index, self.stats)
 
     def block_state(self, ctx: BlockContext) -> dict:
         from secateur.calib.resume import pack_accumulator
@@ -104,14 +111,16 @@ class StructuredStats:
 
 
 def collect_stats(model: torch.nn.Module, adapter, ids: torch.Tensor, kinds: tuple[str, ...] = SCORE_STATS,
-                  chunk_size: int = 8, device=None, progress: bool = False) -> StructuredStats:
+                  chunk_size: int = 8, device=None, progress: bool = False,
+                  on_block: Callable[[int, dict], None] | None = None) -> StructuredStats:
     """One dense engine pass (COEC Sec. 3.1 "a single forward pass accumulates all Grams"; CORP Alg. 1
     "global" schedule) collecting ``kinds`` on the o_proj / down_proj inputs of every layer. No ``kinds``:
     empty statistics (ShortGPT's block influence is its own forward, see
-    :func:`secateur.methods.structured.add_block_influence`)."""
+    :func:`secateur.methods.structured.add_block_influence`). ``on_block(index, stats)``: called after each block's
+    statistics, while the block is loaded (a block-streamed run scores it then)."""
     if not kinds:
         return StructuredStats()
-    h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE))
+    h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE), on_block)
     t = time.perf_counter()
     rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress)
     return StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,

@@ -7,6 +7,11 @@ bytes at its offset as soon as the tensor is final (then the caller frees it). :
 checks every planned tensor was written and writes ``model.safetensors.index.json`` (one shard: a single
 ``model.safetensors``, no index, as ``save_pretrained``). No tensor is ever copied to serialize it.
 
+A tensor that may or may not exist (``Spec.optional``: the bias a structured compensator may add to a bias-free
+projection, unknown until it is solved) is kept aside when written (it is small) and put after the shard's
+planned tensors by :meth:`ShardWriter.close`, which writes the header then; the header's room is planned for every
+optional tensor present and padded with spaces (as safetensors allows) when some are absent.
+
 The folder is the temporary folder of :func:`secateur.export.folder.atomic_dir`, so a failed run leaves nothing.
 """
 
@@ -32,6 +37,7 @@ class Spec:
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    optional: bool = False  # written or not, known only during the run (see the module docstring)
 
     @property
     def nbytes(self) -> int:
@@ -50,18 +56,28 @@ class Shard:
 
     @property
     def data_bytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
+        """Bytes of the planned (not optional) tensors."""
+        return sum(s.nbytes for s in self.specs if not s.optional)
 
-    def finish(self) -> None:
-        """Offsets in order and the JSON header, padded with spaces to 8 bytes (as safetensors writes it)."""
-        pos, meta = 0, {"__metadata__": {"format": "pt"}}
-        for s in self.specs:
-            self.offsets[s.name] = (pos, pos + s.nbytes)
+    def _header(self, present: set[str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+        """The JSON header and the offsets of the planned tensors, then the optional ones in ``present``."""
+        pos, meta, offsets = 0, {"__metadata__": {"format": "pt"}}, {}
+        order = [s for s in self.specs if not s.optional] + [s for s in self.specs if s.optional and s.name in present]
+        for s in order:
+            offsets[s.name] = (pos, pos + s.nbytes)
             meta[s.name] = {"dtype": DTYPE_NAMES[s.dtype], "shape": list(s.shape),
                             "data_offsets": [pos, pos + s.nbytes]}
             pos += s.nbytes
-        h = json.dumps(meta, separators=(",", ":")).encode()
-        self.header = h + b" " * (-len(h) % 8)
+        return json.dumps(meta, separators=(",", ":")).encode(), offsets
+
+    def finish(self, present: set[str] | None = None) -> None:
+        """Offsets in order and the JSON header, padded with spaces to 8 bytes (as safetensors writes it) and,
+        with optional tensors, to the room of all of them (``present``: those written; None: plan the room)."""
+        room = len(self.header)
+        if present is None:
+            present = {s.name for s in self.specs if s.optional}
+        h, self.offsets = self._header(present)
+        self.header = h + b" " * ((room or len(h) + (-len(h) % 8)) - len(h))
 
 
 def plan_shards(specs: list[Spec], max_shard_bytes: int) -> list[Shard]:
@@ -93,6 +109,7 @@ class ShardWriter:
         self.shards = plan_shards(specs, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
         self.where = {s.name: (sh, s) for sh in self.shards for s in sh.specs}
         self.written: set[str] = set()
+        self.pending: dict[str, torch.Tensor] = {}  # optional tensors, written by close()
         for sh in self.shards:
             with (self.folder / sh.file).open("wb") as f:
                 f.write(len(sh.header).to_bytes(8, "little"))
@@ -101,7 +118,7 @@ class ShardWriter:
 
     @property
     def total_bytes(self) -> int:
-        return sum(sh.data_bytes for sh in self.shards)
+        return sum(s.nbytes for sh in self.shards for s in sh.specs if s.name in self.written)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Put ``tensor`` (its planned dtype and shape) at its place; written once."""
@@ -113,23 +130,41 @@ class ShardWriter:
         if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
             raise SecateurError(f"tensor {name} is {tensor.dtype} {list(tensor.shape)}, the export plan says "
                                 f"{spec.dtype} {list(spec.shape)}")
+        self.written.add(name)
+        if spec.optional:
+            self.pending[name] = tensor.detach().to("cpu", copy=True)
+            return
+        self._put(sh, name, tensor)
+
+    def _put(self, sh: Shard, name: str, tensor: torch.Tensor) -> None:
         t = tensor.detach().to("cpu").contiguous().reshape(-1)
         data = t.view(torch.uint8).numpy() if t.numel() else b""
         start, _ = sh.offsets[name]
         with (self.folder / sh.file).open("r+b") as f:
             f.seek(8 + len(sh.header) + start)
             f.write(memoryview(data) if t.numel() else data)
-        self.written.add(name)
 
     def close(self) -> None:
-        """Every planned tensor written, then the index (several shards)."""
-        missing = [n for n in self.where if n not in self.written]
+        """Every planned tensor written, the optional ones written after them with their shard's final header,
+        then the index (several shards)."""
+        missing = [n for n, (_, s) in self.where.items() if n not in self.written and not s.optional]
         if missing:
             raise SecateurError(f"streamed export incomplete: {len(missing)} tensors never written (first: "
                                 f"{missing[0]})")
+        for sh in self.shards:
+            if not any(s.optional for s in sh.specs):
+                continue
+            sh.finish({s.name for s in sh.specs if s.optional and s.name in self.written})
+            with (self.folder / sh.file).open("r+b") as f:
+                f.seek(8)
+                f.write(sh.header)
+                f.truncate(8 + len(sh.header) + sum(s.nbytes for s in sh.specs if s.name in self.written))
+            for s in sh.specs:
+                if s.optional and s.name in self.pending:
+                    self._put(sh, s.name, self.pending.pop(s.name))
         if len(self.shards) > 1:
             index = {"metadata": {"total_size": self.total_bytes},
-                     "weight_map": {s.name: sh.file for sh in self.shards for s in sh.specs}}
+                     "weight_map": {s.name: sh.file for sh in self.shards for s in sh.specs if s.name in self.written}}
             (self.folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 

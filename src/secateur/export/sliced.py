@@ -152,3 +152,31 @@ def save_structured(model: nn.Module, tokenizer, out, report: dict, extra_files:
         report["export_route"] = info["route"]
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
     return {"path": str(out), "route": info["route"]}
+
+
+def finish_structured_export(folder: str | os.PathLike, model: nn.Module, tokenizer, report: dict,
+                             extra_files: dict[str, bytes] | None = None) -> str:
+    """Everything of :func:`save_structured`'s folder but the weights, for a block-streamed structured prune
+    whose sliced blocks were written to ``folder``'s shards as they were done (``model``: its blocks sliced on
+    the meta device): the same config (stock or per-layer, with ``secateur_hetero.py``), generation config,
+    tokenizer, export marker, ``extra_files`` and ``secateur-report.json``; returns the route."""
+    folder = Path(folder)
+    cfg, route = export_config(model)
+    arch = cfg.architectures
+    cfg.dtype = str(model.dtype).split(".")[1]  # what save_pretrained records
+    cfg.architectures = arch or [type(model).__name__]
+    cfg.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(folder)
+    if route == "hetero":
+        (folder / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg)))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    (folder / EXPORT_MARKER).write_text(json.dumps({"route": route, "architectures": cfg.architectures}))
+    for name, data in (extra_files or {}).items():
+        if name == "secateur_hetero.py" and (folder / name).exists():
+            continue
+        (folder / name).write_bytes(data)
+    report["export_route"] = route
+    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    return route

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from secateur.errors import SecateurError
-from secateur.methods import cocurve, corp_qk, qk_wanda, structured, unstructured
+from secateur.methods import cocurve, corp_qk, qk_wanda, structured, structured_stream, unstructured
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.result import MethodResult
 
@@ -35,6 +35,9 @@ class Method:
     options: type[MethodOptions] = MethodOptions
     config: Callable[[Any], Any] | None = None  # config(opts): the validated method config (model-free checks)
     check: Callable[..., None] | None = None  # check(adapter, opts): refuse a model before calibration data
+    # stream(model, adapter, calib_ids, opts, open_writer): the block-streamed runner of a structured method
+    # (``--stream``; secateur.methods.structured_stream), None: not streamed this way
+    stream: Callable[..., MethodResult] | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -81,7 +84,8 @@ register(Method("corp-qk", "unstructured", True, corp_qk.run,
 def _structured(name: str, help_: str) -> Method:
     return Method(name, "structured", name not in ("magnitude-sp", "random"), partial(structured.run, name), help_,
                   structured.StructuredOptions, partial(structured.structured_config, name),
-                  partial(structured.check_reachable, name))
+                  partial(structured.check_reachable, name),
+                  partial(structured_stream.run, name) if name in structured_stream.STREAMED else None)
 
 
 # structured selection scores (secateur.methods.structured); compensate with --compensation

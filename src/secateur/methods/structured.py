@@ -175,21 +175,27 @@ def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, d
     return stats, dict(stats.timings)
 
 
-def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
-                     stats: StructuredStats | None = None, chunk_size: int = 8, device=None,
-                     progress: bool = False) -> StructuredResult:
-    """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
-    reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
+def prepared(cfg: StructuredConfig) -> StructuredConfig:
+    """``cfg`` validated, COEC's paper defaults filled in when it compensates with COEC."""
     import dataclasses
-
-    from secateur.budgets.select import select_units
-    from secateur.eval.efficiency import count_params
 
     cfg.validate()
     if cfg.compensation == "coec" and cfg.coec is None:
         from secateur.compensate import COECOptions
 
         cfg = dataclasses.replace(cfg, coec=COECOptions())
+    return cfg
+
+
+def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
+                     stats: StructuredStats | None = None, chunk_size: int = 8, device=None,
+                     progress: bool = False) -> StructuredResult:
+    """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
+    reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
+    from secateur.budgets.select import select_units
+    from secateur.eval.efficiency import count_params
+
+    cfg = prepared(cfg)
     t_all = time.perf_counter()
     need_bi = cfg.score == "shortgpt"
     stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress)
@@ -206,11 +212,17 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
     if cfg.needs_gram and ids is not None:
         stats.n_tokens = stats.n_tokens or int(ids.numel())
     timings["total_s"] = time.perf_counter() - t_all
-    params_after = count_params(model)
+    details = structured_details(cfg, sel, stats, params_before, count_params(model), records, mt, memory)
+    return StructuredResult(sel, details, timings)
+
+
+def structured_details(cfg: StructuredConfig, sel, stats: StructuredStats, params_before: int, params_after: int,
+                       records: list[dict], mt: dict, memory: dict | None) -> dict:
+    """The report's details of a structured prune (in memory or block-streamed)."""
     info = sel.info
-    details = {
+    return {
         "structured": True, "score": cfg.score, "units": list(cfg.kinds),
-        "allocation": "blocks" if need_bi else cfg.allocation, "target_sparsity": cfg.sparsity,
+        "allocation": "blocks" if cfg.score == "shortgpt" else cfg.allocation, "target_sparsity": cfg.sparsity,
         "realized": info.get("realized"), "by_kind": info.get("by_kind"),
         "per_layer_realized": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()},
         "removed_blocks": list(sel.removed_blocks),
@@ -219,7 +231,6 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
         "calibration_tokens": stats.n_tokens,
         **compensation_details(cfg, records, mt["compensation_s"], memory),
     }
-    return StructuredResult(sel, details, timings)
 
 
 # --- the registered methods (--method wanda-sp|flap|rcpu|magnitude-sp|random|shortgpt|corp) -------------------
@@ -282,6 +293,11 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
     """Registry runner: prune in place; the selection travels as ``secateur_selection.json``."""
     res = prune_structured(model, adapter, calib_ids, structured_config(name, opts), chunk_size=opts.chunk_size,
                            device=opts.device, progress=not opts.quiet)
+    return method_result(name, res)
+
+
+def method_result(name: str, res: StructuredResult) -> MethodResult:
+    """The registry's result of a structured prune; the selection travels as ``secateur_selection.json``."""
     d = res.details
     details = {"method": name, **d, "realized_sparsity": {
         "targeted": d["realized"], "of_all_parameters": d["params_removed_fraction"],

@@ -16,6 +16,16 @@ A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``)
                  + the OBS solver on the widest input: 8 (4 F^2 + 2 d F)
   + masks        every pruned weight's mask bit-packed (P / 8 bytes) + one block's boolean masks
 
+A streamed structured prune (:mod:`secateur.methods.structured_stream`: two passes, one block at a time) holds
+resident + block + activations + workspace as above (without calibration data: none) and::
+
+  + statistics   the selection statistics of every layer 24 L (d_att + F) (sumsq, mean, M2 in float64; only the
+                 scores that read them) + the unit scores 8 L (H + F)
+  + grams        with --compensation: one block's float64 Grams 8 (d_att^2 + F^2) (o_proj and down_proj inputs)
+                 + its compensated projections 8 d (d_att + F) + the solver on the widest input
+                 k 8 max(d_att, F)^2 (k = 4 for coec, whose tempered copy C^alpha is one of them; 2 for ls, rcpu,
+                 corp; 0 for bias)
+
 and a streamed evaluation: resident + block + 2 W T d b (every window's hidden states, the block's inputs and
 outputs) + T (3 F + 4 d) b + H T^2 b (one window through a block) + 2 x 512 x V x 4 (float32 logits of one
 scoring chunk and its softmax).
@@ -136,6 +146,31 @@ def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mo
     elif method == "wanda":
         p.add("statistics", 8 * (2 * d + a + f), "8 (2 d + d_att + F)")
     p.add("masks", s.prunable // 8 + s.prunable // s.layers, f"P {s.prunable} / 8 + P / L {s.layers}")
+    return p
+
+
+#: solver matrices of the widest input a compensator holds at once (the structured plan's ``grams`` term)
+_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 2, "rcpu": 2, "corp": 2, "coec": 4}
+
+
+def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int) -> MemoryPlan:
+    """The streamed structured prune's plan (module docstring); ``cfg``: its
+    :class:`~secateur.methods.structured.StructuredConfig`, ``nsamples`` 0 without calibration data."""
+    d, f, a, b, n, t, L = s.hidden, s.ffn, s.attn, s.elem, nsamples, seqlen, s.layers
+    c = min(chunk, n)
+    p = MemoryPlan("streamed structured prune")
+    p.add("resident", s.resident, "embeddings + final norm + head")
+    p.add("block", s.block + s.read, "one decoder block + its largest tensor as read")
+    if n:
+        p.add("activations", n * t * (3 * d + f) * b, f"N {n} x T {t} x (3 x d {d} + F {f}) x {b} B")
+        p.add("workspace", c * t * (3 * f + 4 * d) * b + c * s.heads * t * t * b + c * t * max(d, f) * 8,
+              f"c {c} x T {t} x ((3 F + 4 d) x {b} + H {s.heads} x T x {b} + max(d, F) x 8)")
+    sel = 24 * L * (a + f) if cfg.score in ("wanda_sp", "flap", "rcpu", "corp") else 0
+    p.add("statistics", sel + 8 * L * (s.heads + f), f"{'24 L (d_att + F) + ' if sel else ''}8 L {L} (H + F)")
+    k = _SOLVER_MATS.get(cfg.compensation, 4)
+    if cfg.compensation != "none":
+        p.add("grams", 8 * (a * a + f * f) + 8 * d * (a + f) + k * 8 * max(a, f) ** 2,
+              f"8 (d_att^2 {a}^2 + F^2 {f}^2) + 8 d (d_att + F) + {k} x 8 max(d_att, F)^2 ({cfg.compensation})")
     return p
 
 

@@ -170,15 +170,23 @@ class BlockStream:
         self.weights.close()  # unmap the files: their touched pages are not kept resident across blocks
         self.loaded.add(index)
 
+    def block_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Block ``index``'s state-dict entries by model name, as the block is now (a structured run slices it
+        while it is loaded: new widths, biases added by compensation)."""
+        layer = self.model.get_submodule(self.prefix)[index]
+        p = f"{self.prefix}.{index}."
+        return {p + k: v for k, v in layer.state_dict(keep_vars=True).items()}
+
     def release(self, index: int, done: bool = True) -> None:
         """Block ``index`` is finished (``done``: hand its tensors to the writer first); back to meta."""
         if index not in self.loaded:
             return
+        state = self.block_state(index)
         if done and self.writer is not None:
-            for name in self.block_names(index):
-                self.writer(name, self.tensor(name).detach())
-        for name in self.block_names(index):
-            _set_tensor(self.model, name, torch.empty_like(self.tensor(name), device="meta"))
+            for name, t in state.items():
+                self.writer(name, t.detach())
+        for name, t in state.items():
+            _set_tensor(self.model, name, torch.empty_like(t, device="meta"))
         self.loaded.discard(index)
 
     def resident(self) -> dict[str, torch.Tensor]:

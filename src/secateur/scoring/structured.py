@@ -276,7 +276,7 @@ def _magnitude_unit(inv: Inventory, adapter: Adapter) -> torch.Tensor:
 
 
 def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, seed: int = 0,
-                **opts) -> torch.Tensor:
+                layers: set[int] | None = None, **opts) -> torch.Tensor:
     """Scores (float64, higher = keep) of every unit of ``inv``.
 
     ``method``: ``random`` (``seed``), ``magnitude``, ``magnitude_unit``, ``wanda_sp`` (``norm='l2'|
@@ -284,7 +284,9 @@ def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, se
     column metrics), ``rcpu``, ``corp`` (MLP units; ``weight_factor``), ``shortgpt`` (block units; ``stats``
     = a per-layer BI tensor or a list of :class:`BlockInfluence`; score = BI), or a registered scorer.
     ``stats``: per-layer group accumulators, ``stats[layer]['attn_out'|'mlp_out']`` -> accumulator or
-    ``{name: accumulator}`` (what the calibration engine hands to ``Handler.on_group``).
+    ``{name: accumulator}`` (what the calibration engine hands to ``Handler.on_group``). ``layers``: score
+    only the pools of these layers (the others stay 0; a block-streamed run scores each block while it is
+    loaded, :mod:`secateur.methods.structured_stream`); each pool's scores are those of a full call.
     """
     if method in _SCORERS:
         out = _SCORERS[method](inv, adapter, stats, seed=seed, **opts).to(torch.float64)
@@ -311,6 +313,8 @@ def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, se
     col = _column_fn(method, opts)
     out = torch.zeros(len(inv), dtype=torch.float64)
     for p in inv.pools:
+        if layers is not None and p.layer not in layers:
+            continue
         if p.kind == "block":
             raise SecateurError(f"{method} does not score whole blocks; use shortgpt")
         c = col(adapter, adapter.layers[p.layer], p.layer, p.group, stats)
@@ -343,18 +347,21 @@ def _standardize(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / sd if sd > 0 else torch.zeros_like(x)
 
 
-def flap_alam_scores(inv: Inventory, adapter: Adapter, stats, metric: str = "wifv") -> torch.Tensor:
+def flap_alam_scores(inv: Inventory, adapter: Adapter, stats, metric: str = "wifv",
+                     layers: set[int] | None = None) -> torch.Tensor:
     """FLAP adaptive (AL-AM) unit scores (baselines.md §4, FLAP ``prune_flap``).
 
     Per layer, the o_proj per-column metric (squared) is standardized over the layer's columns and
     averaged over each unit's columns; the MLP per-channel metric is standardized over the layer's
     channels (FFN groups average their channels). Scores are then comparable across layers and modules
-    and feed :func:`secateur.budgets.allocate.allocate_weighted_threshold`.
+    and feed :func:`secateur.budgets.allocate.allocate_weighted_threshold`. ``layers``: as :func:`unit_scores`.
     """
     col = _column_fn("flap", {"metric": metric})
     out = torch.zeros(len(inv), dtype=torch.float64)
     m = inv.head_dim
     for p in inv.pools:
+        if layers is not None and p.layer not in layers:
+            continue
         if p.kind == "block":
             raise SecateurError("FLAP does not score whole blocks")
         z = _standardize(col(adapter, adapter.layers[p.layer], p.layer, p.group, stats))

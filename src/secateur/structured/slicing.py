@@ -259,22 +259,33 @@ def apply_selection(model: nn.Module, adapter: Adapter, selection: Selection,
     ``replacements``: ``{(layer, 'o'|'attn_out'|'down'|'mlp_out'): Replacement | (weight, bias) | weight}``
     with original layer indices; a replacement may target a projection whose columns are all kept.
     """
+    reps = _normalize_replacements(replacements)
+    slice_layers(adapter, selection, reps, sorted(set(selection.layers) | {i for i, _ in reps}))
+    return finish_slicing(model, selection)
+
+
+def slice_layers(adapter: Adapter, selection: Selection, replacements: Mapping | None, layers: list[int],
+                 layer_of=None) -> None:
+    """Slice decoder layers ``layers`` (original indices; removed blocks and layers the selection and the
+    replacements leave alone are skipped) in place: :func:`apply_selection` one layer at a time, as a
+    block-streamed run does while the block is loaded. ``layer_of(i)``: the module to slice instead of
+    ``adapter.layers[i]`` (a copy, to learn the sliced shapes). :func:`finish_slicing` completes the model."""
     fam = family(adapter)
     m = head_dim(adapter)
     if selection.head_dim != m or selection.n_layers != adapter.n_layers:
         raise SecateurError(f"selection was made for {selection.n_layers} layers with head_dim "
                             f"{selection.head_dim}; the model has {adapter.n_layers} and {m}")
     reps = _normalize_replacements(replacements)
-    todo = sorted(set(selection.layers) | {i for i, _ in reps})
     with torch.no_grad():
-        for i in todo:
-            if i in selection.removed_blocks:
+        for i in layers:
+            if i in selection.removed_blocks or (i not in selection.layers and (i, "attn_out") not in reps
+                                                 and (i, "mlp_out") not in reps):
                 continue
             if not 0 <= i < adapter.n_layers:
                 raise SecateurError(f"layer {i} out of range")
             keep = selection.layers.get(i, LayerKeep())
-            layer = adapter.layers[i]
-            shape = layer_shape(adapter, i)
+            layer = adapter.layers[i] if layer_of is None else layer_of(i)
+            shape = layer_shape(adapter, i)  # a copy's shape is the layer's (not sliced yet)
             ro, rd = reps.get((i, "attn_out")), reps.get((i, "mlp_out"))
             if keep.heads is not None or ro is not None:
                 heads = keep.heads if keep.heads is not None else list(range(shape.n_heads))
@@ -285,8 +296,12 @@ def apply_selection(model: nn.Module, adapter: Adapter, selection: Selection,
             if keep.channels is not None or rd is not None:
                 ch = keep.channels if keep.channels is not None else list(range(shape.intermediate))
                 _slice_mlp(fam, layer, ch, rd)
-        if selection.removed_blocks:
-            remove_blocks(model, selection.removed_blocks)
+
+
+def finish_slicing(model: nn.Module, selection: Selection) -> nn.Module:
+    """After every layer is sliced: drop removed blocks, record the per-layer widths (:func:`sync_config`)."""
+    if selection.removed_blocks:
+        remove_blocks(model, selection.removed_blocks)
     sync_config(model)
     return model
 
