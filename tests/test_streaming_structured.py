@@ -47,7 +47,7 @@ def folders(tmp_path_factory):
     random.seed(0)
     text = root / "calib.txt"
     text.write_text(" ".join("".join(random.choice("abcdefghij ,.") for _ in range(8)) for _ in range(4000)))
-    out = {f: _save(root / f, f) for f in ("llama", "qwen2", "gemma3_text")}
+    out = {f: _save(root / f, f) for f in ("llama", "qwen2", "gemma3_text", "gpt2", "opt")}
     return out | {"text": str(text)}
 
 
@@ -100,6 +100,9 @@ CASES = {  # id: (family, method, knobs)
     "llama-random-ls": ("llama", "random", {"compensation": "ls"}),
     "qwen2-corp": ("qwen2", "corp", {}),
     "llama-shortgpt": ("llama", "shortgpt", {"sparsity": 0.34}),
+    "gemma3-shortgpt": ("gemma3_text", "shortgpt", {"sparsity": 0.34}),
+    "gpt2-wanda-sp-bias": ("gpt2", "wanda-sp", {"compensation": "bias"}),
+    "opt-magnitude-sp-heads": ("opt", "magnitude-sp", {"units": "head,channel"}),
 }
 
 

@@ -338,15 +338,15 @@ def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
     if needs_calibration:
         check_seqlen(opts.model, opts.seqlen, cfg)
     if opts.method in STREAMABLE and cfg:
-        _check_whole_memory(opts, cfg)
+        _check_whole_memory(opts, cfg, needs_calibration)
     with timer("load"):
         model, tok = load_model(opts.model, opts.dtype, opts.device)
         return model, tok, get_adapter(model)
 
 
-def _check_whole_memory(opts: PruneOptions, cfg: dict) -> None:
-    """An unstructured prune of a local model folder that cannot fit in memory is refused before loading, naming
-    ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
+def _check_whole_memory(opts: PruneOptions, cfg: dict, needs_calibration: bool) -> None:
+    """A prune of a local model folder (a method ``--stream`` could run) that cannot fit in memory is refused before
+    loading, naming ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
     from pathlib import Path
 
     from secateur.models.loading import parse_dtype, resolve
@@ -356,7 +356,8 @@ def _check_whole_memory(opts: PruneOptions, cfg: dict) -> None:
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return
     elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
-    plan = whole_prune_plan(folder, cfg, elem, opts.method, opts.nsamples, opts.seqlen)
+    plan = whole_prune_plan(folder, cfg, elem, opts.method if needs_calibration else "magnitude", opts.nsamples,
+                            opts.seqlen)
     try:
         plan.check()
     except SecateurError:

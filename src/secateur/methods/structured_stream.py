@@ -204,7 +204,8 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
     reps = {} if comp is None else comp.results.reps  # filled block by block by the Gram pass
 
     def finish(i: int) -> None:  # block i loaded: slice it with its compensations; it is written when released
-        slice_layers(adapter, sel, {k: v for k, v in reps.items() if k[0] == i}, [i])
+        mine = {k: reps.pop(k) for k in [k for k in reps if k[0] == i]}  # freed with the block: no O(L) growth
+        slice_layers(adapter, sel, mine, [i])
 
     memory = None if comp is None else statistics_memory(adapter, sel, cfg, stats, per_block=True)
     specs, new_index = plan_specs(model, adapter, sel, comp)

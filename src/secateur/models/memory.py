@@ -30,7 +30,7 @@ and a streamed evaluation: resident + block + 2 W T d b (every window's hidden s
 outputs) + T (3 F + 4 d) b + H T^2 b (one window through a block) + 2 x 512 x V x 4 (float32 logits of one
 scoring chunk and its softmax).
 
-An ordinary unstructured prune of a local folder is checked too (:func:`whole_prune_plan`: every weight + the
+An ordinary prune of a local folder by a streamable method is checked too (:func:`whole_prune_plan`: every weight + the
 activations), silently when it fits; when it does not, the refusal names ``--stream``.
 """
 
