@@ -210,3 +210,25 @@ def test_optional_tensors_of_the_shard_plan(tmp_path):
         with safe_open(str(folder / "model.safetensors"), framework="pt") as g:
             got = {k: g.get_tensor(k) for k in g.keys()}
         assert set(got) == {"a", "d", *present} and all(torch.equal(got[k], vals[k]) for k in got)
+
+
+def test_a_bias_the_guard_drops_is_left_out_of_the_shards(folders, tmp_path, monkeypatch):
+    """FLAP's bias on a bias-free family, the slice-only fallback forced on layer 1: its projections stay
+    bias-free, the other layers get one (a per-layer config); the optional tensors absent from the shard plan."""
+    from secateur.methods import compensation
+
+    orig = compensation._guarded
+
+    def forced(cfg, comp, rec, *a):
+        if rec["layer"] == 1:
+            comp.diagnostics["recon_after"] = float("inf")
+        return orig(cfg, comp, rec, *a)
+
+    monkeypatch.setattr(compensation, "_guarded", forced)
+    kw = dict(model=folders["llama"], method="flap", calib=folders["text"]) | COMMON
+    api.prune(out=str(tmp_path / "mem"), **kw)
+    rep = api.prune(out=str(tmp_path / "str"), stream=True, **kw)
+    _compare(tmp_path / "mem", tmp_path / "str", rep)
+    names = set(_weights(tmp_path / "str"))
+    assert "model.layers.0.mlp.down_proj.bias" in names and "model.layers.1.mlp.down_proj.bias" not in names
+    assert rep["export_route"] == "hetero"

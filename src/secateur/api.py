@@ -226,11 +226,11 @@ def prune(**kwargs) -> dict:
 def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> dict:
     """``prune --stream``: the model built on the meta device, its memory plan printed and checked, then each
     block loaded, pruned, written to ``--out``'s shards and freed (:mod:`secateur.models.streaming`,
-    :mod:`secateur.export.shards`); the output folder is atomic as always."""
+    :mod:`secateur.export.shards`; structured methods: two passes, :mod:`secateur.methods.structured_stream`);
+    the output folder is atomic as always."""
     from secateur.export.folder import atomic_dir
-    from secateur.export.shards import ShardWriter, Spec, finish_export
+    from secateur.export.shards import Spec, finish_export
     from secateur.export.sliced import finish_structured_export
-    from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
     from secateur.models.streaming import open_streamed, saved_tensors
 
     cfg = check_model(opts.model)
@@ -239,15 +239,7 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     with timer("load"):
         stream = open_streamed(opts.model, opts.dtype, opts.device)
     model, adapter = stream.model, get_adapter(stream.model)
-    shape = shape_of(model, adapter, stream)
-    if method.kind == "structured":
-        plan = structured_prune_plan(shape, method.config(opts), opts.nsamples if needs_calibration else 0,
-                                     opts.seqlen, opts.chunk_size)
-    else:
-        plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
-    available = available_bytes()
-    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
-    plan.check(available)
+    shape, plan, available = _stream_plan(opts, method, needs_calibration, stream, adapter)
     if method.check is not None:  # an unreachable structured target: from the shapes, before any data
         method.check(adapter, opts)
     specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(model).items()]
@@ -262,25 +254,8 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
     with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
-        writers: list[ShardWriter] = []
-
-        def open_writer(out_specs: list[Spec]):  # the output's tensors, known before any block is written
-            writers.append(ShardWriter(tmp, out_specs))
-            for name, t in stream.resident().items():
-                writers[0].write(name, t)
-            return writers[0].write
-
-        if method.kind == "structured":  # two streamed passes; the writer opens between them
-            with timer("prune"):
-                result = method.stream(model, adapter, ids, opts, open_writer)
-        else:
-            stream.writer = open_writer(specs)
-            try:
-                with timer("prune"):
-                    result = method.run(model, adapter, ids, opts)
-            finally:
-                stream.writer = None
-        writers[0].close()
+        with timer("prune"):
+            result = _run_streamed(method, stream, adapter, ids, opts, tmp, specs)
         report = _report(opts, method, model, result, manifest, timer)
         report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
                                  "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
@@ -292,6 +267,48 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     report["timings"]["phases"] = timer.phases
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter):
+    """``(shape, plan, available)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
+    from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
+
+    shape = shape_of(stream.model, adapter, stream)
+    if method.kind == "structured":
+        plan = structured_prune_plan(shape, method.config(opts), opts.nsamples if needs_calibration else 0,
+                                     opts.seqlen, opts.chunk_size)
+    else:
+        plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
+    available = available_bytes()
+    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+    plan.check(available)
+    return shape, plan, available
+
+
+def _run_streamed(method, stream, adapter, ids, opts: PruneOptions, tmp, specs):
+    """Run ``method`` over the streamed model, its tensors written into ``tmp``'s shards: unstructured methods
+    with the dense plan ``specs`` (shapes kept), structured ones open the writer once the selection has fixed the
+    output's tensors."""
+    from secateur.export.shards import ShardWriter, Spec
+
+    writers: list[ShardWriter] = []
+
+    def open_writer(out_specs: list[Spec]):  # the output's tensors, known before any block is written
+        writers.append(ShardWriter(tmp, out_specs))
+        for name, t in stream.resident().items():
+            writers[0].write(name, t)
+        return writers[0].write
+
+    if method.kind == "structured":  # two streamed passes; the writer opens between them
+        result = method.stream(stream.model, adapter, ids, opts, open_writer)
+    else:
+        stream.writer = open_writer(specs)
+        try:
+            result = method.run(stream.model, adapter, ids, opts)
+        finally:
+            stream.writer = None
+    writers[0].close()
+    return result
 
 
 def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -> dict:

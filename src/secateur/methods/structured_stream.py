@@ -187,7 +187,6 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
     from secateur.eval.efficiency import count_params
 
     cfg = prepared(cfg)
-    stream = getattr(model, STREAM_ATTR)
     t_all = time.perf_counter()
     stats, scores, timings = stream_scores(model, adapter, ids, cfg, chunk_size, device, progress)
     params_before = count_params(model)
@@ -196,11 +195,25 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
     sel = select_units(adapter, cfg.score, cfg.sparsity, None, kinds=cfg.kinds, allocation=_allocation(cfg),
                        rounding=cfg.rounding, seed=cfg.seed, scores=scores, **inv_opts, **score_opts)
     timings["select_s"] = time.perf_counter() - t
+    records, memory = write_selection(model, adapter, ids, cfg, sel, stats, open_writer, timings,
+                                      chunk_size=chunk_size, device=device, progress=progress)
+    if cfg.needs_gram and ids is not None:
+        stats.n_tokens = stats.n_tokens or int(ids.numel())
+    timings["total_s"] = time.perf_counter() - t_all
+    details = structured_details(cfg, sel, stats, params_before, count_params(model), records, timings, memory)
+    return StructuredResult(sel, details, timings)
+
+
+def write_selection(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig, sel,
+                    stats: StructuredStats, open_writer: Callable[[list[Spec]], Writer], timings: dict, *,
+                    chunk_size: int = 8, device=None, progress: bool = False) -> tuple[list[dict], dict | None]:
+    """Pass 2 (module docstring): plan the output's tensors, then compensate (per-block Grams), slice and write
+    every kept block; the meta model ends sliced. Returns the compensation records and ``statistics_memory``;
+    adds ``compensation_s``, ``gram_pass_s`` and ``slice_s`` to ``timings``."""
     if cfg.compensation != "none" and ids is None:
         raise SecateurError(f"compensation {cfg.compensation!r} needs dense calibration statistics")
-    comp = None
-    if cfg.compensation != "none":
-        comp = _CompensateAndSlice(cfg, adapter, sel, lambda i: finish(i))
+    stream = getattr(model, STREAM_ATTR)
+    comp = None if cfg.compensation == "none" else _CompensateAndSlice(cfg, adapter, sel, lambda i: finish(i))
     reps = {} if comp is None else comp.results.reps  # filled block by block by the Gram pass
 
     def finish(i: int) -> None:  # block i loaded: slice it with its compensations; it is written when released
@@ -227,21 +240,14 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
             timings["gram_pass_s"] = time.perf_counter() - t - comp_s
             visited = comp.layers
         t = time.perf_counter()
-        for i in range(adapter.n_layers):
-            if i in visited or i in sel.removed_blocks:
-                continue
-            with block_scope(adapter, i):
-                finish(i)
+        for i in range(adapter.n_layers):  # the blocks no forward needs: loaded, sliced, written
+            if i not in visited and i not in sel.removed_blocks:
+                with block_scope(adapter, i):
+                    finish(i)
     finally:
         stream.writer = None
     finish_slicing(model, sel)
     timings.update(compensation_s=comp_s, slice_s=time.perf_counter() - t)
     if memory is not None:
         memory["grams_bytes_measured_peak"] = comp.peak_bytes
-    if cfg.needs_gram and ids is not None:
-        stats.n_tokens = stats.n_tokens or int(ids.numel())
-    timings["total_s"] = time.perf_counter() - t_all
-    records = [] if comp is None else comp.results.records
-    mt = {"compensation_s": comp_s}
-    details = structured_details(cfg, sel, stats, params_before, count_params(model), records, mt, memory)
-    return StructuredResult(sel, details, timings)
+    return ([] if comp is None else comp.results.records), memory
