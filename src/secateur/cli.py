@@ -123,7 +123,8 @@ def _prune_parser(sub) -> None:
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
     p.add_argument("--stream", action="store_true",
                    help="one decoder block in memory at a time: load it from the model's safetensors, prune it, "
-                        "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt)")
+                        "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt and "
+                        "the structured methods but cocurve)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_prune)
 
