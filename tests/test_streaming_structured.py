@@ -97,6 +97,11 @@ CASES = {  # id: (family, method, knobs)
     "gemma3-flap-global-bias": ("gemma3_text", "flap", {"allocation": "flap-global"}),
     "gemma3-wanda-sp-coec": ("gemma3_text", "wanda-sp", {"compensation": "coec", "coec_rounds": 2}),
     "llama-magnitude-sp": ("llama", "magnitude-sp", {}),
+    "llama-wanda-sp-head-slot-coec": ("llama", "wanda-sp", {"units": "head_slot,channel", "compensation": "coec",
+                                                            "coec_rounds": 2, "sparsity": 0.5}),
+    "qwen2-random-head-slot": ("qwen2", "random", {"units": "head_slot,channel", "sparsity": 0.5}),
+    "gemma3-flap-global-head-slot": ("gemma3_text", "flap", {"allocation": "flap-global",
+                                                             "units": "head_slot,channel"}),
     "llama-random-ls": ("llama", "random", {"compensation": "ls"}),
     "qwen2-corp": ("qwen2", "corp", {}),
     "llama-shortgpt": ("llama", "shortgpt", {"sparsity": 0.34}),
@@ -116,6 +121,8 @@ def test_streamed_structured_prune_equals_the_in_memory_prune(folders, tmp_path,
     _compare(tmp_path / "mem", tmp_path / "str", rep)
     index = json.loads((tmp_path / "str" / shards.INDEX_NAME).read_text())
     assert len(set(index["weight_map"].values())) > 1
+    if "head-slot" in case and family != "gemma3_text":  # slots removed (Gemma-3 is MQA: head units)
+        assert rep["details"]["by_kind"]["head_slot"]["removed_units"] > 0
     if "global" in case:  # uneven widths: the per-layer config and its classes
         assert len(set(rep["details"]["per_layer_realized"].values())) > 1
         assert rep["export_route"] == "hetero" and (tmp_path / "str" / "secateur_hetero.py").exists()

@@ -38,7 +38,7 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
                  kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
                  guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
                  ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
-                 scores=None, **score_opts) -> Selection:
+                 scores=None, inv=None, **score_opts) -> Selection:
     """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
 
     ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
@@ -47,13 +47,17 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
     (ShortGPT; ``kinds=('block',)``, ``method='shortgpt'``, ``stats`` = block influences).
     ``cost_normalized`` (global): rank by ``score / cost`` (CoCurve's rule; default) or by raw score;
     the default is raw for ``random``, so that every unit is equally likely whatever its size.
-    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). ``scores``: the unit scores
-    already computed (:func:`selection_scores` of the same inventory), nothing is scored here. The allocation
-    report (realized fraction etc.) is ``selection.info``.
+    ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). ``scores``, ``inv``: the unit
+    scores already computed by :func:`selection_scores` and the inventory they were computed on (its ``head_slot``
+    pools ranked by them); nothing is scored here. The allocation report (realized fraction etc.) is
+    ``selection.info``.
     """
     if allocation not in ALLOCATORS:
         raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
-    inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
+    if (scores is None) != (inv is None):
+        raise SecateurError("pass the scores together with the inventory they were computed on (scores=, inv=)")
+    if inv is None:
+        inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
     if scores is None:
         scores = selection_scores(inv, adapter, method, stats, allocation=allocation, seed=seed, **score_opts)
     if allocation == "flap":

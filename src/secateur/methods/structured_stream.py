@@ -51,7 +51,7 @@ from secateur.methods.structured import (
 from secateur.models.adapters import Adapter
 from secateur.models.streaming import STREAM_ATTR, saved_tensors
 from secateur.structured.slicing import Replacement, finish_slicing, slice_layers
-from secateur.structured.units import inventory
+from secateur.structured.units import Inventory, inventory
 
 #: the methods this module streams (CoCurve is refused: see REFUSED)
 STREAMED = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt", "corp")
@@ -84,9 +84,9 @@ def _score_opts(cfg: StructuredConfig) -> tuple[dict, dict]:
 
 def stream_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
                   chunk_size: int = 8, device=None, progress: bool = False
-                  ) -> tuple[StructuredStats, torch.Tensor, dict]:
-    """Pass 1: ``(selection statistics, unit scores of the whole inventory, timings)``, each block scored while it
-    is loaded and released unwritten (module docstring)."""
+                  ) -> tuple[StructuredStats, Inventory, torch.Tensor, dict]:
+    """Pass 1: ``(selection statistics, the inventory, its unit scores, timings)``, each block scored while it is
+    loaded and released unwritten (module docstring); ``head_slot`` pools are ranked by the scores as scored."""
     inv_opts, score_opts = _score_opts(cfg)
     inv = inventory(adapter, cfg.kinds, **inv_opts)
     alloc = _allocation(cfg)
@@ -104,7 +104,7 @@ def stream_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, 
         raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
     if kinds:
         stats = collect_stats(model, adapter, ids, kinds, chunk_size, device, progress, on_block=score)
-        return stats, scores, dict(stats.timings)
+        return stats, inv, scores, dict(stats.timings)
     stats = StructuredStats()
     if cfg.score == "magnitude":  # weights only: each block loaded to be scored
         t = time.perf_counter()
@@ -123,7 +123,7 @@ def stream_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, 
                                   **score_opts)
     else:  # random: seeded, no statistics and no weights
         scores = selection_scores(inv, adapter, cfg.score, None, allocation=alloc, seed=cfg.seed, **score_opts)
-    return stats, scores, dict(stats.timings)
+    return stats, inv, scores, dict(stats.timings)
 
 
 def _block_specs(adapter: Adapter, sel, i: int, name: str, comp: BlockCompensation | None) -> list[Spec]:
@@ -188,12 +188,12 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
 
     cfg = prepared(cfg)
     t_all = time.perf_counter()
-    stats, scores, timings = stream_scores(model, adapter, ids, cfg, chunk_size, device, progress)
+    stats, inv, scores, timings = stream_scores(model, adapter, ids, cfg, chunk_size, device, progress)
     params_before = count_params(model)
     t = time.perf_counter()
     inv_opts, score_opts = _score_opts(cfg)
     sel = select_units(adapter, cfg.score, cfg.sparsity, None, kinds=cfg.kinds, allocation=_allocation(cfg),
-                       rounding=cfg.rounding, seed=cfg.seed, scores=scores, **inv_opts, **score_opts)
+                       rounding=cfg.rounding, seed=cfg.seed, scores=scores, inv=inv, **inv_opts, **score_opts)
     timings["select_s"] = time.perf_counter() - t
     records, memory = write_selection(model, adapter, ids, cfg, sel, stats, open_writer, timings,
                                       chunk_size=chunk_size, device=device, progress=progress)
