@@ -20,7 +20,9 @@ from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
+from secateur.export.card import RECIPE_SCHEMA, card_files, read_recipe
 from secateur.export.folder import (
+    REPORT_NAME,
     check_free_space,
     check_output_dir,
     check_writable_output,
@@ -30,7 +32,7 @@ from secateur.export.folder import (
 )
 from secateur.export.hf import save_run
 from secateur.export.sliced import save_structured
-from secateur.methods.knobs import MethodOptions
+from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import METHODS, method_options, resolve
 from secateur.methods.structured_stream import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
@@ -71,6 +73,9 @@ class PruneOptions:
     structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
     tokenizer: Any = None  # the tokenizer of an in-memory ``model``
     stream: bool = False  # --stream: one decoder block in memory at a time (secateur.models.streaming)
+    eval_ppl: str | None = None  # --eval-ppl: perplexity of the pruned model on this corpus, in the report and card
+    eval_windows: int | None = None  # --eval-windows: only the first N windows of --eval-ppl
+    recipe_check: dict | None = None  # a replayed recipe's digests to check (calibration_sha256, model_sha256)
     method_options: MethodOptions | None = None
 
     @classmethod
@@ -104,11 +109,54 @@ class PruneOptions:
     def to_dict(self) -> dict:
         """The options as reports and checkpoints record them: the common fields (the model by name, no
         tokenizer) and every knob of the method (``None`` = unset)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("method_options", "tokenizer")}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("method_options", "tokenizer", "recipe_check")}
         d["model"] = self.model_name
-        if not d["stream"]:  # reports of ordinary runs stay as they were
-            del d["stream"]
+        for k in ("stream", "eval_ppl", "eval_windows"):  # reports of ordinary runs stay as they were
+            if not d[k]:
+                del d[k]
         return d | (self.method_options.to_dict() if self.method_options is not None else {})
+
+    def recipe(self) -> dict:
+        """Every option that determines the result (``secateur-recipe.yaml`` without its checks): the common
+        fields but the neutral ones (output, verbosity, resume, evaluation) and every knob of the method."""
+        d = {k: v for k, v in self.to_dict().items() if k not in RECIPE_NEUTRAL}
+        return {"secateur_recipe": RECIPE_SCHEMA} | d
+
+    def command_line(self) -> str:
+        """The ``secateur prune`` command with these options: the flags of the common fields that differ from
+        their defaults (model, method, sparsity and calibration always) and of every knob that is set (an
+        API-only knob, which has no flag, is named in a trailing comment)."""
+        import shlex
+
+        args = ["secateur", "prune"]
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("method_options", "tokenizer", "recipe_check") or f.name not in _FLAGS:
+                continue
+            if f.name == "model":
+                v = self.model_name
+            if f.name not in _ALWAYS and (v == f.default or v is None):
+                continue
+            if isinstance(v, bool):
+                args += [_FLAGS[f.name]] if v else []
+            else:
+                args += [_FLAGS[f.name], str(v)]
+        api_only = []
+        for f in (self.method_options.knob_fields() if self.method_options is not None else ()):
+            v, flag = getattr(self.method_options, f.name), flag_of(f)
+            if v is None:
+                continue
+            if flag is None:
+                api_only.append(f"{f.name}={v!r}")
+            elif f.metadata["action"] == "boolean_optional":
+                args.append(flag if v else "--no-" + flag[2:])
+            elif f.metadata["action"] is not None:
+                args += [flag] if v else []
+            else:
+                args += [flag, str(v)]
+        line = shlex.join(args)
+        return line + (f"  # API only: {', '.join(api_only)}" if api_only else "")
 
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
@@ -168,6 +216,69 @@ class PruneOptions:
 STREAMABLE = ("magnitude", "wanda", "sparsegpt") + tuple(n for n, m in METHODS.items() if m.stream is not None)
 STREAM_REFUSED = REFUSED  # method -> why it is not streamed
 _COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
+# the CLI flag of each common field (``secateur prune``); _ALWAYS are written into every command line
+_FLAGS = {n: "--" + n.replace("_", "-") for n in _COMMON - {"tokenizer", "recipe_check"}}
+_ALWAYS = ("model", "method", "sparsity", "calib", "nsamples", "seqlen", "seed")
+RECIPE_NEUTRAL = _resume.NEUTRAL_OPTIONS  # output, verbosity, resume and evaluation do not change the result
+RECIPE_CHECKS = ("calibration_sha256", "model_sha256")
+_RECIPE_META = ("secateur_recipe", "check", "made_with")
+
+
+def recipe_of(opts: PruneOptions, report: dict) -> dict:
+    """``secateur-recipe.yaml`` of a run: :meth:`PruneOptions.recipe`, the digests a replay is checked against
+    (calibration tokens, a GGUF input's file) and the versions that made it."""
+    check = {}
+    if report.get("calibration"):
+        check["calibration_sha256"] = report["calibration"]["sha256"]
+    if (report.get("model_source") or {}).get("sha256"):
+        check["model_sha256"] = report["model_source"]["sha256"]
+    made = {k: str(v) for k, v in (report.get("versions") or {}).items() if k in ("secateur", "torch", "transformers")}
+    return json.loads(json.dumps(opts.recipe() | {"check": check, "made_with": made}))  # plain values only
+
+
+def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
+    """The options of a recipe (a ``secateur-recipe.yaml`` path or its dict), ``overrides`` (keywords of
+    :func:`prune`, e.g. ``out``) replacing its values. An unknown key or a newer schema is refused in one line.
+    The recipe's digests are checked by the run unless an override changes what they cover."""
+    from secateur.methods.registry import knob_names
+
+    data, name = read_recipe(recipe)
+    known = (_COMMON - {"tokenizer", "recipe_check"} - set(RECIPE_NEUTRAL)) | knob_names() | set(_RECIPE_META)
+    for k in data:
+        if k not in known:
+            raise SecateurError(f"{name}: unknown key {k!r}; a recipe holds the options of secateur prune "
+                                "(as it writes them in secateur-recipe.yaml)")
+    check = data.get("check") or {}
+    if not isinstance(check, dict) or any(k not in RECIPE_CHECKS for k in check):
+        bad = next(iter(check), None) if isinstance(check, dict) else check
+        raise SecateurError(f"{name}: unknown key 'check.{bad}'; check holds {', '.join(RECIPE_CHECKS)}")
+    values = {k: v for k, v in data.items() if k not in _RECIPE_META}
+    values |= {k: v for k, v in overrides.items()}
+    opts = PruneOptions.from_kwargs(**values)
+    check = dict(check)
+    if set(overrides) & {"calib", "nsamples", "seqlen", "seed"}:
+        check.pop("calibration_sha256", None)
+    if "model" in overrides:
+        check.pop("model_sha256", None)
+    opts.recipe_check = check or None
+    return opts
+
+
+def _check_recipe_model(opts: PruneOptions) -> None:
+    want = (opts.recipe_check or {}).get("model_sha256")
+    if want and not opts.in_memory:
+        got = (model_source(opts.model, opts.dtype) or {}).get("sha256")
+        if got != want:
+            raise SecateurError(f"model {opts.model} is not the recipe's (sha256 {str(got)[:12]}..., recipe "
+                                f"{want[:12]}...); pass the recipe's model, or --model to prune another one")
+
+
+def _check_recipe_calibration(opts: PruneOptions, manifest) -> None:
+    want = (opts.recipe_check or {}).get("calibration_sha256")
+    if want and manifest is not None and manifest.sha256 != want:
+        raise SecateurError(f"calibration tokens differ from the recipe's (sha256 {manifest.sha256[:12]}..., recipe "
+                            f"{want[:12]}...): the {opts.calib} text or the tokenizer is not the same; point "
+                            "--data-dir at the recipe's data, or remove its check: to run anyway")
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -186,10 +297,16 @@ def prune(**kwargs) -> dict:
     place; its model-file checks are skipped). The method's knobs are plain keywords (``compensation="coec",
     coec_rounds=2``; see ``secateur prune --help``), or pass a ready ``options=PruneOptions(...)``."""
     opts = kwargs.pop("options", None)
-    if opts is not None and kwargs:
-        raise SecateurError(f"pass either options= or keywords, not both (got {', '.join(sorted(kwargs))})")
+    recipe = kwargs.pop("recipe", None)
+    if opts is not None and (kwargs or recipe is not None):
+        extra = sorted(kwargs) + (["recipe"] if recipe is not None else [])
+        raise SecateurError(f"pass either options= or keywords, not both (got {', '.join(extra)})")
+    if recipe is not None:
+        opts = options_from_recipe(recipe, **kwargs)
     opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
+    _check_eval(opts)
+    _check_recipe_model(opts)
     method = METHODS[opts.method]
     needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
@@ -206,11 +323,18 @@ def prune(**kwargs) -> dict:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
+        _check_recipe_calibration(opts, manifest)
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
     report = _report(opts, method, model, result, manifest, timer)
+    if opts.eval_ppl:
+        with timer("eval_ppl"):
+            report["perplexity"] = [_eval_entry(eval_ppl(model, opts.eval_ppl, seqlen=_eval_seqlen(opts),
+                                                         max_windows=opts.eval_windows, data_dir=opts.data_dir,
+                                                         tokenizer=tok, progress=not opts.quiet))]
     if opts.out:
+        result.extra_files |= _card_files(opts, report)
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
@@ -253,6 +377,7 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     if needs_calibration:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
+        _check_recipe_calibration(opts, manifest)
     with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
         with timer("prune"):
             result = _run_streamed(method, stream, adapter, ids, opts, tmp, specs)
@@ -260,13 +385,29 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
         report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
                                  "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
         with timer("save"):
+            files = result.extra_files | _card_files(opts, report)
             if method.kind == "structured":  # stock or per-layer config, as save_structured writes it
-                finish_structured_export(tmp, model, tok, report, result.extra_files)
+                finish_structured_export(tmp, model, tok, report, files)
             else:
-                finish_export(tmp, model, tok, report, result.masks, result.extra_files)
+                finish_export(tmp, model, tok, report, result.masks, files)
+        if opts.eval_ppl:
+            _eval_streamed_folder(opts, tmp, report, timer)
     report["timings"]["phases"] = timer.phases
     report["_model"], report["_tokenizer"] = model, tok
     return report
+
+
+def _eval_streamed_folder(opts: PruneOptions, tmp, report: dict, timer: Timer) -> None:
+    """``--eval-ppl`` of a streamed prune: the pruned blocks are in the (temporary) folder only, so it is evaluated
+    block by block there, then its report and card are written again with the perplexity."""
+    with timer("eval_ppl"):
+        res = eval_ppl(str(tmp), opts.eval_ppl, seqlen=_eval_seqlen(opts), max_windows=opts.eval_windows,
+                       data_dir=opts.data_dir, dtype=opts.dtype, device=opts.device, progress=not opts.quiet,
+                       stream=True)
+    report["perplexity"] = [_eval_entry(res)]
+    for name, data in _card_files(opts, report).items():
+        (tmp / name).write_bytes(data)
+    (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
 
 
 def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter):
@@ -326,6 +467,33 @@ def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -
         "timings": {"phases": timer.phases, "engine": result.timings},
         "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
     }
+
+
+def _card_files(opts: PruneOptions, report: dict) -> dict[str, bytes]:
+    """The folder's model card and recipe (:mod:`secateur.export.card`)."""
+    return card_files(report, recipe_of(opts, report), opts.command_line())
+
+
+def _eval_seqlen(opts: PruneOptions) -> int:
+    return min(opts.seqlen, 2048)
+
+
+def _check_eval(opts: PruneOptions) -> None:
+    """``eval_ppl``'s corpus, window count and context, before anything is loaded."""
+    if opts.eval_windows is not None and not opts.eval_ppl:
+        raise SecateurError("--eval-windows limits --eval-ppl; pass --eval-ppl DATASET too")
+    if not opts.eval_ppl:
+        return
+    check_ppl_args(_eval_seqlen(opts), None, opts.eval_windows)
+    eval_text(opts.eval_ppl, opts.data_dir)
+    if not opts.in_memory:
+        check_seqlen(opts.model, _eval_seqlen(opts), check_model(opts.model), "--seqlen (of --eval-ppl)")
+
+
+def _eval_entry(res: dict) -> dict:
+    """A perplexity measured during the run, as the report and the card record it (with its protocol)."""
+    keys = ("dataset", "protocol", "ppl", "windows", "windows_total", "scored_tokens", "tokens_sha256")
+    return {k: res.get(k) for k in keys}
 
 
 def _figures(details: dict) -> dict[str, bytes]:

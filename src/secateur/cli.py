@@ -82,7 +82,7 @@ def _knob_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag_of(f), **kw)
 
 
-def _prune_parser(sub) -> None:
+def _prune_parser(sub) -> argparse.ArgumentParser:
     from secateur.methods.registry import METHODS
 
     p = sub.add_parser("prune", help="prune a model and save it as a Hugging Face folder",
@@ -126,25 +126,26 @@ def _prune_parser(sub) -> None:
                         "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt and "
                         "the structured methods but cocurve)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help="replay a secateur-recipe.yaml (every output folder has one); flags given explicitly "
+                        "override its values, e.g. --out")
     p.set_defaults(func=_cmd_prune)
+    return p
 
 
 def _cmd_prune(args) -> int:
     from secateur import api
 
-    # the common fields and every knob (None = unset) by name: validated into the method's typed options
-    opts = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items()
-                                           if k not in ("func", "eval_ppl", "eval_windows", "command")})
-    if args.eval_ppl:  # fail on a bad corpus or window count before spending time on pruning
-        from secateur.data.sources import eval_text
-        from secateur.eval.ppl import check_ppl_args
-        from secateur.models.loading import check_model, check_seqlen
-
-        check_ppl_args(min(opts.seqlen, 2048), None, args.eval_windows)
-        eval_text(args.eval_ppl, args.data_dir)
-        check_seqlen(opts.model, min(opts.seqlen, 2048), check_model(opts.model), "--seqlen (of --eval-ppl)")
-    report = api.prune(options=opts)
-    model, tok = report.pop("_model"), report.pop("_tokenizer")
+    # the common fields and every knob (None = unset) by name: validated into the method's typed options; with
+    # --recipe, the recipe's values and the flags given explicitly (a flag left at its default does not count)
+    drop = ("func", "command", "recipe", "argv")
+    if args.recipe:
+        given = _explicit_prune_args(args.argv)
+        opts = api.options_from_recipe(args.recipe, **{k: v for k, v in given.items() if k not in drop})
+    else:
+        opts = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items() if k not in drop})
+    report = api.prune(options=opts)  # --eval-ppl: measured before the folder is written, so the card has it
+    report.pop("_model"), report.pop("_tokenizer")
     rs = report["realized_sparsity"]
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
@@ -152,19 +153,22 @@ def _cmd_prune(args) -> int:
 
     if report["kind"] == "structured" and (note := shortfall_note(report["details"], report["target_sparsity"])):
         print(f"secateur: note: {note}", file=sys.stderr)
-    if args.eval_ppl:
-        if opts.stream:  # the pruned blocks are in --out only: evaluate it block by block too
-            res = api.eval_ppl(opts.out, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
-                               data_dir=opts.data_dir, dtype=opts.dtype, device=opts.device,
-                               progress=not opts.quiet, stream=True)
-        else:
-            res = api.eval_ppl(model, args.eval_ppl, seqlen=min(opts.seqlen, 2048), max_windows=args.eval_windows,
-                               data_dir=opts.data_dir, tokenizer=tok, progress=not opts.quiet)
-        print(f"perplexity {args.eval_ppl} [{res['protocol']}, {res['windows']}/{res['windows_total']} windows]: "
+    for res in report.get("perplexity") or []:
+        print(f"perplexity {res['dataset']} [{res['protocol']}, {res['windows']}/{res['windows_total']} windows]: "
               f"{res['ppl']:.3f}")
     if opts.out:
         print(f"saved to {opts.out}")
     return 0
+
+
+def _explicit_prune_args(argv: list[str]) -> dict:
+    """The ``secateur prune`` options given on the command line ``argv``, each by its dest (defaults left out)."""
+    top = argparse.ArgumentParser(add_help=False)
+    prune = _prune_parser(top.add_subparsers(dest="command"))
+    for action in prune._actions:
+        action.default = argparse.SUPPRESS
+    prune._defaults.clear()  # func
+    return vars(top.parse_args(argv))
 
 
 def _eval_parser(sub) -> None:
@@ -307,7 +311,9 @@ def _sigterm_as_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     if getattr(args, "quiet", False):
         import transformers
 

@@ -43,7 +43,7 @@ MANIFEST = "manifest.json"
 MARKER = "secateur_checkpoint"
 FORMAT = 1
 #: prune options that do not change the result (everything else is part of the fingerprint)
-NEUTRAL_OPTIONS = ("out", "overwrite", "quiet", "resume")
+NEUTRAL_OPTIONS = ("out", "overwrite", "quiet", "resume", "eval_ppl", "eval_windows")
 
 
 

@@ -39,14 +39,14 @@ REPORT_INDEX = "secateur-report-index.json"  # marker of a `secateur report` fol
 TEMP_MARKER = ".secateur-tmp.json"  # first file in every temporary folder: {"pid", "host", "out"}
 _TEMP_KINDS = ("tmp", "old")
 
-# Every name a model export may write (save_run, save_structured, save_pruned, CoCurve).
+# Every name a model export may write (save_run, save_structured, save_pruned, CoCurve, the card and recipe).
 TOKENIZER_NAMES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
                    "sentencepiece.bpe.model", "chat_template.json", "chat_template.jinja"}
-MODEL_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
+MODEL_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json", "README.md"}  # + the card
 METHOD_NAMES = {"secateur_hetero.py", "secateur_selection.json", "qk-removal.png", "cocurve_graph.npz",
                 "cocurve_mask.npz", "cocurve_report.json", "cocurve_mask.pt"}
-MODEL_PATTERNS = ("*.safetensors", "secateur-*.json", "secateur-*.npz", "secateur-*.png")
+MODEL_PATTERNS = ("*.safetensors", "secateur-*.json", "secateur-*.npz", "secateur-*.png", "secateur-*.yaml")
 REPORT_NAMES = {REPORT_INDEX, "report.md", "report.html"}
 # kind -> (markers, one of which must be present; exact names; patterns; sub-folders and their patterns)
 _KINDS: dict[str, tuple[set[str], set[str], tuple[str, ...], dict[str, tuple[str, ...]]]] = {
