@@ -249,9 +249,11 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
             raise SecateurError(f"{name}: unknown key {k!r}; a recipe holds the options of secateur prune "
                                 "(as it writes them in secateur-recipe.yaml)")
     check = data.get("check") or {}
-    if not isinstance(check, dict) or any(k not in RECIPE_CHECKS for k in check):
-        bad = next(iter(check), None) if isinstance(check, dict) else check
-        raise SecateurError(f"{name}: unknown key 'check.{bad}'; check holds {', '.join(RECIPE_CHECKS)}")
+    if not isinstance(check, dict):
+        raise SecateurError(f"{name}: check is not a mapping; it holds {', '.join(RECIPE_CHECKS)}")
+    for k in check:
+        if k not in RECIPE_CHECKS:
+            raise SecateurError(f"{name}: unknown key 'check.{k}'; check holds {', '.join(RECIPE_CHECKS)}")
     values = {k: v for k, v in data.items() if k not in _RECIPE_META}
     values |= {k: v for k, v in overrides.items()}
     opts = PruneOptions.from_kwargs(**values)
