@@ -192,3 +192,16 @@ def test_gguf_input_names_the_file_and_its_sha256(tmp_path, monkeypatch):
     again = api.prune(recipe=str(out / RECIPE_NAME), out=str(tmp_path / "again"), quiet=True)
     _same_result(out, tmp_path / "again")
     assert again["model_source"]["sha256"] == rep["model_source"]["sha256"]
+
+
+@pytest.mark.parametrize("run", ["wanda", "wanda-sp"])
+def test_perplexity_measured_during_the_run_is_the_folders(base, tmp_path, run):
+    """``eval_ppl`` is measured before the folder is written (so the card has it): it is the saved model's."""
+    out = tmp_path / "o"
+    rep = api.prune(model=base["model"], calib=base["text"], out=str(out), eval_ppl=base["text"], eval_windows=2,
+                    **COMMON, **RUNS[run])
+    (ppl,) = rep["perplexity"]
+    again = api.eval_ppl(str(out), base["text"], seqlen=16, max_windows=2, progress=False)
+    assert ppl["ppl"] == again["ppl"] and ppl["protocol"] == again["protocol"] == "nonoverlap-16"
+    assert f"| {ppl['protocol']} | 2/" in (out / CARD_NAME).read_text()
+    assert "eval_ppl" not in yaml.safe_load((out / RECIPE_NAME).read_text())
