@@ -205,3 +205,17 @@ def test_perplexity_measured_during_the_run_is_the_folders(base, tmp_path, run):
     assert ppl["ppl"] == again["ppl"] and ppl["protocol"] == again["protocol"] == "nonoverlap-16"
     assert f"| {ppl['protocol']} | 2/" in (out / CARD_NAME).read_text()
     assert "eval_ppl" not in yaml.safe_load((out / RECIPE_NAME).read_text())
+
+
+def test_structured_stream_run_replays_from_its_recipe(base, tmp_path):
+    src = tmp_path / "sharded"
+    tiny_model("llama", vocab=100, layers=2).save_pretrained(src, max_shard_size="20KB")
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "st"
+    rep = api.prune(model=str(src), method="wanda-sp", sparsity=0.3, calib=base["text"], stream=True, out=str(out),
+                    **COMMON)
+    assert front_matter((out / CARD_NAME).read_text())["tags"] == ["secateur", "pruned", "wanda-sp"]
+    recipe = yaml.safe_load((out / RECIPE_NAME).read_text())
+    assert recipe["stream"] is True and recipe["check"]["calibration_sha256"] == rep["calibration"]["sha256"]
+    assert main(["prune", "--recipe", str(out / RECIPE_NAME), "--out", str(tmp_path / "again"), "--quiet"]) == 0
+    _same_result(out, tmp_path / "again")
