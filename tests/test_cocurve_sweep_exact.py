@@ -26,6 +26,9 @@ SETTINGS = {
     "kv-channel": dict(kinds=("kv_group", "channel"), cfg=SweepConfig(positions_per_seq=64, top_r=1000, unit_batch=5,
                                                                     seqs_per_block=2, renormalize=False,
                                                                     center="none"), n=3, t=16, units="middle"),
+    # one sampled position, one unit per forward: the last block's rows are a single row (GEMV-sized products)
+    "one-row": dict(kinds=None, cfg=SweepConfig(positions_per_seq=1, top_r=8, unit_batch=1), n=2, t=20,
+                    units="all"),
 }
 
 

@@ -113,13 +113,23 @@ def fisher_features(dz: torch.Tensor, p: torch.Tensor, renormalize: bool = True,
     over leading unit axes). ``phi_u . phi_v = dz_u^T (diag p~ - p~ p~^T) dz_v``."""
     if center not in CENTERS:
         raise SecateurError(f"center must be one of {CENTERS}, not {center!r}")
-    dz = dz.to(torch.float64)
+    p = support_weights(p, renormalize)
+    return centered_features(dz, p, p.sqrt(), center)
+
+
+def support_weights(p: torch.Tensor, renormalize: bool = True) -> torch.Tensor:
+    """``p~`` (float64): the dense probabilities on the support, renormalized to sum 1 per position or not."""
     p = p.to(torch.float64)
-    if renormalize:
-        p = p / p.sum(-1, keepdim=True)
+    return p / p.sum(-1, keepdim=True) if renormalize else p
+
+
+def centered_features(dz: torch.Tensor, p: torch.Tensor, sqrt_p: torch.Tensor, center: str) -> torch.Tensor:
+    """The last two steps of :func:`fisher_features` with ``p~`` and ``sqrt(p~)`` given (the sweep computes them
+    once per block of sequences instead of once per ablation: the same values, so the same features)."""
+    dz = dz.to(torch.float64)
     if center == "fisher":
         dz = dz - (p * dz).sum(-1, keepdim=True)
-    return p.sqrt() * dz
+    return sqrt_p * dz
 
 
 def gram(phi: torch.Tensor) -> torch.Tensor:
@@ -242,20 +252,29 @@ class _Plan:
 
 
 class _Teacher:
-    """The dense logits of one block of sequences at the sampled positions and their top-r support."""
+    """The dense logits of one block of sequences at the sampled positions and their top-r support.
 
-    def __init__(self, z0: torch.Tensor, top_r: int) -> None:
+    Everything that does not depend on the ablation is computed here once per block of sequences and reused by
+    every ablation: ``p_0 = exp(log p_0)`` (the KL's weights), ``p~`` and ``sqrt(p~)`` (the features' weights).
+    Each is the same operation on the same tensor as the per-ablation recomputation it replaces, so the features
+    and KLs are bit for bit those of the earlier sweep (``tests/test_cocurve_sweep_exact.py``)."""
+
+    def __init__(self, z0: torch.Tensor, cfg: SweepConfig) -> None:
         self.shape = z0.shape  # [B, P, V]
+        self.center = cfg.center
         self.logp0 = torch.log_softmax(z0.double(), dim=-1)  # float64: KL of weak units is tiny
-        self.idx, self.p_sup = teacher_support(z0, top_r)
+        self.p0 = self.logp0.exp()
+        self.idx, self.p_sup = teacher_support(z0, cfg.top_r)
         self.z0_sup = z0.gather(-1, self.idx)
+        self.p_tilde = support_weights(self.p_sup, cfg.renormalize)
+        self.sqrt_p = self.p_tilde.sqrt()
 
-    def response(self, z: torch.Tensor, cfg: SweepConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def response(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fisher features (``[B, P, r]``) and full-vocabulary KL(p_0 || p_{-u}) sum of one ablation's logits."""
         dz = self.z0_sup - z.gather(-1, self.idx)
-        f = fisher_features(dz, self.p_sup, cfg.renormalize, cfg.center)
+        f = centered_features(dz, self.p_tilde, self.sqrt_p, self.center)
         logq = torch.log_softmax(z.double(), dim=-1)
-        return f, (self.logp0.exp() * (self.logp0 - logq)).sum()
+        return f, (self.p0 * (self.logp0 - logq)).sum()
 
 
 def _check_sweep(adapter: Adapter, ids: torch.Tensor, cfg: SweepConfig) -> None:
@@ -280,7 +299,7 @@ def _ablate_layer(walker: _Walker, plan: _Plan, teacher: _Teacher, li: int, hs: 
         h = walker.run_from(li + 1, h)
         z = walker.logits_at_positions(h).view(len(group), *teacher.shape)
         for k, sp in enumerate(group):
-            f, kl[sp.index] = teacher.response(z[k], cfg)
+            f, kl[sp.index] = teacher.response(z[k])
             phi[:, plan.col_of[sp.index]] = f.reshape(-1)
     return len(todo)
 
@@ -290,7 +309,7 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
     """One block of sequences -> (its ``M x M`` Gram, per-unit KL sums, support mass sum); adds to ``clock``."""
     t0 = time.perf_counter()
     hs = walker.dense_inputs(x)
-    teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg.top_r)
+    teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg)
     clock["dense"] += time.perf_counter() - t0
     phi = torch.zeros(teacher.idx.numel(), len(plan.specs), dtype=torch.float64)
     kl = torch.zeros(plan.M, dtype=torch.float64)
