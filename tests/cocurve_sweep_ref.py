@@ -11,6 +11,8 @@ and ``bench/cocurve_sweep_cost.py`` times it as the "before" path.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from secateur.calib import engine
@@ -116,9 +118,11 @@ class _Teacher:
         return f, (self.logp0.exp() * (self.logp0 - logq)).sum()
 
 
-def _block(walker, specs, by_layer, col_of, M, x, cfg):
+def _block(walker, specs, by_layer, col_of, M, x, cfg, clock):
+    t0 = time.perf_counter()
     hs = walker.dense_inputs(x)
     teacher = _Teacher(walker.logits(hs[-1]), cfg.top_r)
+    t1 = time.perf_counter()
     phi = torch.zeros(teacher.idx.numel(), len(specs), dtype=torch.float64)
     kl = torch.zeros(M, dtype=torch.float64)
     for li in sorted(by_layer):
@@ -132,6 +136,9 @@ def _block(walker, specs, by_layer, col_of, M, x, cfg):
             for k, sp in enumerate(group):
                 f, kl[sp[0]] = teacher.response(z[k], cfg)
                 phi[:, col_of[sp[0]]] = f.reshape(-1)
+    clock["dense"] += t1 - t0
+    clock["abl"] += time.perf_counter() - t1
+    clock["n_abl"] += len(specs)
     g = phi.T @ phi
     full = torch.zeros(M, M, dtype=torch.float64)
     sel = torch.tensor([sp[0] for sp in specs])
@@ -139,9 +146,16 @@ def _block(walker, specs, by_layer, col_of, M, x, cfg):
     return full, kl, teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1)
 
 
-def reference_sweep(model, adapter, inv, ids: torch.Tensor, cfg: SweepConfig,
-                    units: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(H, kl_single)`` of the old sweep (one process), ``H`` symmetrized and divided by ``P`` as it was."""
+def reference_sweep(model, adapter, inv, ids: torch.Tensor, cfg: SweepConfig, units: torch.Tensor | None = None,
+                    clock: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(H, kl_single)`` of the old sweep (one process), ``H`` symmetrized and divided by ``P`` as it was.
+
+    ``clock`` (optional) receives the seconds of the dense passes (``dense``), of the ablations (``abl``: the
+    layer intermediates, re-runs, logits and features, as the library's ``ablations_s`` counts them) and the
+    number of ablations (``n_abl``)."""
+    clock = clock if clock is not None else {}
+    for k in ("dense", "abl", "n_abl"):
+        clock.setdefault(k, 0)
     specs = unit_specs(inv, units)
     M = len(inv)
     by_layer: dict[int, list] = {}
@@ -156,7 +170,7 @@ def reference_sweep(model, adapter, inv, ids: torch.Tensor, cfg: SweepConfig,
     with torch.no_grad():
         for s in range(0, N, cfg.seqs_per_block):
             g, kl, _ = _block(walker, specs, by_layer, col_of, M, ids[s:s + cfg.seqs_per_block].to(adapter.device),
-                              cfg)
+                              cfg, clock)
             H += g.clone()
             kl_sum += kl.clone()
     n_pos = N * pos.numel()

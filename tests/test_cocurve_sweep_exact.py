@@ -50,3 +50,21 @@ def test_sweep_H_bit_identical_to_reference(family, setting, one_thread):
     assert H_ref.abs().sum() > 0
     assert torch.equal(sw.H, H_ref)
     assert torch.equal(sw.kl_single, kl_ref)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sweep_H_bit_identical_to_reference_two_threads(family):
+    """Two threads pick other kernels (H then depends on ``unit_batch``): the identity must hold there too."""
+    s = SETTINGS["kv-ffn"]
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = tiny_model(family, layers=4)
+        a = get_adapter(model)
+        inv = _inv(a, s["kinds"])
+        ids = random_ids(s["n"], s["t"], seed=5)
+        H_ref, kl_ref = reference_sweep(model, a, inv, ids, s["cfg"])
+        sw = ablation_sweep(model, a, inv, ids, s["cfg"])
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(sw.H, H_ref) and torch.equal(sw.kl_single, kl_ref)

@@ -27,7 +27,28 @@ Cost structure (cocurve.md §8 "cheap trick", made sharper):
   attention of layer ``l`` is not recomputed; the zero-unit case reproduces ``h_{l+1}`` bit for bit);
 * only layers ``l+1 .. L-1`` are re-run (full sequences: attention needs every earlier position),
   several ablations stacked along the batch dimension, and the LM head runs only at the ``P_tok``
-  sampled positions of each sequence.
+  sampled positions of each sequence;
+* what does not depend on the ablation (the teacher's ``p_0``, ``p~``, ``sqrt(p~)``) is computed once per
+  block of sequences (:class:`_Teacher`).
+
+Exactness (issue 18): ``H`` and the single-unit KLs are bit for bit those of the sweep as of 7c3384c, whose
+frozen copy ``tests/cocurve_sweep_ref.py`` is the oracle of ``tests/test_cocurve_sweep_exact.py`` (every tiny
+family, several unit kinds / positions / supports / batchings, ``torch.equal``). The argument: every ablated
+forward runs the same floating-point operations, in the same order, on tensors of the same shapes as before
+(the same stacking of ``unit_batch`` ablations, the same full-sequence re-runs, the same head rows); the
+per-block quantities are the very operations the per-ablation code ran, applied to the same tensors, so
+they hold the same values. Shapes are kept on purpose: a GEMM's row can depend on how many rows it is
+computed with (MKL on CPU, 2 threads: ``H`` differs between ``unit_batch`` 1 and 8), so an optimisation
+that changes a product's shape is only exact where the kernels happen to agree. Tried and dropped for that
+reason: running the last block's output projection, residuals and MLP on the sampled rows only (saves about
+0.6 of one re-run layer per ablation; on this MKL build a product of fewer than 4 rows, or fewer than 12
+with 2 threads, rounds differently, which the one-row setting of the exact test catches). Not adopted:
+one ``log_softmax`` over a group's stacked logits (bit-identical here, but ``unit_batch`` times the memory
+of a ``[P, V]`` float64 block for no measurable gain).
+
+Cost floor: the re-run of layers ``l+1 .. L-1`` over full sequences is about 90% of an ablation
+(``results/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
+depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, ~0.36 dense forwards).
 
 Positions: ``t = s j - 1`` for ``j = 1..P_tok`` with ``s = T // P_tok`` (cocurve.md §9, ``16 j - 1`` for
 ``T = 2048, P_tok = 128``); every position when ``P_tok >= T``. The top-r support comes from a stable
