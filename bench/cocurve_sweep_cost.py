@@ -88,6 +88,7 @@ def breakdown(model, a, inv, ids, cfg, layer: int) -> dict:
         hs = w.dense_inputs(ids)
         teacher = cs._Teacher(w.logits_at_positions(hs[-1]), cfg)
         for _ in range(3):
+            out.setdefault("dense_forward", []).append(timed(model, ids)[0])  # the reference, at the same time
             t, parts = timed(w.layer_parts, layer, hs[layer])
             out.setdefault("layer_intermediates", []).append(t)
             t, h = timed(lambda p: torch.cat([w.ablated_output(p, hs[layer + 1], sp) for sp in group]), parts)
@@ -175,13 +176,49 @@ def render(res: dict) -> str:
                      f"{m[path]['ratio_to_sweep_dense_pass']:.3f} |")
     lines += ["", f"Dense forward (median): {res['dense_forward_s_median']:.3f} s. H and single-unit KLs of the "
               f"two paths bit-identical (`torch.equal`) in every repeat: **{res['H_bit_identical_every_repeat']}**.",
-              "", "## Where an ablation's time goes (after; one group of FFN units, median of 3)", "",
+              "", "## Where an ablation's time goes (after; one group of FFN units, and a dense forward, median of 3)",
+              "",
               "| layer | units | re-run layers | " + " | ".join(res["breakdown"][0]["seconds"]) + " |",
               "|---|---|---|" + "---|" * len(res["breakdown"][0]["seconds"])]
     for b in res["breakdown"]:
         lines.append(f"| {b['layer']} | {b['n_units']} | {b['rerun_layers']} | "
                      + " | ".join(f"{v:.3f}" for v in b["seconds"].values()) + " |")
+    parts = [k for k in res["breakdown"][0]["seconds"] if k != "dense_forward"]
+    per_unit = {k: statistics.mean(b["seconds"][k] / b["n_units"] for b in res["breakdown"]) for k in parts}
+    dense = statistics.mean(b["seconds"]["dense_forward"] for b in res["breakdown"])
+    lines += ["", f"Per ablation (mean of the two layers): re-run layers {per_unit['rerun_layers']:.3f} s = "
+              f"{per_unit['rerun_layers'] / sum(per_unit.values()):.0%} of an ablation's parts and "
+              f"**{per_unit['rerun_layers'] / dense:.3f} dense forwards on their own** (against the dense forwards "
+              f"timed in the same loop, column `dense_forward`): the floor of any sweep that re-runs the upper "
+              f"layers exactly.", "", NOTES]
     return "\n".join(lines) + "\n"
+
+
+NOTES = """## Notes
+
+* What the sweep already did before this change (since CoCurve's first version): layers after the unit only,
+  LM head at the sampled positions only, an FFN-group ablation as `h_{l+1} - m_l[:, ch] W_down[:, ch]^T` (not
+  even the MLP of layer `l` re-run; layer `l`'s attention is never recomputed), `unit_batch` ablations of one
+  layer stacked in one forward, the dense per-layer inputs kept once per block of sequences on the compute device
+  in the model's dtype. The old path's 0.42 is therefore already close to the re-run floor above.
+* Changed (bit-identical): the ablation-independent parts of the features and KL (`p_0 = exp(log p_0)` over the
+  whole vocabulary, `p~`, `sqrt(p~)`) are computed once per block of sequences instead of once per ablation.
+  The gain (part of the features-and-KL column, itself a few % of an ablation) is below this machine's noise.
+* Tried and dropped: the last block's output projection, residuals and MLP on the sampled rows only (its
+  attention core still over every position). Exact in real arithmetic and bit-identical here for the larger row
+  counts probed (12..69, 256, 2048), but MKL rounds a product of fewer than 4 rows (with 2 threads: of 1-3, 5-7
+  or 9-11 rows) differently from the same rows inside a larger product, which the one-row setting of
+  `tests/test_cocurve_sweep_exact.py` catches; it would save about 0.6 of one re-run layer (~0.015 dense
+  forwards), not worth an exactness that depends on the BLAS's kernel choice.
+* Not adopted: one `log_softmax` over a group's stacked logits (bit-identical here, `unit_batch` times the memory,
+  for a part that is a few % of an ablation); larger or merged batches across layers (they change the products'
+  row counts: with 2 threads H of the tiny models already differs between `unit_batch` 1 and 8); reusing the
+  dense walk's intermediates for the layer parts (saves one dense layer per layer and block, ~0.3% of the
+  sweep, at the cost of keeping every layer's intermediates until the teacher exists).
+* The issue's target (<= 0.30 dense forwards per ablation, H bit-identical) is below the floor at this geometry:
+  reaching it needs fewer or cheaper re-run operations, i.e. a different H (e.g. the rows trick above on a BLAS
+  where it is exact, bf16 re-runs, or a first-order estimator instead of finite ablations).
+"""
 
 
 def main() -> None:
