@@ -200,10 +200,12 @@ NOTES = """## Notes
   LM head at the sampled positions only, an FFN-group ablation as `h_{l+1} - m_l[:, ch] W_down[:, ch]^T` (not
   even the MLP of layer `l` re-run; layer `l`'s attention is never recomputed), `unit_batch` ablations of one
   layer stacked in one forward, the dense per-layer inputs kept once per block of sequences on the compute device
-  in the model's dtype. The old path's 0.42 is therefore already close to the re-run floor above.
+  in the model's dtype. The old path's ratio (0.43 in the issue, 0.44 here) is therefore already close to the
+  re-run floor above.
 * Changed (bit-identical): the ablation-independent parts of the features and KL (`p_0 = exp(log p_0)` over the
   whole vocabulary, `p~`, `sqrt(p~)`) are computed once per block of sequences instead of once per ablation.
-  The gain (part of the features-and-KL column, itself a few % of an ablation) is below this machine's noise.
+  The gain (part of the features-and-KL column, itself a few % of an ablation) is below this machine's noise: the
+  per-repeat ratios overlap (`results/cocurve-sweep-cost.json`).
 * Tried and dropped: the last block's output projection, residuals and MLP on the sampled rows only (its
   attention core still over every position). Exact in real arithmetic and bit-identical here for the larger row
   counts probed (12..69, 256, 2048), but MKL rounds a product of fewer than 4 rows (with 2 threads: of 1-3, 5-7

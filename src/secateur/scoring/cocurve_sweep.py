@@ -48,7 +48,7 @@ of a ``[P, V]`` float64 block for no measurable gain).
 
 Cost floor: the re-run of layers ``l+1 .. L-1`` over full sequences is about 90% of an ablation
 (``results/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
-depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, ~0.36 dense forwards).
+depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, 0.40 dense forwards).
 
 Positions: ``t = s j - 1`` for ``j = 1..P_tok`` with ``s = T // P_tok`` (cocurve.md §9, ``16 j - 1`` for
 ``T = 2048, P_tok = 128``); every position when ``P_tok >= T``. The top-r support comes from a stable
