@@ -27,7 +27,28 @@ Cost structure (cocurve.md §8 "cheap trick", made sharper):
   attention of layer ``l`` is not recomputed; the zero-unit case reproduces ``h_{l+1}`` bit for bit);
 * only layers ``l+1 .. L-1`` are re-run (full sequences: attention needs every earlier position),
   several ablations stacked along the batch dimension, and the LM head runs only at the ``P_tok``
-  sampled positions of each sequence.
+  sampled positions of each sequence;
+* what does not depend on the ablation (the teacher's ``p_0``, ``p~``, ``sqrt(p~)``) is computed once per
+  block of sequences (:class:`_Teacher`).
+
+Exactness (issue 18): ``H`` and the single-unit KLs are bit for bit those of the sweep as of 7c3384c, whose
+frozen copy ``tests/cocurve_sweep_ref.py`` is the oracle of ``tests/test_cocurve_sweep_exact.py`` (every tiny
+family, several unit kinds / positions / supports / batchings, ``torch.equal``). The argument: every ablated
+forward runs the same floating-point operations, in the same order, on tensors of the same shapes as before
+(the same stacking of ``unit_batch`` ablations, the same full-sequence re-runs, the same head rows); the
+per-block quantities are the very operations the per-ablation code ran, applied to the same tensors, so
+they hold the same values. Shapes are kept on purpose: a GEMM's row can depend on how many rows it is
+computed with (MKL on CPU, 2 threads: ``H`` differs between ``unit_batch`` 1 and 8), so an optimisation
+that changes a product's shape is only exact where the kernels happen to agree. Tried and dropped for that
+reason: running the last block's output projection, residuals and MLP on the sampled rows only (saves about
+0.6 of one re-run layer per ablation; on this MKL build a product of fewer than 4 rows, or fewer than 12
+with 2 threads, rounds differently, which the one-row setting of the exact test catches). Not adopted:
+one ``log_softmax`` over a group's stacked logits (bit-identical here, but ``unit_batch`` times the memory
+of a ``[P, V]`` float64 block for no measurable gain).
+
+Cost floor: the re-run of layers ``l+1 .. L-1`` over full sequences is about 90% of an ablation
+(``results/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
+depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, 0.40 dense forwards).
 
 Positions: ``t = s j - 1`` for ``j = 1..P_tok`` with ``s = T // P_tok`` (cocurve.md §9, ``16 j - 1`` for
 ``T = 2048, P_tok = 128``); every position when ``P_tok >= T``. The top-r support comes from a stable
@@ -113,13 +134,23 @@ def fisher_features(dz: torch.Tensor, p: torch.Tensor, renormalize: bool = True,
     over leading unit axes). ``phi_u . phi_v = dz_u^T (diag p~ - p~ p~^T) dz_v``."""
     if center not in CENTERS:
         raise SecateurError(f"center must be one of {CENTERS}, not {center!r}")
-    dz = dz.to(torch.float64)
+    p = support_weights(p, renormalize)
+    return centered_features(dz, p, p.sqrt(), center)
+
+
+def support_weights(p: torch.Tensor, renormalize: bool = True) -> torch.Tensor:
+    """``p~`` (float64): the dense probabilities on the support, renormalized to sum 1 per position or not."""
     p = p.to(torch.float64)
-    if renormalize:
-        p = p / p.sum(-1, keepdim=True)
+    return p / p.sum(-1, keepdim=True) if renormalize else p
+
+
+def centered_features(dz: torch.Tensor, p: torch.Tensor, sqrt_p: torch.Tensor, center: str) -> torch.Tensor:
+    """The last two steps of :func:`fisher_features` with ``p~`` and ``sqrt(p~)`` given (the sweep computes them
+    once per block of sequences instead of once per ablation: the same values, so the same features)."""
+    dz = dz.to(torch.float64)
     if center == "fisher":
         dz = dz - (p * dz).sum(-1, keepdim=True)
-    return p.sqrt() * dz
+    return sqrt_p * dz
 
 
 def gram(phi: torch.Tensor) -> torch.Tensor:
@@ -242,20 +273,29 @@ class _Plan:
 
 
 class _Teacher:
-    """The dense logits of one block of sequences at the sampled positions and their top-r support."""
+    """The dense logits of one block of sequences at the sampled positions and their top-r support.
 
-    def __init__(self, z0: torch.Tensor, top_r: int) -> None:
+    Everything that does not depend on the ablation is computed here once per block of sequences and reused by
+    every ablation: ``p_0 = exp(log p_0)`` (the KL's weights), ``p~`` and ``sqrt(p~)`` (the features' weights).
+    Each is the same operation on the same tensor as the per-ablation recomputation it replaces, so the features
+    and KLs are bit for bit those of the earlier sweep (``tests/test_cocurve_sweep_exact.py``)."""
+
+    def __init__(self, z0: torch.Tensor, cfg: SweepConfig) -> None:
         self.shape = z0.shape  # [B, P, V]
+        self.center = cfg.center
         self.logp0 = torch.log_softmax(z0.double(), dim=-1)  # float64: KL of weak units is tiny
-        self.idx, self.p_sup = teacher_support(z0, top_r)
+        self.p0 = self.logp0.exp()
+        self.idx, self.p_sup = teacher_support(z0, cfg.top_r)
         self.z0_sup = z0.gather(-1, self.idx)
+        self.p_tilde = support_weights(self.p_sup, cfg.renormalize)
+        self.sqrt_p = self.p_tilde.sqrt()
 
-    def response(self, z: torch.Tensor, cfg: SweepConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def response(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fisher features (``[B, P, r]``) and full-vocabulary KL(p_0 || p_{-u}) sum of one ablation's logits."""
         dz = self.z0_sup - z.gather(-1, self.idx)
-        f = fisher_features(dz, self.p_sup, cfg.renormalize, cfg.center)
+        f = centered_features(dz, self.p_tilde, self.sqrt_p, self.center)
         logq = torch.log_softmax(z.double(), dim=-1)
-        return f, (self.logp0.exp() * (self.logp0 - logq)).sum()
+        return f, (self.p0 * (self.logp0 - logq)).sum()
 
 
 def _check_sweep(adapter: Adapter, ids: torch.Tensor, cfg: SweepConfig) -> None:
@@ -280,7 +320,7 @@ def _ablate_layer(walker: _Walker, plan: _Plan, teacher: _Teacher, li: int, hs: 
         h = walker.run_from(li + 1, h)
         z = walker.logits_at_positions(h).view(len(group), *teacher.shape)
         for k, sp in enumerate(group):
-            f, kl[sp.index] = teacher.response(z[k], cfg)
+            f, kl[sp.index] = teacher.response(z[k])
             phi[:, plan.col_of[sp.index]] = f.reshape(-1)
     return len(todo)
 
@@ -290,7 +330,7 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
     """One block of sequences -> (its ``M x M`` Gram, per-unit KL sums, support mass sum); adds to ``clock``."""
     t0 = time.perf_counter()
     hs = walker.dense_inputs(x)
-    teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg.top_r)
+    teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg)
     clock["dense"] += time.perf_counter() - t0
     phi = torch.zeros(teacher.idx.numel(), len(plan.specs), dtype=torch.float64)
     kl = torch.zeros(plan.M, dtype=torch.float64)
