@@ -19,6 +19,28 @@ Baseline scores (src/secateur/scoring/structured.py): Wanda-sp ``sum_j ||W_:,j||
 (Frobenius norm of every weight a unit owns) ranked per parameter (score / cost); FLAP = AL-AM
 standardized WIFV scores (may be negative, so ranked raw), random = seeded uniform scores (raw). No
 bias compensation for any method (masks only, as in the paper).
+
+Presets (``PRESETS``; a preset may also name its ``rhos``, ``methods``, ``coec_methods``, an independent test
+split ``n_test`` and the rows measured on every perplexity window, ``full_ppl``):
+
+* ``quick``: what 2 shared cores allow (4 x 256 graph tokens; the committed results).
+* ``medium`` (issue 18 §2; defined, not yet run: hours of CPU here, ``--dry-run`` prints its plan): graph on
+  16 x 512 C4 tokens (seed 0), lambda chosen on 16 x 512 disjoint held-out tokens, held-out KL reported on a
+  third, independent 16 x 512 test split (never used to choose anything). Scaling rule from the paper's
+  2048-token protocol: the position stride is kept (P_tok 128 at T 2048 = one position every 16 tokens ->
+  P_tok 32 at T 512), top-r 256 is kept (a vocabulary support size, not a length). Rows at 20% and 30%:
+  CoCurve, its diagonal control, Wanda-sp, FLAP, random (same units, guard and budget), then CoCurve + COEC
+  and Wanda-sp + COEC (``--stage coec``). Perplexity on the first 32 sliding windows (2048/512) of each
+  corpus, and on every window (the paper's protocol) for the dense model and the 30% CoCurve row.
+* ``full``: the paper's protocol (128 x 2048 graph, P_tok 128, r 256, 16 held-out) + a 16 x 2048 test split,
+  every perplexity window; sized for one GPU (``bench/device_cocurve_full.sh``).
+* ``smoke`` / ``tiny``: plumbing checks (``tiny``: the random tiny Llama of ``device_cocurve_full.sh TINY=1``).
+
+Where it runs (flags, or the same environment variables for spawned ranks): ``--device`` (``COCURVE_DEVICE``,
+default cpu: the model is loaded there and every library call follows the model's device), ``--model``
+(``COCURVE_MODEL``, default the ``smollm2-135m`` alias; a ``.gguf`` file or a folder), ``--inputs``
+(``COCURVE_INPUTS``: a token file written by ``--stage pack``, so no corpus or tokenizer pass is needed
+there), ``--results`` / ``--work`` (``COCURVE_RESULTS`` / ``COCURVE_WORK``: where rows and graphs go).
 """
 
 from __future__ import annotations
@@ -26,6 +48,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,35 +72,139 @@ from common import (  # noqa: E402
 )
 
 PRESETS = {
-    # the paper's protocol (default in code): 128 x 2048 graph, P_tok 128, r 256, 16 held-out, full corpora
+    # the paper's protocol (default in code): 128 x 2048 graph, P_tok 128, r 256, 16 held-out, full corpora;
+    # + an independent 16 x 2048 test split for the KL column (the held-out split chooses lambda)
     "full": {"n_graph": 128, "n_heldout": 16, "seqlen": 2048, "positions": 128, "top_r": 256, "ppl_windows": None,
-             "unit_batch": 8},
+             "unit_batch": 8, "n_test": 16},
     # what 2 heavily shared CPU cores allow: 4 x 256 graph, 32 positions/seq (P = 128), r 256, 4 x 256
     # held-out, perplexity on the first sliding window (2048 tokens, 2047 scored) of each corpus
     "quick": {"n_graph": 4, "n_heldout": 4, "seqlen": 256, "positions": 32, "top_r": 256, "ppl_windows": 1,
               "unit_batch": 8},
+    # issue 18 §2: 16 x 512 graph / 16 x 512 held-out (lambda) / 16 x 512 test (KL column), positions scaled
+    # with the length at the paper's stride (128 per 2048 -> 32 per 512), top-r 256 kept (a support size);
+    # perplexity on the first 32 windows, every window for dense + CoCurve 30% (the paper's 2048/512 protocol)
+    "medium": {"n_graph": 16, "n_heldout": 16, "seqlen": 512, "positions": 32, "top_r": 256, "ppl_windows": 32,
+               "unit_batch": 8, "n_test": 16, "rhos": [0.2, 0.3],
+               "methods": ["cocurve", "cocurve-diag", "wanda_sp", "flap", "random"],
+               "coec_methods": ["cocurve+coec", "wanda_sp+coec"], "full_ppl": ["dense", "cocurve@0.3"]},
     "smoke": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 64, "ppl_windows": 1,
               "unit_batch": 8},
+    # the CPU exercise of bench/device_cocurve_full.sh (TINY=1): a random 12-layer Llama, random token ids
+    "tiny": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 16, "ppl_windows": None,
+             "unit_batch": 8, "n_test": 2, "ppl_seqlen": 128, "ppl_stride": 32},
 }
 RHOS = (0.2, 0.3, 0.4, 0.5)
 METHODS = ("cocurve", "cocurve-diag", "wanda_sp", "flap", "magnitude", "random")
 CORPORA = ("wikitext2", "c4", "ptb")
-OUT_JSON = RESULTS / "cocurve-smollm2.jsonl"
-OUT_MD = RESULTS / "cocurve-smollm2.md"
-OUT_PNG = RESULTS / "cocurve-smollm2-alloc.png"
-DIR = WORK / "cocurve-smollm2"
+
+
+def _configure() -> None:
+    """Module paths and the run's device/model/inputs from the environment (spawned ranks inherit it)."""
+    global DEVICE, MODEL, INPUTS, RESULTS_DIR, OUT_JSON, OUT_MD, OUT_PNG, DIR
+    env = os.environ
+    DEVICE = env.get("COCURVE_DEVICE", "cpu")
+    MODEL = env.get("COCURVE_MODEL", "smollm2-135m")
+    INPUTS = env.get("COCURVE_INPUTS") or None
+    RESULTS_DIR = Path(env.get("COCURVE_RESULTS") or RESULTS)
+    OUT_JSON = RESULTS_DIR / "cocurve-smollm2.jsonl"
+    OUT_MD = RESULTS_DIR / "cocurve-smollm2.md"
+    OUT_PNG = RESULTS_DIR / "cocurve-smollm2-alloc.png"
+    DIR = Path(env.get("COCURVE_WORK") or WORK / "cocurve-smollm2")
+
+
+_configure()
+
+
+def md_path(preset: str) -> Path:
+    """The quick preset's page is ``cocurve-smollm2.md`` (as committed); every other preset has its own."""
+    return OUT_MD if preset == "quick" else OUT_MD.with_name(f"cocurve-smollm2-{preset}.md")
+
+
+def png_path(preset: str) -> Path:
+    return OUT_PNG if preset == "quick" else OUT_PNG.with_name(f"cocurve-smollm2-{preset}-alloc.png")
+
+
+def out_dir(preset: str, method: str, rho: float) -> Path:
+    """A CoCurve row's export folder (the quick preset keeps its committed names)."""
+    tag = "" if preset == "quick" else f"{preset}-"
+    return DIR / f"out-{tag}{method}-{int(round(rho * 100))}"
+
+
+def preset_rhos(p: dict) -> list[float]:
+    return list(p.get("rhos", RHOS))
+
+
+def preset_methods(p: dict) -> list[str]:
+    return list(p.get("methods", METHODS))
+
+
+def load(device: str | None = None):
+    """``(model, tokenizer)`` of the run's model on the run's device."""
+    from secateur.models.loading import load_model
+
+    return load_model(MODEL, device=device or DEVICE)
 
 
 def graph_path(preset: str) -> Path:
     return DIR / f"graph-{preset}.npz"
 
 
-def data(tok, p: dict):
-    ids, man = calib_tokens(tok, "c4", p["n_graph"] + p["n_heldout"], p["seqlen"])
-    g, h = ids[:p["n_graph"]], ids[p["n_graph"]:]
-    if any(torch.equal(a, b) for a in g for b in h):
+def splits(tok, p: dict) -> dict:
+    """The preset's token splits: ``graph`` (H, baseline statistics), ``heldout`` (C': lambda choice),
+    ``test`` (the KL column, None without ``n_test``) and the calibration ``manifest``. One seeded draw of
+    ``n_graph + n_heldout + n_test`` windows split in that order (the first windows of a draw do not depend on
+    its size, so the graph windows of a preset without a test split are unchanged), checked to share no 32-token
+    run; from the ``--inputs`` file instead when one is given (``--stage pack`` wrote it)."""
+    n_test = p.get("n_test", 0)
+    if INPUTS:
+        blob = torch.load(INPUTS)
+        want = {"graph": p["n_graph"], "heldout": p["n_heldout"], "test": n_test}
+        got = {k: 0 if blob[k] is None else int(blob[k].shape[0]) for k in want}
+        if got != want or int(blob["graph"].shape[1]) != p["seqlen"]:
+            raise SystemExit(f"{INPUTS} holds {got} x {blob['graph'].shape[1]} windows, the preset wants {want} x "
+                             f"{p['seqlen']}")
+        return {k: blob[k] if blob[k] is None else blob[k].long() for k in ("graph", "heldout", "test")} | {
+            "manifest": blob["manifest"]}
+    ids, man = calib_tokens(tok, "c4", p["n_graph"] + p["n_heldout"] + n_test, p["seqlen"])
+    a, b = p["n_graph"], p["n_graph"] + p["n_heldout"]
+    out = {"graph": ids[:a], "heldout": ids[a:b], "test": ids[b:] if n_test else None, "manifest": man}
+    if any(torch.equal(x, y) for x in out["graph"] for y in out["heldout"]):
         raise SystemExit("held-out windows overlap the graph windows")
-    return g, h, man
+    if n_test and not (_disjoint(ids[:b], out["test"]) and _disjoint(out["test"], ids[:b])):
+        raise SystemExit("the test windows share a 32-token run with the graph or held-out windows")
+    return out
+
+
+def data(tok, p: dict):
+    s = splits(tok, p)
+    return s["graph"], s["heldout"], s["manifest"]
+
+
+def corpora_ids(tok) -> dict[str, torch.Tensor]:
+    """The perplexity corpora as token ids (from the ``--inputs`` file when one is given)."""
+    if INPUTS:
+        return {k: v.long() for k, v in torch.load(INPUTS)["corpora"].items()}
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids
+
+    return {c: eval_ids(eval_text(c), tok) for c in CORPORA}
+
+
+def stage_pack(preset: str, path: Path) -> None:
+    """Every token a preset's rows need in one file (``--inputs`` elsewhere: a machine without the corpora)."""
+    from secateur.data.windows import token_sha256
+
+    p = PRESETS[preset]
+    _, tok = load("cpu")
+    s = splits(tok, p)
+    corpora = corpora_ids(tok)
+    blob = {"preset": preset, "preset_params": p, **s,
+            "corpora": {k: v.to(torch.int32) for k, v in corpora.items()},
+            "corpora_sha256": {k: token_sha256(v) for k, v in corpora.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, path)
+    print(json.dumps({"inputs": str(path), "bytes": path.stat().st_size, "graph": list(s["graph"].shape),
+                      "corpora_tokens": {k: v.numel() for k, v in corpora.items()}}), flush=True)
 
 
 def config(p: dict):
@@ -89,29 +217,47 @@ def config(p: dict):
 
 # --- stage 1: the graph (torch.distributed over --ranks processes) --------------------------------------
 
-def _graph_worker(rank: int, world: int, preset: str) -> None:
+def _graph_worker(rank: int, world: int, preset: str, n_seqs: int | None = None) -> None:
     from secateur.methods.cocurve import build_graph, cocurve_inventory
     from secateur.models.adapters import get_adapter
-    from secateur.models.loading import load_model
 
     p = PRESETS[preset]
-    model, tok = load_model("smollm2-135m")
+    model, tok = load()
     adapter = get_adapter(model)
     g_ids, _, man = data(tok, p)
     cfg = config(p)
     t = time.perf_counter()
-    graph = build_graph(model, adapter, g_ids, cfg, cocurve_inventory(adapter))
+    graph = build_graph(model, adapter, g_ids[:n_seqs], cfg, cocurve_inventory(adapter))
+    if n_seqs is not None:  # --stage probe: the first n_seqs sequences, timed and extrapolated, nothing saved
+        _probe_report(preset, graph.meta, time.perf_counter() - t, n_seqs, p["n_graph"])
+        return
     if rank == 0:
         graph.meta["wall_s"] = time.perf_counter() - t
         graph.meta["calibration_manifest"] = man
         graph.meta["preset"] = preset
+        graph.meta["device"] = DEVICE
+        graph.meta["float32_matmul_precision"] = torch.get_float32_matmul_precision()
         info = graph.save(graph_path(preset))
         print(json.dumps({k: graph.meta[k] for k in ("timings", "wall_s", "n_ablated", "lambda_min")}
                          | info, default=str), flush=True)
 
 
+def _probe_report(preset: str, meta: dict, wall: float, n_seqs: int, n_graph: int) -> None:
+    """The sweep's time on ``n_seqs`` sequences scaled to the preset's ``n_graph`` (one block per sequence)."""
+    t = meta["timings"]
+    per_seq = (t["ablations_s"] + t["dense_s"] + t["gram_s"]) / n_seqs
+    out = {"preset": preset, "device": DEVICE, "probe_sequences": n_seqs, "probe_wall_s": round(wall, 2),
+           "ablations_per_sequence": t["n_ablations"] // n_seqs, "per_ablation_s": t["per_ablation_s"],
+           "ablation_over_dense": t["ablation_over_dense"],
+           "projected_sweep_s": round(per_seq * n_graph, 1)}
+    (RESULTS_DIR / f"cocurve-probe-{preset}.json").write_text(json.dumps(out, indent=1))
+    print("probe", json.dumps(out), flush=True)
+
+
 def stage_graph(preset: str, ranks: int) -> None:
     if ranks > 1:
+        if DEVICE != "cpu":
+            raise SystemExit("--ranks > 1 is the CPU's gloo split; on an accelerator use --ranks 1")
         from secateur.calib.dist import spawn_gloo
 
         spawn_gloo(_graph_worker, ranks, (preset,), threads=1)
@@ -130,14 +276,25 @@ def _alloc(inv, removed) -> dict:
             "attn_units": a[0]["attn_units"], "ffn_units": a[0]["ffn_units"]}
 
 
-def _ppl(model, corpora_ids: dict, windows) -> dict:
+def _ppl(model, corpora_ids: dict, windows, p: dict | None = None) -> dict:
+    """Sliding-window perplexity (2048/512 unless the preset says otherwise), the first ``windows`` windows
+    (None: every window, the paper's protocol)."""
     from secateur.eval.ppl import perplexity
 
+    p = p or {}
     out = {}
     for name, ids in corpora_ids.items():
-        r = perplexity(model, ids, seqlen=2048, stride=512, max_windows=windows, progress=False)
+        r = perplexity(model, ids, seqlen=p.get("ppl_seqlen", 2048), stride=p.get("ppl_stride", 512),
+                       max_windows=windows, progress=False)
         out[name] = {"ppl": r["ppl"], "windows": r["windows"], "scored": r["scored_tokens"], "s": r["seconds"]}
     return out
+
+
+def _wants_full_ppl(p: dict, method: str, rho: float) -> bool:
+    """Rows the preset measures on every perplexity window too (``full_ppl``: "dense", "method@rho")."""
+    if p["ppl_windows"] is None:  # its ppl column is already every window
+        return False
+    return any(x == method if "@" not in x else x == f"{method}@{rho:g}" for x in p.get("full_ppl", ()))
 
 
 def _baseline_removed(method: str, inv, adapter, stats, rho: float, guard) -> tuple[torch.Tensor, bool]:
@@ -165,7 +322,7 @@ def _row_removed(row: dict, inv, adapter, stats, guard) -> torch.Tensor:
 
     m, rho = row["method"], row["rho"]
     if m.startswith("cocurve"):
-        removed = torch.load(DIR / f"out-{m}-{int(round(rho * 100))}" / "cocurve_mask.pt")["removed"]
+        removed = torch.load(out_dir(row["preset"], m, rho) / "cocurve_mask.pt")["removed"]
     else:
         removed = _baseline_removed(m, inv, adapter, stats, rho, guard)[0]
     if array_sha256(removed) != row["mask_sha256"]:
@@ -206,11 +363,10 @@ def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
     """The zero-shot column of the main table (first ZS_LIMIT documents per task), resumable cell by cell."""
     from secateur.methods.cocurve import cocurve_inventory
     from secateur.models.adapters import get_adapter
-    from secateur.models.loading import load_model
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
-    model, tok = load_model("smollm2-135m")
+    model, tok = load()
     adapter = get_adapter(model)
     g_ids, _, _ = data(tok, p)
     stats = _graph_stats(model, adapter, g_ids) if {"wanda_sp", "flap"} & set(methods) else None
@@ -221,41 +377,48 @@ def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
 
 def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
     from secateur.budgets.heldout import HeldoutKL, masked
-    from secateur.data.sources import eval_text
-    from secateur.data.windows import eval_ids, token_sha256
+    from secateur.data.windows import token_sha256
     from secateur.eval.efficiency import count_params, measure_efficiency
     from secateur.export.sliced import save_pruned
     from secateur.methods.cocurve import cocurve_inventory, select
     from secateur.models.adapters import get_adapter
-    from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
     from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256
     from secateur.structured.slicing import apply_selection
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
-    model, tok = load_model("smollm2-135m")
+    model, tok = load()
     adapter = get_adapter(model)
-    g_ids, h_ids, man = data(tok, p)
+    sp = splits(tok, p)
+    g_ids, h_ids, t_ids, man = sp["graph"], sp["heldout"], sp["test"], sp["manifest"]
     cfg = config(p)
     inv = cocurve_inventory(adapter)
     graph, sweep_s = None, 0.0
     if any(m.startswith("cocurve") for m in methods):
         graph = CoPruningGraph.load(graph_path(preset))
         sweep_s = graph.meta["timings"]["ablations_s"] + graph.meta["timings"]["dense_s"]
-    corpora = {c: eval_ids(eval_text(c), tok) for c in CORPORA}
-    teacher = HeldoutKL(model, h_ids)
+    corpora = corpora_ids(tok)
+    teacher = HeldoutKL(model, h_ids)  # C': chooses lambda (and the KL column when there is no test split)
+    tester = None if t_ids is None else HeldoutKL(model, t_ids)  # the independent test split: KL only
     base = {"preset": preset, "preset_params": p, "calibration": man, "heldout_sha256": token_sha256(h_ids),
+            "test_sha256": None if t_ids is None else token_sha256(t_ids), "device": DEVICE,
             "graph_H_sha256": None if graph is None else array_sha256(graph.H), "versions": versions(),
             "machine": machine()}
     done = {(r["method"], r["rho"]) for r in read_rows(OUT_JSON) if r.get("preset") == preset}
     eff_kw = {"prompt_len": 256, "new_tokens": 16, "warmup": 1, "repeats": 3}
+    eff = p.get("efficiency", True)
 
     if with_dense and ("dense", 0.0) not in done:
         t = time.perf_counter()
         row = {**base, "method": "dense", "rho": 0.0, "realized": 0.0, "heldout_kl": teacher.evaluate()["kl"],
-               "ppl": _ppl(model, corpora, p["ppl_windows"]), "params": count_params(model),
-               "efficiency": measure_efficiency(model, **eff_kw)}
+               "ppl": _ppl(model, corpora, p["ppl_windows"], p), "params": count_params(model)}
+        if tester is not None:
+            row["test_kl"], row["test_se"] = tester.evaluate()["kl"], 0.0
+        if _wants_full_ppl(p, "dense", 0.0):
+            row["ppl_full"] = _ppl(model, corpora, None, p)
+        if eff:
+            row["efficiency"] = measure_efficiency(model, **eff_kw)
         row["eval_s"] = time.perf_counter() - t
         append_row(OUT_JSON, row)
         print("dense", row["ppl"], flush=True)
@@ -282,14 +445,21 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
                 se = res.candidates[res.chosen]["heldout_se"]
                 sel_s = time.perf_counter() - t0
                 cost_s = sweep_s + sel_s
+                if tester is not None:
+                    with masked(adapter, inv, removed):
+                        ev = tester.evaluate()
+                    extra |= {"test_kl": ev["kl"], "test_se": ev["se"]}
             else:
                 removed, norm = _baseline_removed(method, inv, adapter, stats, rho, guard)
                 sel_s = time.perf_counter() - t0
                 cost_s = sel_s + (stats_s if method in ("wanda_sp", "flap") else 0.0)
                 with masked(adapter, inv, removed):
                     ev = teacher.evaluate()
+                    if tester is not None:
+                        et = tester.evaluate()
+                        extra = {"test_kl": et["kl"], "test_se": et["se"]}
                 kl, se = ev["kl"], ev["se"]
-                extra = {"cost_normalized": norm}
+                extra["cost_normalized"] = norm
             from secateur.budgets.allocate import report
             from secateur.structured.selection import Selection
 
@@ -302,15 +472,18 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
                    "realized_minus_target_pp": 100 * (rep["realized"] - rho), "heldout_kl": kl, "heldout_se": se,
                    "alloc": _alloc(inv, removed), "selection_s": sel_s, "selection_cost_s": cost_s,
                    "mask_sha256": array_sha256(removed), "params": count_params(pruned), **extra}
-            row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"])
+            row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"], p)
+            if _wants_full_ppl(p, method, rho):
+                row["ppl_full"] = _ppl(pruned, corpora, None, p)
             if method.startswith("cocurve"):
-                out = DIR / f"out-{method}-{int(round(rho * 100))}"
+                out = out_dir(preset, method, rho)
                 saved = save_pruned(pruned, out, tok, overwrite=True,
                                     extra_files={"secateur_selection.json": sel.to_dict()})
                 mask_file = out / "cocurve_mask.pt"
                 torch.save({"removed": removed, "lambda": row["lambda"]}, mask_file)
                 row["export"] = {**saved, "mask_file": str(mask_file)}
-                row["efficiency"] = measure_efficiency(pruned, **eff_kw)
+                if eff:
+                    row["efficiency"] = measure_efficiency(pruned, **eff_kw)
             row["eval_s"] = time.perf_counter() - t1
             append_row(OUT_JSON, row)
             print(method, rho, f"kl={kl:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
@@ -345,14 +518,12 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     from secateur.budgets.heldout import HeldoutKL
     from secateur.calib.collect import SCORE_STATS, collect_stats
     from secateur.compensate import COECOptions
-    from secateur.data.sources import eval_text
-    from secateur.data.windows import eval_ids, token_sha256
+    from secateur.data.windows import token_sha256
     from secateur.eval.efficiency import count_params
     from secateur.methods.cocurve import cocurve_inventory
     from secateur.methods.compensation import compensate_selection
     from secateur.methods.structured import StructuredConfig, prune_structured
     from secateur.models.adapters import get_adapter
-    from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
     from secateur.scoring.cocurve_graph import array_sha256
     from secateur.structured.selection import Selection
@@ -360,17 +531,19 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
-    model, tok = load_model("smollm2-135m")
+    model, tok = load()
     adapter = get_adapter(model)
-    g_ids, h_ids, man = data(tok, p)
+    sp = splits(tok, p)
+    g_ids, h_ids, t_ids, man = sp["graph"], sp["heldout"], sp["test"], sp["manifest"]
     c = COMP_CALIB
     c_ids, c_man = calib_tokens(tok, c["source"], c["nsamples"], c["seqlen"], c["seed"])
-    if not _disjoint(c_ids, h_ids):
-        raise SystemExit("the compensation calibration windows overlap the held-out split")
+    if not _disjoint(c_ids, h_ids) or (t_ids is not None and not _disjoint(c_ids, t_ids)):
+        raise SystemExit("the compensation calibration windows overlap the held-out or test split")
     inv = cocurve_inventory(adapter)
     cfg = config(p)
-    corpora = {k: eval_ids(eval_text(k), tok) for k in CORPORA}
+    corpora = corpora_ids(tok)
     teacher = HeldoutKL(model, h_ids)
+    tester = None if t_ids is None else HeldoutKL(model, t_ids)
     rows = read_rows(OUT_JSON)
     rounds = COEC_OPTS["max_rounds"]
     done = {(r["method"], r["rho"]) for r in rows if r.get("preset") == preset and r.get("coec_rounds") == rounds}
@@ -381,7 +554,8 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     if zs or "wanda_sp+coec" in methods:  # the Wanda-sp selection, from the graph windows' statistics
         g_stats = _graph_stats(model, adapter, g_ids)
     base = {"preset": preset, "preset_params": p, "calibration": man, "comp_calibration": c_man,
-            "heldout_sha256": token_sha256(h_ids), "coec_rounds": rounds, "versions": versions(),
+            "heldout_sha256": token_sha256(h_ids), "test_sha256": None if t_ids is None else token_sha256(t_ids),
+            "device": DEVICE, "coec_rounds": rounds, "versions": versions(),
             "machine": machine(), "stats_s": stats_s}
     for rho in rhos:
         for method in methods:
@@ -419,8 +593,11 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
                          "allocation": d["allocation"], "compensation_summary": d["compensation_summary"]}
             ev = teacher.evaluate(pruned)
             row = {**base, "method": method, "rho": rho, "heldout_kl": ev["kl"], "heldout_se": ev["se"],
-                   "params": count_params(pruned), "ppl": _ppl(pruned, corpora, p["ppl_windows"]),
+                   "params": count_params(pruned), "ppl": _ppl(pruned, corpora, p["ppl_windows"], p),
                    "wall_s": time.perf_counter() - t0, **extra}
+            if tester is not None:
+                et = tester.evaluate(pruned)
+                row["test_kl"], row["test_se"] = et["kl"], et["se"]
             if zs:
                 row["zeroshot"] = zeroshot_cell(pruned, tok)
             append_row(OUT_JSON, row)
@@ -433,7 +610,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
 
 # --- render ---------------------------------------------------------------------------------------------
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -458,33 +635,151 @@ def plot(rows: list[dict]) -> None:
     axes[1][0].set_ylabel("FFN groups removed (fraction)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(OUT_PNG, dpi=110)
+    fig.savefig(path, dpi=110)
 
 
-def render() -> None:
-    rows = read_rows(OUT_JSON)
-    if not rows:
-        raise SystemExit("no rows")
-    preset = rows[-1]["preset"]
-    rows = [r for r in rows if r["preset"] == preset]
-    p = PRESETS[preset]
-    dense = next((r for r in rows if r["method"] == "dense"), None)
-    graph_meta = {}
+# What each preset is, in the words of the pages' header (every page names every preset and whether it has rows).
+PRESET_TEXT = {
+    "quick": "4 x 256 graph tokens, 4 x 256 held-out tokens (they choose lambda and give the KL column), first "
+             "sliding window per corpus",
+    "medium": "graph on 16 x 512 C4 tokens (seed 0); lambda chosen on 16 x 512 disjoint held-out tokens; KL "
+              "column on an independent 16 x 512 test split (chooses nothing); positions scaled from the paper's "
+              "2048-token protocol at its stride (P_tok 128 at 2048 -> 32 at 512: one position every 16 tokens), "
+              "top-r 256 kept (a vocabulary support size, not a length); rows at 20% and 30%: CoCurve, its diagonal "
+              "control, Wanda-sp, FLAP, random (same units, guard, budget), CoCurve + COEC, Wanda-sp + COEC; "
+              "perplexity on the first 32 sliding windows (named: wikitext2, c4, ptb), and on every window "
+              "(2048/512, the paper's protocol) for the dense model and the 30% CoCurve row",
+    "full": "the paper's protocol: 128 x 2048 graph tokens, P_tok 128, r 256, 16 x 2048 held-out (lambda) + an "
+            "independent 16 x 2048 test split, every perplexity window; sized for one GPU: "
+            "`bench/device_cocurve_full.sh` (the sweep, the lambda choice and the 30% row)",
+    "smoke": "plumbing check",
+    "tiny": "plumbing check of `bench/device_cocurve_full.sh` on a random tiny Llama",
+}
+
+
+def _kl(r: dict) -> tuple[float, float]:
+    """The KL column: the test split's when the preset has one, else the held-out split C' (which chose lambda)."""
+    return (r["test_kl"], r["test_se"]) if "test_kl" in r else (r["heldout_kl"], r["heldout_se"])
+
+
+def graph_summary(preset: str) -> tuple[dict, str | None]:
+    """The graph's metadata and file name: from the ``.npz`` when it is on disk (its summary is then written to
+    ``results/cocurve-smollm2-graph-<preset>.json``), else from that summary (the npz lives in the git-ignored
+    work folder)."""
     gp = graph_path(preset)
+    side = RESULTS_DIR / f"cocurve-smollm2-graph-{preset}.json"
     if gp.exists():
         from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
 
         g = CoPruningGraph.load(gp)
-        graph_meta = {**g.meta, "file_sha256": bytes_sha256(gp.read_bytes()), "H_sha256": array_sha256(g.H)}
+        name = str(gp.relative_to(WORK.parent.parent)) if gp.is_relative_to(WORK.parent.parent) else gp.name
+        meta = {k: g.meta[k] for k in ("n_ablated", "n_units", "n_positions", "support_mass", "lambda_min",
+                                       "timings") if k in g.meta}
+        meta |= {"wall_s": g.meta.get("wall_s", 0), "file_sha256": bytes_sha256(gp.read_bytes()),
+                 "H_sha256": array_sha256(g.H), "file": name, "device": g.meta.get("device", "cpu")}
+        side.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        return meta, name
+    if side.exists():
+        meta = json.loads(side.read_text())
+        return meta, meta["file"]
+    return {}, None
+
+
+def claim_check(rows: list[dict], has_test: bool) -> list[str]:
+    """CoCurve below its diagonal control (the paper's claim), at 20% and 30%, on the KL column and on every
+    perplexity, said plainly where it does not hold."""
+    L = ["## Claim check: CoCurve below its diagonal control at 20% and 30%\n"]
+    kl_name = "test-split KL" if has_test else "held-out KL (C', the split that chose CoCurve's lambda)"
+    L.append(f"From the rows: CoCurve's {kl_name} and perplexities against the diagonal control's (lambda = 0, "
+             "same graph, units, guard and budget). 'holds' = CoCurve strictly lower; for the KL the difference "
+             "is also given in units of the combined SE (sqrt(SE_a^2 + SE_b^2)); perplexities carry no SE here.\n")
+    L.append("| rho | measure | CoCurve | diagonal | CoCurve - diagonal | below the diagonal? |")
+    L.append("|---|---|---|---|---|---|")
+    verdicts = []
+    for rho in (0.2, 0.3):
+        by = {r["method"]: r for r in rows if r["rho"] == rho}
+        cc, dg = by.get("cocurve"), by.get("cocurve-diag")
+        if cc is None or dg is None:
+            verdicts.append(f"* {rho:.0%}: not measured (no CoCurve and diagonal rows at this budget).")
+            continue
+        fails = []
+        (a, sa), (b, sb) = _kl(cc), _kl(dg)
+        z = (a - b) / math.hypot(sa, sb) if math.hypot(sa, sb) > 0 else float("nan")
+        ok = a < b
+        L.append(f"| {rho:.0%} | {kl_name.split(' (')[0]} | {a:.4f} ± {sa:.4f} | {b:.4f} ± {sb:.4f} | "
+                 f"{a - b:+.4f} ({z:+.1f} SE) | {'holds' if ok else '**does not hold**'} |")
+        if not ok:
+            fails.append(f"{kl_name.split(' (')[0]} ({a:.4f} vs {b:.4f})")
+        kl_weak = ok and z > -2
+        for col, label in (("ppl", "PPL"), ("ppl_full", "PPL, every window")):
+            if col not in cc or col not in dg:
+                continue
+            for c in CORPORA:
+                x, y = cc[col][c]["ppl"], dg[col][c]["ppl"]
+                w = cc[col][c]["windows"]
+                ok = x < y
+                L.append(f"| {rho:.0%} | {c} {label} ({w} windows) | {x:.2f} | {y:.2f} | {x - y:+.2f} | "
+                         f"{'holds' if ok else '**does not hold**'} |")
+                if not ok:
+                    fails.append(f"{c} {label} ({x:.2f} vs {y:.2f})")
+        if fails:
+            verdicts.append(f"* {rho:.0%}: **does not hold** on " + "; ".join(fails) + "; holds on the rest.")
+        else:
+            verdicts.append(f"* {rho:.0%}: holds on every measure above"
+                            + (f" (the KL gap is within 2 combined SE: {z:+.1f})." if kl_weak else "."))
+    L.append("")
+    L += verdicts
+    if not has_test:
+        L.append("* Caveat: this preset has no test split, so CoCurve's KL is measured on the split that chose its "
+                 "lambda (optimistic for CoCurve; the diagonal control chooses nothing). The perplexities are "
+                 "independent of the selection.")
+    L.append("")
+    return L
+
+
+def presets_header(rows_all: list[dict], preset: str) -> str:
+    have = {r["preset"] for r in rows_all}
+    parts = []
+    for name, text in PRESET_TEXT.items():
+        if name == preset:
+            status = "this page"
+        elif name in have:
+            status = f"rows present: `{md_path(name).name}`"
+        else:
+            status = "defined, not yet run"
+        parts.append(f"**{name}** ({status}): {text}")
+    return ("Presets of `bench/cocurve_smollm2.py` (`--dry-run --preset NAME` prints a preset's plan and cost): "
+            + "; ".join(parts) + ".\n")
+
+
+def render() -> None:
+    """Every preset with rows -> its page (``md_path``)."""
+    rows_all = read_rows(OUT_JSON)
+    if not rows_all:
+        raise SystemExit("no rows")
+    for preset in dict.fromkeys(r["preset"] for r in rows_all):
+        render_preset(preset, rows_all)
+
+
+def render_preset(preset: str, rows_all: list[dict]) -> None:
+    rows = [r for r in rows_all if r["preset"] == preset]
+    p = PRESETS[preset]
+    has_test = any("test_kl" in r for r in rows)
+    dense = next((r for r in rows if r["method"] == "dense"), None)
+    graph_meta, graph_file = graph_summary(preset)
     L = []
     L.append("# CoCurve on SmolLM2-135M (structured, masks only)\n")
     L.append(f"Preset **{preset}**: {json.dumps(p)}. Generated by `bench/cocurve_smollm2.py` "
              "(see its docstring for the protocol); rows in `results/cocurve-smollm2.jsonl`.\n")
+    L.append(presets_header(rows_all, preset))
     L.append("Units: 30 layers x (3 KV groups + 16 contiguous FFN groups) = 570; cost = removable parameters; "
              "guards: layers 0, 1, 28, 29 protected, per-layer cap 1.5 rho; every method uses the same "
              "inventory, guard and budget (shared greedy solver; CoCurve its conditional greedy). KL = "
-             "full-vocabulary teacher KL on the held-out windows (mean per token, ± SE over sequences). PPL = "
-             f"sliding 2048/512 (`perplexity(..., stride=512)`), first {p['ppl_windows']} windows of each corpus. "
+             "full-vocabulary teacher KL on the "
+             + ("independent test windows (the held-out windows C' only choose lambda)" if has_test
+                else "held-out windows") + " (mean per token, ± SE over sequences). PPL = "
+             "sliding 2048/512 (`perplexity(..., stride=512)`), "
+             + (f"first {p['ppl_windows']} windows" if p["ppl_windows"] else "every window") + " of each corpus. "
              "Selection cost: CoCurve = ablation sweep (shared by all budgets and by the diagonal control) + "
              "lambda path + held-out KL of every candidate; baselines = statistics pass + scoring.\n")
     if graph_meta:
@@ -494,14 +789,16 @@ def render() -> None:
                  f"layers are never eligible, so they are not ablated); positions P = {graph_meta['n_positions']}; "
                  f"mean top-{p['top_r']} teacher mass {graph_meta['support_mass']:.3f}; "
                  f"lambda_min(H) = {graph_meta['lambda_min']:.2e}")
+        where = (f"over {t['world_size']} gloo ranks" if graph_meta.get("device", "cpu") == "cpu"
+                 else f"on {graph_meta['device']}")
         L.append(f"* sweep: {t['n_ablations']} ablations (unit x block) in {t['ablations_s']:.0f} rank-s "
-                 f"+ dense {t['dense_s']:.1f} s over {t['world_size']} gloo ranks "
+                 f"+ dense {t['dense_s']:.1f} s {where} "
                  f"(wall {graph_meta.get('wall_s', 0):.0f} s); "
                  f"**time per ablation / one dense forward = {t['ablation_over_dense']:.3f}** "
                  f"({t['per_ablation_s']:.3f} s vs {t['dense_forward_per_block_s']:.3f} s for "
                  f"{t['tokens_per_block']} "
                  "tokens; only layers after the unit are re-run, LM head at the sampled positions only)")
-        L.append(f"* `{gp.relative_to(WORK.parent.parent)}`: file sha256 `{graph_meta['file_sha256']}`, "
+        L.append(f"* `{graph_file}`: file sha256 `{graph_meta['file_sha256']}`, "
                  f"H sha256 `{graph_meta['H_sha256']}`\n")
     if dense:
         L.append("Dense: held-out KL 0, PPL " + ", ".join(f"{c} {dense['ppl'][c]['ppl']:.2f}" for c in CORPORA)
@@ -513,17 +810,24 @@ def render() -> None:
         by = {r["method"]: r for r in rows if r["rho"] == rho}
         cc, dg = by["cocurve"], by.get("cocurve-diag")
         bases = [by[m] for m in ("wanda_sp", "flap", "magnitude", "random") if m in by]
-        if not bases:
+        if not bases or dg is None:
             continue
-        bk = min(bases, key=lambda r: r["heldout_kl"])
+        bk = min(bases, key=lambda r: _kl(r)[0])
         bw = min(bases, key=lambda r: r["ppl"]["wikitext2"]["ppl"])
-        L.append(f"| {rho:.0%} | {cc['heldout_kl'] - dg['heldout_kl']:+.3f} | "
-                 f"{cc['heldout_kl'] - bk['heldout_kl']:+.3f} ({bk['method']}) | "
+        L.append(f"| {rho:.0%} | {_kl(cc)[0] - _kl(dg)[0]:+.3f} | "
+                 f"{_kl(cc)[0] - _kl(bk)[0]:+.3f} ({bk['method']}) | "
                  f"{cc['ppl']['wikitext2']['ppl']:.1f} / {bw['ppl']['wikitext2']['ppl']:.1f} ({bw['method']}) |")
     L.append("")
-    L.append("Notes: (1) the quick preset is tiny (1024 graph tokens, 1024 held-out tokens, one 2048-token "
-             "window per corpus): differences within a few SE of the KL are not significant, and perplexities "
-             "of pruned 135M models without recovery are in the hundreds to thousands for every method. "
+    n1 = ("the quick preset is tiny (1024 graph tokens, 1024 held-out tokens, one 2048-token "
+          "window per corpus): differences within a few SE of the KL are not significant, and perplexities "
+          "of pruned 135M models without recovery are in the hundreds to thousands for every method. "
+          if preset == "quick" else f"preset {preset}: see the presets above for its token counts. ")
+    n5 = ("The KL column is the independent test split's; the held-out split C' chose CoCurve's lambda (its KL "
+          "for every candidate is in the lambda paths below)." if has_test else
+          "The KL column of CoCurve is measured on the split that chose its lambda "
+          "(the paper's C'), so it is optimistic for CoCurve; the perplexities are independent of selection, "
+          "and the diagonal control (one candidate, nothing chosen) has an unbiased KL.")
+    L.append("Notes: (1) " + n1 +
              "(2) Budget granularity: a SmolLM2 KV group is 294,912 parameters = 0.28% of C, so the greedy's "
              "guaranteed overshoot bound (< one unit) exceeds the paper's 0.2 pp acceptance window; rows "
              "above 0.2 pp are kept and marked by their realized fraction (the 0.2 pp check is enforced in "
@@ -532,9 +836,8 @@ def render() -> None:
              "section), on 2 cores shared with other jobs (load 10-16): compare the ablation/dense ratio, "
              "not the seconds. (4) Baselines rank "
              "per parameter (score / cost) for Wanda-sp and magnitude, raw for FLAP (standardized scores) "
-             "and random. (5) The KL column of CoCurve is measured on the split that chose its lambda "
-             "(the paper's C'), so it is optimistic for CoCurve; the perplexities are independent of selection, "
-             "and the diagonal control (one candidate, nothing chosen) has an unbiased KL.\n")
+             "and random. (5) " + n5 + "\n")
+    L += claim_check(rows, has_test)
     L.append("## Quality\n")
     L.append(f"Zero-shot: seven-task mean on the first {ZS_LIMIT} documents per task (`--stage zs`; dense "
              f"{fmt_zs(find_dense_zeroshot())}); '-' where not yet measured.\n")
@@ -548,7 +851,7 @@ def render() -> None:
                 continue
             a = r["alloc"]
             L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | "
-                     f"{r['heldout_kl']:.4f} ± {r['heldout_se']:.4f} | "
+                     "{:.4f} ± {:.4f} | ".format(*_kl(r))
                      + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
                      + f" | {fmt_zs(r.get('zeroshot'))} | {fmt(r.get('lambda'))} | "
                      f"{len(r['candidates']) if 'candidates' in r else '-'} | "
@@ -566,8 +869,9 @@ def render() -> None:
                  "compensation='coec')`): ceil rounding keeps every KV group up to 30%, so its realized fraction "
                  "differs. Grams (and the `coec` row's scores) come from their own calibration set: "
                  f"{c['source']} {c['n']} x {c['seqlen']}, seed {c['seed']} (token sha256 {c['sha256'][:16]}...), "
-                 "checked to share no 32-token run with the held-out split; an earlier run that fitted COEC (1 "
-                 "round) on the 4 x 256 graph windows raised held-out KL.\n")
+                 "checked to share no 32-token run with the held-out split" + (" and the test split" if has_test
+                                                                                else "") + "; an earlier run that "
+                 "fitted COEC (1 round) on the 4 x 256 graph windows raised held-out KL.\n")
         dz = find_dense_zeroshot()
         L.append(f"Zero-shot: seven-task mean on the first {ZS_LIMIT} documents per task (dense "
                  f"{fmt_zs(dz)}).\n")
@@ -579,13 +883,13 @@ def render() -> None:
                 pool = comp if m in COEC_METHODS else rows
                 r = next((x for x in pool if x["rho"] == rho and x["method"] == m), None)
                 if r:
-                    L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | {r['heldout_kl']:.4f} ± "
-                             f"{r['heldout_se']:.4f} | " + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
+                    L.append(f"| {rho:.0%} | {m} | {100 * r['realized']:.2f}% | "
+                             "{:.4f} ± {:.4f} | ".format(*_kl(r)) + " | ".join(fmt(r["ppl"][c]["ppl"]) for c in CORPORA)
                              + f" | {fmt_zs(r.get('zeroshot'))} | {r['params'] / 1e6:.1f} | "
                              f"{fmt(r.get('rounds_mean'), 1)} | "
                              f"{fmt(r.get('compensation_s'), 0)} |")
     L.append("\n## Allocation per layer (removed KV groups of 3 / FFN groups of 16, layers 0..29)\n")
-    L.append(f"![allocation]({OUT_PNG.name})\n")
+    L.append(f"![allocation]({png_path(preset).name})\n")
     L.append("| rho | method | KV groups removed per layer | FFN groups removed per layer |")
     L.append("|---|---|---|---|")
     for rho in sorted({r["rho"] for r in rows if r["method"] != "dense"}):
@@ -607,41 +911,172 @@ def render() -> None:
         if "export" in r:
             L.append(f"| {r['rho']:.0%} | {r['method']} | {r['export'].get('route', '-')} | "
                      f"`{Path(r['export']['mask_file']).parent.name}` | `{r.get('mask_sha256', '-')[:16]}…` |")
-    from efficiency_smollm2 import table as efficiency_table  # fresh process per model, quiet machine
+    full = [r for r in rows if "ppl_full" in r]
+    if full:
+        L.append("\n## Perplexity on every window (sliding 2048/512, the paper's protocol)\n")
+        L.append("| rho | method | " + " | ".join(f"{c} (windows)" for c in CORPORA) + " |")
+        L.append("|---|---|" + "---|" * len(CORPORA))
+        for r in sorted(full, key=lambda x: (x["rho"], x["method"])):
+            L.append(f"| {r['rho']:.0%} | {r['method']} | " + " | ".join(
+                f"{r['ppl_full'][c]['ppl']:.2f} ({r['ppl_full'][c]['windows']})" for c in CORPORA) + " |")
+    if preset == "quick":  # the efficiency bench measures the quick rows' exported models
+        from efficiency_smollm2 import table as efficiency_table  # fresh process per model, quiet machine
 
-    eff = efficiency_table("cocurve")
-    # the rows' own in-process numbers (2 cores shared by other jobs, load 10-16) are not reported: load artifacts
-    L += eff[1:] if eff else ["", "Efficiency: not measured yet in fresh processes "
-                              "(`python bench/efficiency_smollm2.py --measure --models cocurve`)."]
+        eff = efficiency_table("cocurve")
+        # the rows' own in-process numbers (2 cores shared by other jobs, load 10-16) are not reported
+        L += eff[1:] if eff else ["", "Efficiency: not measured yet in fresh processes "
+                                  "(`python bench/efficiency_smollm2.py --measure --models cocurve`)."]
     L.append("")
-    OUT_MD.write_text("\n".join(L) + "\n")
+    md_path(preset).write_text("\n".join(L) + "\n")
     try:
-        plot(rows)
+        plot(rows, png_path(preset))
     except ImportError:
         print("matplotlib missing: no plot")
 
 
+def _eligible_units(cfg) -> tuple[int, int]:
+    """(units, ablated units) of the run's model under the CoCurve inventory and guard, from a meta-device copy
+    (no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from secateur.methods.cocurve import cocurve_inventory
+    from secateur.models.adapters import get_adapter
+    from secateur.models.loading import resolve
+
+    path, extra = resolve(MODEL)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, **extra))
+    inv = cocurve_inventory(get_adapter(model), cfg.n_ffn_groups)
+    prot = cfg.guard(0.0).protected(inv.n_layers)
+    return len(inv), sum(int(li) not in prot for li in inv.layer_of.tolist())
+
+
+def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: list[str]) -> dict:
+    """The plan of a preset's run, and its cost in dense forward-tokens (one token through the whole dense model),
+    without running anything: token counts, ablations, and an hours figure at this machine's measured rate."""
+    from secateur.budgets.greedy import DEFAULT_LAMBDAS
+    from secateur.eval.ppl import window_plan
+
+    p = PRESETS[preset]
+    cfg = config(p)
+    T, ng, nh, nt = p["seqlen"], p["n_graph"], p["n_heldout"], p.get("n_test", 0)
+    n_units, n_abl_units = _eligible_units(cfg)
+    cost = json.loads((RESULTS / "cocurve-sweep-cost.json").read_text())
+    ratio = cost["median"]["new"]["ratio"]  # one ablation / one dense forward of the same tokens (0.415)
+    s_per_tok = cost["dense_forward_s_median"] / 256  # this machine, 1 thread, SmolLM2, 256-token forward
+    pl, ps = p.get("ppl_seqlen", 2048), p.get("ppl_stride", 512)
+    if INPUTS:
+        sizes = {k: int(v.numel()) for k, v in torch.load(INPUTS)["corpora"].items()}
+    else:
+        _, tok = load("cpu")
+        sizes = {k: int(v.numel()) for k, v in corpora_ids(tok).items()}
+    total_w = {c: len(window_plan(n, pl, ps)) for c, n in sizes.items()}
+    first_w = {c: total_w[c] if p["ppl_windows"] is None else min(p["ppl_windows"], total_w[c]) for c in sizes}
+    ppl_row = sum(first_w.values()) * pl
+    ppl_full = sum(total_w.values()) * pl
+    n_abl = n_abl_units * ng  # one block per sequence (seqs_per_block 1)
+    parts = {"sweep_dense": ng * T, "sweep_ablations": n_abl * ratio * T,
+             "teachers": (nh + nt) * T}
+    n_lam = len(DEFAULT_LAMBDAS)
+    rows = [("dense", 0.0)] + [(m, r) for r in rhos for m in methods]
+    sel = ev = ppl = 0.0
+    for m, r in rows:
+        if m == "cocurve":
+            sel += n_lam * nh * T  # at most one held-out pass per lambda (distinct masks only)
+        elif m != "dense":
+            sel += nh * T
+        ev += nt * T
+        ppl += ppl_row + (ppl_full if _wants_full_ppl(p, m, r) else 0)
+    if {"wanda_sp", "flap"} & set(methods):
+        parts["baseline_statistics"] = ng * T
+    parts |= {"selection_heldout_kl": sel, "test_kl": ev, "perplexity": ppl}
+    if coec_methods:
+        c = COMP_CALIB
+        n_coec = len(rhos) * len(coec_methods)
+        parts["coec_grams"] = c["nsamples"] * c["seqlen"] + ng * T
+        parts["coec_rows_eval"] = n_coec * ((nh + nt) * T + ppl_row)
+    total = sum(parts.values())
+    plan = {"preset": preset, "params": p, "rhos": rhos, "methods": methods, "coec_methods": coec_methods,
+            "tokens": {"graph": f"{ng} x {T} = {ng * T}", "heldout_lambda": f"{nh} x {T} = {nh * T}",
+                       "test": f"{nt} x {T} = {nt * T}",
+                       "coec_grams": f"{COMP_CALIB['nsamples']} x {COMP_CALIB['seqlen']}" if coec_methods else None},
+            "positions": {"per_sequence": p["positions"], "total": ng * min(p["positions"], T),
+                          "stride": T // p["positions"]},
+            "top_r": p["top_r"], "units": n_units, "ablated_units": n_abl_units,
+            "ablations": f"{n_abl_units} x {ng} sequences = {n_abl}",
+            "ablation_over_dense_forward": ratio,
+            "perplexity_windows": {"first": first_w, "every_window": total_w, "context": pl, "stride": ps,
+                                   "every_window_rows": [f"{m}@{r:g}" for m, r in rows
+                                                         if _wants_full_ppl(p, m, r)]},
+            "rows": len(rows) + (len(rhos) * len(coec_methods)),
+            "cost_dense_forward_tokens": {k: round(v) for k, v in parts.items()} | {"total": round(total)},
+            "cost_dense_forwards_of_T": round(total / T, 1),
+            "estimate_cpu_hours_1_thread": round(total * s_per_tok / 3600, 1),
+            "estimate_basis": f"{s_per_tok * 1e3:.2f} ms per token: results/cocurve-sweep-cost.json's dense forward "
+                              "(256 tokens, 1 thread, load 10-13); 2048-token windows cost more per token "
+                              "(attention), COEC's solver time is not included"}
+    print(json.dumps(plan, indent=1), flush=True)
+    print(f"{preset}: {n_abl} ablations x {ratio:.3f} = {n_abl * ratio:.0f} dense forwards of {T} tokens for the "
+          f"sweep; {len(rows)} rows + {plan['rows'] - len(rows)} COEC rows; total {total / 1e6:.2f} M dense "
+          f"forward-tokens = {total / T:.0f} forwards of {T} tokens, about {plan['estimate_cpu_hours_1_thread']} h "
+          "on one thread here", flush=True)
+    return plan
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["graph", "rows", "coec", "zs"], default=None)
+    ap.add_argument("--stage", default=None,
+                    help="comma-separated, in order: pack, probe, graph, rows, coec, zs")
     ap.add_argument("--preset", default="quick", choices=sorted(PRESETS))
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rhos", default=",".join(str(r) for r in RHOS))
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--rhos", default=None, help="default: the preset's rhos, else 0.2,0.3,0.4,0.5")
+    ap.add_argument("--methods", default=None, help="default: the preset's methods (--stage coec: coec_methods)")
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--zs", action="store_true", help="--stage coec: add the zero-shot column (first 100 docs/task)")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="print the preset's plan and estimated cost; run nothing")
+    ap.add_argument("--device", default=None, help="where the model runs (default cpu; $COCURVE_DEVICE)")
+    ap.add_argument("--model", default=None, help="model spec (default the smollm2-135m alias; $COCURVE_MODEL)")
+    ap.add_argument("--inputs", default=None, help="token file of --stage pack ($COCURVE_INPUTS); pack: its output")
+    ap.add_argument("--results", default=None, help="rows and pages folder (default results/; $COCURVE_RESULTS)")
+    ap.add_argument("--work", default=None, help="graphs and exports (default bench/_work/cocurve-smollm2)")
+    ap.add_argument("--probe-seqs", type=int, default=1, help="--stage probe: sequences swept and timed")
     args = ap.parse_args()
-    if args.stage == "graph":
-        stage_graph(args.preset, args.ranks)
-    elif args.stage == "rows":
-        stage_rows(args.preset, [float(x) for x in args.rhos.split(",")], args.methods.split(","),
-                   not args.no_dense)
-    elif args.stage == "coec":
-        ms = tuple(m for m in args.methods.split(",") if m in COEC_METHODS) or COEC_METHODS
-        stage_coec(args.preset, [float(x) for x in args.rhos.split(",")], ms, zs=args.zs)
-    elif args.stage == "zs":  # the main table's zero-shot column (first 100 docs/task), cell by cell
-        stage_zs(args.preset, [float(x) for x in args.rhos.split(",")], args.methods.split(","))
+    for flag, var in (("device", "COCURVE_DEVICE"), ("model", "COCURVE_MODEL"), ("results", "COCURVE_RESULTS"),
+                      ("work", "COCURVE_WORK")):
+        if getattr(args, flag) is not None:
+            os.environ[var] = str(Path(getattr(args, flag)).resolve()) if flag in ("results", "work") else \
+                getattr(args, flag)
+    stages = args.stage.split(",") if args.stage else []
+    if args.inputs is not None and "pack" not in stages:
+        os.environ["COCURVE_INPUTS"] = str(Path(args.inputs).resolve())
+    _configure()  # spawned ranks read the same variables
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    p = PRESETS[args.preset]
+    rhos = [float(x) for x in args.rhos.split(",")] if args.rhos else preset_rhos(p)
+    methods = args.methods.split(",") if args.methods else preset_methods(p)
+    coec = ([m for m in methods if m in COEC_METHODS] if args.methods
+            else list(p.get("coec_methods", COEC_METHODS)))
+    if args.dry_run:
+        dry_run(args.preset, rhos, [m for m in methods if m in METHODS],
+                [m for m in coec if m in COEC_METHODS] if "coec_methods" in p or args.methods else [])
+        return
+    for stage in stages:
+        if stage == "pack":
+            stage_pack(args.preset, Path(args.inputs or DIR / f"inputs-{args.preset}.pt"))
+        elif stage == "probe":  # the sweep on the first --probe-seqs sequences, timed; nothing saved
+            torch.set_num_threads(1)
+            _graph_worker(0, 1, args.preset, args.probe_seqs)
+        elif stage == "graph":
+            stage_graph(args.preset, args.ranks)
+        elif stage == "rows":
+            stage_rows(args.preset, rhos, [m for m in methods if m in METHODS], not args.no_dense)
+        elif stage == "coec":
+            stage_coec(args.preset, rhos, tuple(coec) or COEC_METHODS, zs=args.zs)
+        elif stage == "zs":  # the main table's zero-shot column (first 100 docs/task), cell by cell
+            stage_zs(args.preset, rhos, [m for m in methods if m in METHODS])
+        else:
+            raise SystemExit(f"unknown stage {stage!r}: pack, probe, graph, rows, coec, zs")
     if args.render:
         render()
 
