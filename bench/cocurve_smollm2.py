@@ -89,7 +89,7 @@ PRESETS = {
                "coec_methods": ["cocurve+coec", "wanda_sp+coec"], "full_ppl": ["dense", "cocurve@0.3"]},
     "smoke": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 64, "ppl_windows": 1,
               "unit_batch": 8},
-    # the CPU exercise of bench/device_cocurve_full.sh (TINY=1): a random 12-layer Llama, random token ids
+    # the CPU exercise of bench/device_cocurve_full.sh (TINY=1): a random 16-layer Llama, random token ids
     "tiny": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 16, "ppl_windows": None,
              "unit_batch": 8, "n_test": 2, "ppl_seqlen": 128, "ppl_stride": 32},
 }
@@ -139,9 +139,12 @@ def preset_methods(p: dict) -> list[str]:
 
 
 def load(device: str | None = None):
-    """``(model, tokenizer)`` of the run's model on the run's device."""
+    """``(model, tokenizer)`` of the run's model on the run's device. ``COCURVE_TF32=1``: float32 matrix products
+    in TF32 on an accelerator (faster, less exact; the graph's metadata records the precision)."""
     from secateur.models.loading import load_model
 
+    if os.environ.get("COCURVE_TF32") == "1":
+        torch.set_float32_matmul_precision("high")
     return load_model(MODEL, device=device or DEVICE)
 
 
@@ -264,6 +267,37 @@ def stage_graph(preset: str, ranks: int) -> None:
     else:
         torch.set_num_threads(1)
         _graph_worker(0, 1, preset)
+
+
+def stage_tiny_setup(work: Path) -> tuple[Path, Path]:
+    """The CPU exercise of ``bench/device_cocurve_full.sh`` (TINY=1): a seeded random 16-layer Llama (4 heads,
+    2 KV heads, 16 x (2 + 16) units; 16 layers so that 12 unprotected ones under the 1.5 rho cap reach 30%)
+    and a token file of random ids in the ``tiny`` preset's shapes."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from secateur.data.windows import token_sha256
+    from secateur.testing import tiny_tokenizer
+
+    p = PRESETS["tiny"]
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=16,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model_dir = work / "tiny-model"
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    g = torch.Generator().manual_seed(1)
+    n = p["n_graph"] + p["n_heldout"] + p["n_test"]
+    ids = torch.randint(3, 128, (n, p["seqlen"]), generator=g)
+    a, b = p["n_graph"], p["n_graph"] + p["n_heldout"]
+    corpora = {c: torch.randint(3, 128, (600,), generator=g) for c in CORPORA}
+    blob = {"preset": "tiny", "preset_params": p, "graph": ids[:a], "heldout": ids[a:b], "test": ids[b:],
+            "manifest": {"source": "random ids (seed 1)", "n": n, "seqlen": p["seqlen"], "sha256": token_sha256(ids)},
+            "corpora": {k: v.to(torch.int32) for k, v in corpora.items()},
+            "corpora_sha256": {k: token_sha256(v) for k, v in corpora.items()}}
+    inputs = work / "inputs-tiny.pt"
+    torch.save(blob, inputs)
+    print(json.dumps({"model": str(model_dir), "inputs": str(inputs)}), flush=True)
+    return model_dir, inputs
 
 
 # --- stage 2: rows --------------------------------------------------------------------------------------
@@ -745,8 +779,10 @@ def presets_header(rows_all: list[dict], preset: str) -> str:
             status = "this page"
         elif name in have:
             status = f"rows present: `{md_path(name).name}`"
-        else:
+        elif RESULTS_DIR == RESULTS:
             status = "defined, not yet run"
+        else:
+            status = f"no rows in {RESULTS_DIR.name}/"
         parts.append(f"**{name}** ({status}): {text}")
     return ("Presets of `bench/cocurve_smollm2.py` (`--dry-run --preset NAME` prints a preset's plan and cost): "
             + "; ".join(parts) + ".\n")
@@ -776,7 +812,7 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
              "guards: layers 0, 1, 28, 29 protected, per-layer cap 1.5 rho; every method uses the same "
              "inventory, guard and budget (shared greedy solver; CoCurve its conditional greedy). KL = "
              "full-vocabulary teacher KL on the "
-             + ("independent test windows (the held-out windows C' only choose lambda)" if has_test
+             + ("independent test windows; the held-out windows C' only choose lambda;" if has_test
                 else "held-out windows") + " (mean per token, ± SE over sequences). PPL = "
              "sliding 2048/512 (`perplexity(..., stride=512)`), "
              + (f"first {p['ppl_windows']} windows" if p["ppl_windows"] else "every window") + " of each corpus. "
@@ -789,8 +825,8 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
                  f"layers are never eligible, so they are not ablated); positions P = {graph_meta['n_positions']}; "
                  f"mean top-{p['top_r']} teacher mass {graph_meta['support_mass']:.3f}; "
                  f"lambda_min(H) = {graph_meta['lambda_min']:.2e}")
-        where = (f"over {t['world_size']} gloo ranks" if graph_meta.get("device", "cpu") == "cpu"
-                 else f"on {graph_meta['device']}")
+        where = (f"on {graph_meta.get('device', 'cpu')}, one process" if t["world_size"] == 1
+                 else f"over {t['world_size']} gloo ranks")
         L.append(f"* sweep: {t['n_ablations']} ablations (unit x block) in {t['ablations_s']:.0f} rank-s "
                  f"+ dense {t['dense_s']:.1f} s {where} "
                  f"(wall {graph_meta.get('wall_s', 0):.0f} s); "
@@ -817,6 +853,8 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
         L.append(f"| {rho:.0%} | {_kl(cc)[0] - _kl(dg)[0]:+.3f} | "
                  f"{_kl(cc)[0] - _kl(bk)[0]:+.3f} ({bk['method']}) | "
                  f"{cc['ppl']['wikitext2']['ppl']:.1f} / {bw['ppl']['wikitext2']['ppl']:.1f} ({bw['method']}) |")
+    if L[-1] == "|---|---|---|---|":
+        L.append("| - | no budget with CoCurve, its diagonal control and a baseline yet | | |")
     L.append("")
     n1 = ("the quick preset is tiny (1024 graph tokens, 1024 held-out tokens, one 2048-token "
           "window per corpus): differences within a few SE of the KL are not significant, and perplexities "
@@ -1026,7 +1064,7 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", default=None,
-                    help="comma-separated, in order: pack, probe, graph, rows, coec, zs")
+                    help="comma-separated, in order: tiny-setup, pack, probe, graph, rows, coec, zs")
     ap.add_argument("--preset", default="quick", choices=sorted(PRESETS))
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rhos", default=None, help="default: the preset's rhos, else 0.2,0.3,0.4,0.5")
@@ -1041,6 +1079,8 @@ def main() -> None:
     ap.add_argument("--results", default=None, help="rows and pages folder (default results/; $COCURVE_RESULTS)")
     ap.add_argument("--work", default=None, help="graphs and exports (default bench/_work/cocurve-smollm2)")
     ap.add_argument("--probe-seqs", type=int, default=1, help="--stage probe: sequences swept and timed")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="--stage probe: exit 3 when the projected sweep exceeds this many seconds")
     args = ap.parse_args()
     for flag, var in (("device", "COCURVE_DEVICE"), ("model", "COCURVE_MODEL"), ("results", "COCURVE_RESULTS"),
                       ("work", "COCURVE_WORK")):
@@ -1064,9 +1104,17 @@ def main() -> None:
     for stage in stages:
         if stage == "pack":
             stage_pack(args.preset, Path(args.inputs or DIR / f"inputs-{args.preset}.pt"))
+        elif stage == "tiny-setup":
+            stage_tiny_setup(DIR)
         elif stage == "probe":  # the sweep on the first --probe-seqs sequences, timed; nothing saved
             torch.set_num_threads(1)
             _graph_worker(0, 1, args.preset, args.probe_seqs)
+            if args.budget_s is not None:
+                projected = json.loads((RESULTS_DIR / f"cocurve-probe-{args.preset}.json").read_text())
+                if projected["projected_sweep_s"] > args.budget_s:
+                    print(f"projected sweep {projected['projected_sweep_s']:.0f} s > --budget-s {args.budget_s}: "
+                          "stopping before the sweep", flush=True)
+                    raise SystemExit(3)
         elif stage == "graph":
             stage_graph(args.preset, args.ranks)
         elif stage == "rows":
@@ -1076,7 +1124,7 @@ def main() -> None:
         elif stage == "zs":  # the main table's zero-shot column (first 100 docs/task), cell by cell
             stage_zs(args.preset, rhos, [m for m in methods if m in METHODS])
         else:
-            raise SystemExit(f"unknown stage {stage!r}: pack, probe, graph, rows, coec, zs")
+            raise SystemExit(f"unknown stage {stage!r}: tiny-setup, pack, probe, graph, rows, coec, zs")
     if args.render:
         render()
 
