@@ -26,7 +26,8 @@ split ``n_test`` and the rows measured on every perplexity window, ``full_ppl``)
 * ``quick``: what 2 shared cores allow (4 x 256 graph tokens; the committed results).
 * ``medium`` (issue 18 §2; defined, not yet run: hours of CPU here, ``--dry-run`` prints its plan): graph on
   16 x 512 C4 tokens (seed 0), lambda chosen on 16 x 512 disjoint held-out tokens, held-out KL reported on a
-  third, independent 16 x 512 test split (never used to choose anything). Scaling rule from the paper's
+  third, independent 16 x 512 test split (never used to choose anything); the three splits are drawn from
+  disjoint C4 documents (``DOC_SPLIT``). Scaling rule from the paper's
   2048-token protocol: the position stride is kept (P_tok 128 at T 2048 = one position every 16 tokens ->
   P_tok 32 at T 512), top-r 256 is kept (a vocabulary support size, not a length). Rows at 20% and 30%:
   CoCurve, its diagonal control, Wanda-sp, FLAP, random (same units, guard and budget), then CoCurve + COEC
@@ -152,12 +153,41 @@ def graph_path(preset: str) -> Path:
     return DIR / f"graph-{preset}.npz"
 
 
+# Presets with a test split draw their three splits from disjoint C4 documents (index i of the calibration pool
+# [0, 1500): held-out if i % 8 == 6, test if i % 8 == 7, graph otherwise; seeds 0 / 1 / 2). One draw from the
+# whole pool cannot keep them apart at 2048 tokens: only 42 of the 1500 documents are longer than 2048 tokens
+# (392 longer than 512), and 160 windows drawn from them by the long-document rule repeat (3 identical pairs).
+DOC_SPLIT = {"graph": (0, 1, 2, 3, 4, 5), "heldout": (6,), "test": (7,)}
+
+
+def _doc_split(tok, p: dict) -> dict:
+    from secateur.data.sources import calib_documents
+    from secateur.data.windows import Manifest, sample_windows, token_sha256
+
+    path = WORK / f"calib-c4-docsplit-{p['n_graph']}-{p['n_heldout']}-{p['n_test']}x{p['seqlen']}.pt"
+    if path.exists():
+        return torch.load(path)
+    docs = calib_documents("c4")
+    out, mans = {}, {}
+    for seed, (name, rems) in enumerate(DOC_SPLIT.items()):
+        pool = [d for i, d in enumerate(docs) if i % 8 in rems]
+        n = p["n_graph"] if name == "graph" else p[f"n_{name}"]
+        ids, rule = sample_windows(pool, tok, n, p["seqlen"], seed, f"c4 {name} documents")
+        out[name] = ids
+        mans[name] = Manifest(f"c4 documents [0, 1500) with index % 8 in {list(rems)}", n, p["seqlen"], seed,
+                              token_sha256(ids), str(getattr(tok, "name_or_path", "")), rule).to_dict()
+    out["manifest"] = {"rule": "disjoint documents per split", **mans}
+    WORK.mkdir(parents=True, exist_ok=True)
+    torch.save(out, path)
+    return out
+
+
 def splits(tok, p: dict) -> dict:
     """The preset's token splits: ``graph`` (H, baseline statistics), ``heldout`` (C': lambda choice),
-    ``test`` (the KL column, None without ``n_test``) and the calibration ``manifest``. One seeded draw of
-    ``n_graph + n_heldout + n_test`` windows split in that order (the first windows of a draw do not depend on
-    its size, so the graph windows of a preset without a test split are unchanged), checked to share no 32-token
-    run; from the ``--inputs`` file instead when one is given (``--stage pack`` wrote it)."""
+    ``test`` (the KL column, None without ``n_test``) and the calibration ``manifest``. Without a test split
+    (quick, smoke): one seeded draw of ``n_graph + n_heldout`` windows split in that order, as committed. With
+    one: three draws from disjoint documents (``DOC_SPLIT``). Every split is checked to share no 32-token run
+    with the others; from the ``--inputs`` file instead when one is given (``--stage pack`` wrote it)."""
     n_test = p.get("n_test", 0)
     if INPUTS:
         blob = torch.load(INPUTS)
@@ -168,13 +198,16 @@ def splits(tok, p: dict) -> dict:
                              f"{p['seqlen']}")
         return {k: blob[k] if blob[k] is None else blob[k].long() for k in ("graph", "heldout", "test")} | {
             "manifest": blob["manifest"]}
-    ids, man = calib_tokens(tok, "c4", p["n_graph"] + p["n_heldout"] + n_test, p["seqlen"])
-    a, b = p["n_graph"], p["n_graph"] + p["n_heldout"]
-    out = {"graph": ids[:a], "heldout": ids[a:b], "test": ids[b:] if n_test else None, "manifest": man}
-    if any(torch.equal(x, y) for x in out["graph"] for y in out["heldout"]):
-        raise SystemExit("held-out windows overlap the graph windows")
-    if n_test and not (_disjoint(ids[:b], out["test"]) and _disjoint(out["test"], ids[:b])):
-        raise SystemExit("the test windows share a 32-token run with the graph or held-out windows")
+    if not n_test:
+        ids, man = calib_tokens(tok, "c4", p["n_graph"] + p["n_heldout"], p["seqlen"])
+        out = {"graph": ids[:p["n_graph"]], "heldout": ids[p["n_graph"]:], "test": None, "manifest": man}
+        if any(torch.equal(x, y) for x in out["graph"] for y in out["heldout"]):
+            raise SystemExit("held-out windows overlap the graph windows")
+        return out
+    out = _doc_split(tok, p)
+    g, h, t = out["graph"], out["heldout"], out["test"]
+    if not (_disjoint(g, h) and _disjoint(torch.cat([g, h]), t) and _disjoint(t, torch.cat([g, h]))):
+        raise SystemExit("the graph, held-out and test windows share a 32-token run")
     return out
 
 
@@ -249,7 +282,8 @@ def _probe_report(preset: str, meta: dict, wall: float, n_seqs: int, n_graph: in
     """The sweep's time on ``n_seqs`` sequences scaled to the preset's ``n_graph`` (one block per sequence)."""
     t = meta["timings"]
     per_seq = (t["ablations_s"] + t["dense_s"] + t["gram_s"]) / n_seqs
-    out = {"preset": preset, "device": DEVICE, "probe_sequences": n_seqs, "probe_wall_s": round(wall, 2),
+    out = {"preset": preset, "device": DEVICE, "float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "probe_sequences": n_seqs, "probe_wall_s": round(wall, 2),
            "ablations_per_sequence": t["n_ablations"] // n_seqs, "per_ablation_s": t["per_ablation_s"],
            "ablation_over_dense": t["ablation_over_dense"],
            "projected_sweep_s": round(per_seq * n_graph, 1)}
@@ -437,6 +471,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
     tester = None if t_ids is None else HeldoutKL(model, t_ids)  # the independent test split: KL only
     base = {"preset": preset, "preset_params": p, "calibration": man, "heldout_sha256": token_sha256(h_ids),
             "test_sha256": None if t_ids is None else token_sha256(t_ids), "device": DEVICE,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "graph_H_sha256": None if graph is None else array_sha256(graph.H), "versions": versions(),
             "machine": machine()}
     done = {(r["method"], r["rho"]) for r in read_rows(OUT_JSON) if r.get("preset") == preset}
@@ -677,7 +712,8 @@ PRESET_TEXT = {
     "quick": "4 x 256 graph tokens, 4 x 256 held-out tokens (they choose lambda and give the KL column), first "
              "sliding window per corpus",
     "medium": "graph on 16 x 512 C4 tokens (seed 0); lambda chosen on 16 x 512 disjoint held-out tokens; KL "
-              "column on an independent 16 x 512 test split (chooses nothing); positions scaled from the paper's "
+              "column on an independent 16 x 512 test split (chooses nothing; the three splits come from disjoint "
+              "C4 documents); positions scaled from the paper's "
               "2048-token protocol at its stride (P_tok 128 at 2048 -> 32 at 512: one position every 16 tokens), "
               "top-r 256 kept (a vocabulary support size, not a length); rows at 20% and 30%: CoCurve, its diagonal "
               "control, Wanda-sp, FLAP, random (same units, guard, budget), CoCurve + COEC, Wanda-sp + COEC; "
@@ -708,7 +744,7 @@ def graph_summary(preset: str) -> tuple[dict, str | None]:
         g = CoPruningGraph.load(gp)
         name = str(gp.relative_to(WORK.parent.parent)) if gp.is_relative_to(WORK.parent.parent) else gp.name
         meta = {k: g.meta[k] for k in ("n_ablated", "n_units", "n_positions", "support_mass", "lambda_min",
-                                       "timings") if k in g.meta}
+                                       "timings", "float32_matmul_precision") if k in g.meta}
         meta |= {"wall_s": g.meta.get("wall_s", 0), "file_sha256": bytes_sha256(gp.read_bytes()),
                  "H_sha256": array_sha256(g.H), "file": name, "device": g.meta.get("device", "cpu")}
         side.write_text(json.dumps(meta, indent=1, default=str) + "\n")
@@ -827,6 +863,8 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
                  f"lambda_min(H) = {graph_meta['lambda_min']:.2e}")
         where = (f"on {graph_meta.get('device', 'cpu')}, one process" if t["world_size"] == 1
                  else f"over {t['world_size']} gloo ranks")
+        if graph_meta.get("float32_matmul_precision", "highest") != "highest":
+            where += f" (float32 products at precision {graph_meta['float32_matmul_precision']!r}: TF32)"
         L.append(f"* sweep: {t['n_ablations']} ablations (unit x block) in {t['ablations_s']:.0f} rank-s "
                  f"+ dense {t['dense_s']:.1f} s {where} "
                  f"(wall {graph_meta.get('wall_s', 0):.0f} s); "

@@ -7,11 +7,14 @@
 #
 # Estimate: 494 ablated units x 128 sequences = 63,232 ablations of ~0.415 dense forwards (results/cocurve-sweep-
 # cost.md) of 2048 tokens = ~26,200 dense forwards = ~54 M dense forward-tokens; SmolLM2-135M costs ~0.3 GFLOP
-# per token at 2048 context (weights + attention), so ~1.6e16 FLOP: ~4-6 minutes in float32 at 30-60 TFLOP/s
-# (H200 float32 peak ~67), under a minute in TF32 (TF32=1: faster, less exact). The dense passes, the lambda
-# path (22 candidates x 32k held-out tokens) and 2 x 1,273 perplexity windows add well under a minute. The run
-# starts with a probe (the sweep of the first sequence, timed and scaled to 128) and stops with exit 3, before
-# the sweep, when the projection exceeds BUDGET_S (default 400 s); the whole python run is capped at 480 s.
+# per token at 2048 context (weights + attention), so ~1.6e16 FLOP: ~4.5 minutes in float32 at 60 TFLOP/s,
+# ~9 at 30 (H200 float32 peak ~67; not measured yet), about a minute in TF32. The dense passes, the lambda path
+# (22 candidates x 32k held-out tokens) and 2 x 1,273 perplexity windows (dense and 30%) add about a minute.
+# The run starts with a probe (the sweep of the first sequence, timed and scaled to 128 sequences): when the
+# float32 projection exceeds BUDGET_S (default 330 s) it stops before the sweep (exit 3) and, unless TF32 or
+# AUTO_TF32=0 is set, reruns at once with float32 products in TF32 (COCURVE_TF32=1: faster, less exact; the
+# graph's metadata and the rows record the precision). TF32=1 asks for TF32 from the start. Both runs together
+# are capped at 480 s (TIME_LIMIT_S).
 #
 # The SmolLM2 GGUF (98 MB) exceeds one call's 64 MiB carry, so it travels in two halves over two calls on the
 # same warm machine (ignored paths already there are kept between calls; a machine stays warm ~30 s):
@@ -90,11 +93,23 @@ run)
     preset=full model="$stage/$gguf_name" inputs=.devcarry/b/inputs-full.pt
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   fi
-  common=(--preset "$preset" --device "$device" --model "$model" --inputs "$inputs" --results "$out" --work "$work")
-  set -o pipefail
-  timeout "${TIME_LIMIT_S:-480}" "$py" bench/cocurve_smollm2.py "${common[@]}" --ranks 1 \
-    --stage probe,graph,rows --budget-s "${BUDGET_S:-400}" --rhos 0.3 --methods cocurve --render \
-    2>&1 | tee "$out/cocurve-device-$preset.log"
+  common=(--preset "$preset" --device "$device" --model "$model" --inputs "$inputs" --results "$out" --work "$work"
+          --ranks 1 --stage probe,graph,rows --rhos 0.3 --methods cocurve --render)
+  log="$out/cocurve-device-$preset.log"
+  limit="${TIME_LIMIT_S:-480}"
+  start=$SECONDS
+  set +e -o pipefail
+  COCURVE_TF32="${TF32:-0}" timeout "$limit" "$py" bench/cocurve_smollm2.py "${common[@]}" \
+    --budget-s "${BUDGET_S:-330}" 2>&1 | tee "$log"
+  rc=$?
+  if [ "$rc" = 3 ] && [ -z "${TF32:-}" ] && [ "${AUTO_TF32:-1}" = 1 ]; then
+    echo "float32 projection over budget: rerunning with TF32 float32 products" | tee -a "$log"
+    COCURVE_TF32=1 timeout "$((limit - (SECONDS - start)))" "$py" bench/cocurve_smollm2.py "${common[@]}" \
+      2>&1 | tee -a "$log"
+    rc=$?
+  fi
+  set -e
+  [ "$rc" = 0 ] || { echo "cocurve run failed (exit $rc)" >&2; ls -la "$out" >&2; exit "$rc"; }
   rm -f "$out"/*.lock  # the row files' lock: at most 8 files come back from $OUT
   cp "$work/graph-$preset.npz" "$out/"
   cp "$work/out-$preset-cocurve-30/cocurve_mask.pt" "$out/cocurve_mask-$preset-30.pt"
