@@ -241,8 +241,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="comma-separated model|run keys")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--compact", action="store_true", help="rewrite the JSONL: per-module tables dropped, the "
+                    "printed plan filled in from the run logs (rows made before those fields were recorded)")
     a = ap.parse_args()
-    if not a.render:
+    if a.compact:
+        compact()
+    elif not a.render:
         WORK.mkdir(parents=True, exist_ok=True)
         done = {r["key"] for r in read_rows(JSONL)}
         logs = WORK / "scale"
@@ -262,6 +266,18 @@ def main() -> None:
             append_row(JSONL, rec, unique_key=True)
             print(json.dumps(rec), flush=True)
     render()
+
+
+def compact() -> None:
+    rows = read_rows(JSONL)
+    for r in rows:
+        rs = r.get("realized_sparsity")
+        if isinstance(rs, dict):
+            r["realized_sparsity"] = {k: v for k, v in rs.items() if not isinstance(v, dict)}
+        log = WORK / "scale" / f"{r['model']}-{r['run']}.log"
+        if r.get("memory_plan") and r.get("planned_peak_gib") is None and log.exists():
+            r["planned_peak_gib"] = planned_peak_gib(log)
+    JSONL.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _per_block(r: dict) -> str:
