@@ -110,11 +110,21 @@ def test_one_block_materialized_at_a_time(folders, tmp_path, monkeypatch):
         return holder["stream"]
 
     monkeypatch.setattr(streaming, "open_streamed", open_spy)
-    monkeypatch.setattr(engine, "_after_block", lambda i: seen.append((i, holder["stream"].materialized_blocks())))
+    heads: list[str] = []
+
+    def after(i):
+        seen.append((i, holder["stream"].materialized_blocks()))
+        heads.append(holder["stream"].model.lm_head.weight.device.type)
+
+    monkeypatch.setattr(engine, "_after_block", after)
     api.prune(model=folders["llama"], method="sparsegpt", calib=folders["text"], out=str(tmp_path / "o"),
               stream=True, **COMMON)
     assert seen == [(i, [i]) for i in range(LAYERS)]
     assert holder["stream"].materialized_blocks() == []
+    # the tiny Llama's head is untied: never held by the prune (copied file to file; the output equals the
+    # in-memory run's, test above), while the embeddings it is not tied to are
+    assert heads == ["meta"] * LAYERS and holder["stream"].deferred == {"lm_head.weight"}
+    assert holder["stream"].model.get_input_embeddings().weight.device.type == "cpu"
 
 
 def test_memory_refusal_exit_2_nothing_written(folders, tmp_path, monkeypatch, capsys):
@@ -155,6 +165,8 @@ def test_memory_plan_fits_its_formula(folders):
     assert plan.total == sum(b for b, _ in plan.terms.values())
     params = sum(p.numel() for n, p in s.model.named_parameters() if n.startswith("model.layers.0."))
     assert shape.block == params * 4 and shape.layers == LAYERS
+    head = s.model.lm_head.weight.numel() * 4  # untied: counted by the evaluation's plan, not by the prune's
+    assert shape.head == head and plan.terms["resident"][0] == shape.resident - head
 
 
 @pytest.mark.parametrize("stride,max_windows", [(None, 6), (12, 6), (12, None)])  # the last: a shorter tail window

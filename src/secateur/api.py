@@ -373,7 +373,7 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     # structured: at least the kept share (as the in-memory run checks); unstructured: every weight + the masks
     need = int(dense * (1 - opts.sparsity)) if method.kind == "structured" else dense + shape.prunable // 8
     with timer("load"):
-        stream.load_resident()
+        stream.load_resident(defer_head=True)  # no prune computes logits: an untied head goes file to file
         tok = stream.tokenizer()
     ids, manifest = None, None
     if needs_calibration:
@@ -438,7 +438,7 @@ def _run_streamed(method, stream, adapter, ids, opts: PruneOptions, tmp, specs):
 
     def open_writer(out_specs: list[Spec]):  # the output's tensors, known before any block is written
         writers.append(ShardWriter(tmp, out_specs))
-        for name, t in stream.resident().items():
+        for name, t in stream.resident_items():
             writers[0].write(name, t)
         return writers[0].write
 

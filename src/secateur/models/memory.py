@@ -3,7 +3,8 @@ memory this machine has free (``MemAvailable`` of ``/proc/meminfo``; ``SECATEUR_
 
 A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``) holds, at its peak::
 
-    resident     embeddings + final norm + LM head (tied once), in the run's dtype
+    resident     embeddings + final norm + LM head (tied once), in the run's dtype; an untied head is not held
+                 by a prune (copied from the input files to the output when the writer opens)
   + block        one decoder block in the run's dtype, + its largest tensor as read from the file (before the cast)
   + activations  N x T x (3 d + F) x b   (N windows of T tokens, hidden d, FFN F, b bytes per element; the
                  engine's live buffers at the MLP stage of a block: the block input, h2 = h + o(a), the MLP
@@ -125,6 +126,11 @@ class Shape:
     layers: int
     prunable: int
     elem: int
+    head: int = 0  # bytes of an untied LM head (a streamed prune copies it to the output without holding it)
+
+
+_RESIDENT = "embeddings + final norm + head"
+_RESIDENT_NO_HEAD = "embeddings + final norm; the untied head is copied file to file, never held"
 
 
 def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mode: str = "sequential"
@@ -133,7 +139,7 @@ def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mo
     d, f, a, b, n, t = s.hidden, s.ffn, s.attn, s.elem, nsamples, seqlen
     c = min(chunk, n)
     p = MemoryPlan("streamed prune")
-    p.add("resident", s.resident, "embeddings + final norm + head")
+    p.add("resident", s.resident - s.head, _RESIDENT if not s.head else _RESIDENT_NO_HEAD)
     p.add("block", s.block + s.read, "one decoder block + its largest tensor as read")
     if method != "magnitude":
         k = 4 if mode == "dense-block" else 3
@@ -159,7 +165,7 @@ def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int)
     d, f, a, b, n, t, L = s.hidden, s.ffn, s.attn, s.elem, nsamples, seqlen, s.layers
     c = min(chunk, n)
     p = MemoryPlan("streamed structured prune")
-    p.add("resident", s.resident, "embeddings + final norm + head")
+    p.add("resident", s.resident - s.head, _RESIDENT if not s.head else _RESIDENT_NO_HEAD)
     p.add("block", s.block + s.read, "one decoder block + its largest tensor as read")
     if n:
         p.add("activations", n * t * (3 * d + f) * b, f"N {n} x T {t} x (3 x d {d} + F {f}) x {b} B")
@@ -203,6 +209,7 @@ def shape_of(model, adapter, stream) -> Shape:
     prunable = sum(r.weight.numel() for layer in adapter.layers for r in adapter.linears(layer).values())
     elem = next(p for p in model.parameters()).element_size()
     return Shape(resident=sum(nbytes(k) for k in stream.file_keys if not k.startswith(prefix)),
+                 head=sum(nbytes(k) for k in stream.untied_head()),
                  block=sum(nbytes(k) for k in block0), read=read, hidden=g.hidden, ffn=g.intermediate,
                  attn=g.n_heads * g.head_dim, heads=g.n_heads, vocab=int(model.config.vocab_size),
                  layers=adapter.n_layers, prunable=prunable, elem=elem)

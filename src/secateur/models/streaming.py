@@ -147,6 +147,7 @@ class BlockStream:
     device: torch.device
     writer: Callable[[str, torch.Tensor], None] | None = None
     loaded: set[int] = field(default_factory=set)
+    deferred: set[str] = field(default_factory=set)  # resident tensors left on meta (see load_resident)
 
     def tensor(self, name: str) -> torch.Tensor:
         """The model's parameter or buffer ``name`` (on the meta device while not loaded)."""
@@ -194,15 +195,29 @@ class BlockStream:
         p = f"{self.prefix}."
         return {k: self.tensor(k).detach() for k in self.file_keys if not k.startswith(p)}
 
-    def load_resident(self) -> None:
-        """Load the tensors outside the blocks, tie tied weights, attach the stream to the model."""
+    def untied_head(self) -> list[str]:
+        """The state-dict name of the LM head when it is a tensor of its own (not tied to the embeddings)."""
+        head = self.model.get_output_embeddings()
+        if head is None or head.weight is self.model.get_input_embeddings().weight:
+            return []
+        return [k for k, v in self.model.named_parameters() if v is head.weight and k in self.file_keys]
+
+    def load_resident(self, defer_head: bool = False) -> None:
+        """Load the tensors outside the blocks, tie tied weights, attach the stream to the model.
+
+        ``defer_head``: an untied LM head stays on the meta device (a prune never computes logits; the head is
+        copied from the input files to the output by :meth:`resident_items`): its bytes (0.55 GB for
+        Qwen2.5-0.5B in float32) are never held."""
         model, device = self.model, self.device
+        self.deferred = set(self.untied_head()) if defer_head else set()
         for name, t in self.resident().items():
-            _set_tensor(model, name, self.weights.get(self.file_keys[name]).to(device=device, dtype=t.dtype))
+            if name not in self.deferred:
+                _set_tensor(model, name, self.weights.get(self.file_keys[name]).to(device=device, dtype=t.dtype))
         self.weights.close()
         model.tie_weights()
         p = self.prefix + "."
-        left = [n for n, t in model.named_parameters() if t.device.type == "meta" and not n.startswith(p)]
+        left = [n for n, t in model.named_parameters()
+                if t.device.type == "meta" and not n.startswith(p) and n not in self.deferred]
         if left:
             raise SecateurError(f"model folder {self.weights.folder}: {left[0]} was not loaded (not in the files, "
                                 "not tied)")
@@ -210,6 +225,15 @@ class BlockStream:
             if b.device != device:
                 _set_tensor(model, name, b.to(device))
         setattr(model, STREAM_ATTR, self)
+
+    def resident_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of every resident tensor for the writer; a deferred one is read from the files
+        for the moment it is written (in the model's dtype, as :meth:`load_resident` would hold it)."""
+        for name, t in self.resident().items():
+            if name in self.deferred:
+                t = self.weights.get(self.file_keys[name]).to(dtype=t.dtype)
+                self.weights.close()
+            yield name, t
 
     def tokenizer(self):
         from transformers import AutoTokenizer
