@@ -163,9 +163,10 @@ def render() -> None:
                      f"{fmt(qk, 4) if isinstance(qk, float) else '-'} | {fmt(r.get('prune_seconds'), 0)} | "
                      f"{fmt(r.get('peak_rss_mb'), 0)} |")
         L += [""] + _claims(mine) + [""]
-    L.append("Machine: AMD EPYC, 2 cores (shared with other work while these ran), torch 2.13.0+cpu, "
-             "transformers 5.24.0. Rows not listed for a model were not run yet: `python bench/families.py` "
-             "resumes and adds them.")
+    L.append("Machine: AMD EPYC, 2 cores (shared with other work while these ran: prune seconds are indicative), "
+             "torch 2.13.0+cpu, transformers 5.24.0. A row whose cell names an error is the CLI's own one-line "
+             "refusal. Rows not listed for a model were not run yet: `python bench/families.py` resumes and adds "
+             "them.")
     MD.write_text("\n".join(L) + "\n")
 
 
@@ -189,6 +190,14 @@ def _claims(rows: list[dict]) -> list[str]:
         out.append(f"- Wanda 50% in bfloat16 (weights and forward in bf16, statistics in float32/64, export in bf16, "
                    f"evaluated in bf16): WikiText-2 {bf['wanda-50-bf16']:.2f} vs {bf['wanda-50']:.2f} in float32 "
                    f"({100 * (bf['wanda-50-bf16'] / bf['wanda-50'] - 1):+.1f}%).")
+    rs = {k: (by.get(k, {}).get("realized_sparsity") or {}).get("targeted") for k in ("wanda-sp-20",
+                                                                                        "wanda-sp-20-head-slot")}
+    if all(isinstance(v, float) for v in rs.values()):
+        pp = {k: (by.get(k, {}).get("wikitext2") or {}).get("ppl") for k in rs}
+        out.append(f"- Wanda-sp 20% realizes {rs['wanda-sp-20']:.3f} with whole KV groups (per-layer ceil rounding "
+                   f"keeps every group of a 2-group layer) and {rs['wanda-sp-20-head-slot']:.3f} with `head_slot` "
+                   f"units (one query head of every group), WikiText-2 {fmt(pp['wanda-sp-20'])} vs "
+                   f"{fmt(pp['wanda-sp-20-head-slot'])}.")
     return out if len(out) > 1 else []
 
 
