@@ -166,3 +166,28 @@ def test_cli_flag(folder, tmp_path, capsys):
                "--nsamples", "2", "--seqlen", "16", "--sparsity", "0.3", "--width-multiple", "0", "--quiet",
                "--out", str(tmp_path / "o")])
     assert rc == 2 and "--width-multiple must be an integer >= 1, not 0" in capsys.readouterr().err
+
+
+def test_gguf_names_the_matrices_k_quants_cannot_hold(tmp_path):
+    """q8_0's fallbacks (rows not a multiple of 32) are named by ``export gguf``; so, in a note, are the matrices
+    whose rows llama-quantize's k-quants (multiples of 256) cannot hold; a model whose rows all fit has no note."""
+    from secateur.export import gguf as gx
+    from secateur.export.sliced import save_pruned
+    from secateur.structured.selection import LayerKeep, Selection
+    from secateur.structured.slicing import apply_selection
+    from secateur.testing import tiny_bpe_tokenizer
+
+    def entry(name, *shape):
+        return gx.Entry(name, shape, None)
+
+    fits = [entry("token_embd.weight", 1000, 512), entry("blk.0.ffn_down.weight", 512, 768),
+            entry("blk.0.attn_norm.weight", 512)]
+    assert gx.kquant_note(fits) is None
+    note = gx.kquant_note(fits + [entry("blk.1.ffn_down.weight", 512, 700)])
+    assert "for 1 of 3 matrices (rows of 700: blk.1.ffn_down.weight)" in note and "--width-multiple 256" in note
+    model = tiny_model("llama", layers=2)
+    apply_selection(model, get_adapter(model), Selection(8, 2, {0: LayerKeep(channels=list(range(40)))}))
+    save_pruned(model, tmp_path / "run", tiny_bpe_tokenizer(model.config.vocab_size))
+    r = gx.export_gguf(tmp_path / "run", tmp_path / "m.gguf", "q8_0")
+    assert ("blk.0.ffn_down.weight", "f16", "its rows hold 40 values, not a multiple of 32") in r["fallbacks"]
+    assert any("rows of 40: blk.0.ffn_down.weight;" in n and "k-quants" in n for n in r["notes"])
