@@ -295,6 +295,14 @@ CASES: list[Case] = [
                                                   "--sparsity", "0.99"), 2,
          r"--sparsity 0\.99 cannot be reached with --structured wanda-sp: at most 0\.\d{4} of the removable "
          r"parameters can go, because at least one KV group and one MLP channel per layer are kept"),
+    Case("structured-width-multiple-0", prune(lambda ws: ws.model(), "--structured", "--method", "wanda-sp",
+                                              "--width-multiple", "0"), 2,
+         r"--width-multiple must be an integer >= 1, not 0"),
+    Case("structured-width-multiple-attention-only",
+         prune(lambda ws: ws.model(), "--structured", "--method", "wanda-sp", "--units", "kv_group",
+               "--width-multiple", "8"), 2,
+         r"--width-multiple 8 rounds the kept MLP width of channel units, and attention widths \(heads x head_dim\) "
+         r"are not rounded: add channel to --units, or drop --width-multiple"),
     Case("structured-head-slot-mha", prune(lambda ws: ws.model("opt"), "--structured", "--method", "wanda-sp",
                                            "--units", "head_slot,channel"), 2,
          r"head_slot units remove one query head of every KV group, but layer 0 has one query head per KV head "

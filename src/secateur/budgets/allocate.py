@@ -12,6 +12,25 @@ allocator reports the realized fraction ``removed / C`` (overall, per unit kind 
   prefix whose cumulative parameter weight is closest to ``(1 - rho) C``.
 * :func:`allocate_blocks`   ShortGPT: remove the ``round(rho L_eff)`` blocks of lowest influence.
 
+Width multiple (``width_multiple = N``, llama.cpp's k-quants need rows of a multiple of 256, q8_0 of 32): every
+layer's kept MLP width (its number of kept ``channel`` units) is made a multiple of ``N``, or the layer's full width
+``n`` when ``n`` is no multiple of ``N``. It applies to ``channel`` pools only: attention widths are head counts x
+head_dim and are never rounded, and ``ffn_group`` units (uneven channel counts) are refused with it
+(:func:`check_width_multiple`). Inside a layer the kept channels are still the highest-scored (the lowest-scored
+are removed first, ties: lower channel index first). ``N = 1`` leaves every allocator exactly as without it.
+
+* uniform: keep ``min(n, N ceil(k / N))`` with ``k = keep_count(n, rho)``: rounded *up* to the next multiple, so
+  no layer loses more than the ratio asks (the realized fraction falls below ``rho`` by under ``N`` channels
+  per layer; reported, and named by :func:`shortfall_note`).
+* global (``allocate_global``, FLAP's ``allocate_weighted_threshold``): the global ranking runs as without the
+  option; then each layer's kept count ``k`` (when no multiple and below ``n``) goes to one of its neighbouring
+  widths ``lo = N floor(k / N)`` or ``hi = min(n, lo + N)`` (:func:`round_widths`): every layer starts at
+  ``hi``, then layers move down to ``lo`` (removing their next lowest-scored channels), in ascending order of the
+  mean ranking key of the channels that would go (ties: earlier layer first), whenever the move brings the
+  removed parameters closer to what the ranking removed (the budget) and respects the guard's cap. The realized
+  fraction is then within half of one layer's ``N`` channels of the ranking's, in either direction; reported
+  (``unrounded_realized``: the ranking's own fraction) and named by :func:`shortfall_note` when it falls short.
+
 Guards (:class:`Guard`) are reusable: protected layers (first/last k or explicit) and a per-layer cap on
 the removed fraction of the layer's removable cost; ``Guard.cocurve(rho)`` = layers 0, 1, L-2, L-1
 protected, cap ``min(1, 1.5 rho)`` (CoCurve §1). An infeasible budget raises instead of relaxing guards.
@@ -48,6 +67,25 @@ def keep_count(n: int, rho: float, rounding: str = "ceil") -> int:
     else:
         raise SecateurError(f"rounding must be ceil, floor or round, not {rounding!r}")
     return min(max(k, 0), int(n))
+
+
+def check_width_multiple(kinds, multiple) -> int:
+    """``multiple`` checked (an integer >= 1) against the unit ``kinds`` it would round; returns it. A multiple
+    above 1 needs ``channel`` units (the MLP width is their count) and refuses ``ffn_group`` and ``block``."""
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise SecateurError(f"--width-multiple must be an integer >= 1, not {multiple!r}")
+    if multiple > 1 and "channel" not in kinds:
+        why = ("ffn_group units have uneven channel counts" if "ffn_group" in kinds else "whole blocks have no width"
+               if "block" in kinds else "attention widths (heads x head_dim) are not rounded")
+        raise SecateurError(f"--width-multiple {multiple} rounds the kept MLP width of channel units, and {why}: "
+                            f"add channel to --units, or drop --width-multiple")
+    return multiple
+
+
+def width_round(k: int, n: int, multiple: int) -> int:
+    """``k`` kept channels of ``n`` rounded up to the next multiple of ``multiple``, capped at ``n`` (the full width
+    is allowed when ``n`` is no multiple): never fewer channels kept than asked."""
+    return min(int(n), -(-int(k) // multiple) * multiple)
 
 
 @dataclass(frozen=True)
@@ -109,13 +147,17 @@ def _protected_mask(inv: Inventory, guard: Guard | None) -> torch.Tensor:
 
 
 def allocate_uniform(inv: Inventory, scores: torch.Tensor, rho: float, rounding: str = "ceil",
-                     guard: Guard | None = None) -> Allocation:
-    """Remove the ``n - keep_count(n, rho)`` lowest-scored units of every (layer, kind) pool.
+                     guard: Guard | None = None, width_multiple: int = 1) -> Allocation:
+    """Remove the ``n - keep_count(n, rho)`` lowest-scored units of every (layer, kind) pool; with
+    ``width_multiple`` N > 1 a ``channel`` pool keeps ``width_round(keep_count(n, rho), n, N)`` (rounded up to a
+    multiple of N, or all n: module docstring).
 
     Protected layers lose nothing (the realized fraction then falls below ``rho``; it is reported). The
     per-layer cap does not apply (a uniform ratio never exceeds ``1.5 rho``)."""
+    n_mult = check_width_multiple([p.kind for p in inv.pools], width_multiple)
     removed = torch.zeros(len(inv), dtype=torch.bool)
     prot = guard.protected(inv.n_layers) if guard else set()
+    unrounded = 0
     for p in inv.pools:
         if p.kind == "block":
             raise SecateurError("uniform allocation does not apply to whole blocks; use allocate_blocks")
@@ -124,8 +166,62 @@ def allocate_uniform(inv: Inventory, scores: torch.Tensor, rho: float, rounding:
         k = keep_count(p.n, rho, rounding)
         s = scores[p.offset:p.offset + p.n]
         order = torch.argsort(s, stable=True)
+        unrounded += int(p.cost[order[:p.n - k]].sum())
+        if p.kind == "channel" and n_mult > 1:
+            k = width_round(k, p.n, n_mult)
         removed[p.offset + order[:p.n - k]] = True
-    return Allocation(removed, report(inv, removed, rho, allocator="uniform", rounding=rounding))
+    extra = _width_info(inv, n_mult, unrounded)
+    return Allocation(removed, report(inv, removed, rho, allocator="uniform", rounding=rounding, **extra))
+
+
+def _width_info(inv: Inventory, multiple: int, unrounded_removed: int) -> dict:
+    """The report's width-multiple fields (none at 1, so that the default report is unchanged)."""
+    if multiple == 1:
+        return {}
+    total = inv.total_cost
+    return {"width_multiple": multiple, "unrounded_removed_params": unrounded_removed,
+            "unrounded_realized": unrounded_removed / total if total else 0.0}
+
+
+def round_widths(inv: Inventory, removed: torch.Tensor, key: torch.Tensor, multiple: int,
+                 guard: Guard | None = None) -> torch.Tensor:
+    """The global allocators' width rule (module docstring): ``removed`` (a global ranking's) with every
+    ``channel`` pool's kept count moved to a neighbouring multiple of ``multiple`` (or the full width), the
+    removed parameters kept as close as the moves allow to ``removed``'s; ``key``: the ranking key (higher =
+    keep), which orders the channels inside a layer (lowest removed first, stable) and the moves across layers."""
+    removed = removed.clone()
+    costs = inv.costs
+    budget = int(costs[removed].sum())
+    cap = guard.cap if guard and guard.cap is not None else None
+    layer_cost = inv.layer_costs()
+    moves = []
+    for p in inv.pools:
+        if p.kind != "channel":
+            continue
+        k = p.n - int(removed[p.offset:p.offset + p.n].sum())
+        lo = k // multiple * multiple
+        hi = min(p.n, lo + multiple)
+        if k in (lo, p.n):
+            continue
+        order = p.offset + torch.argsort(key[p.offset:p.offset + p.n], stable=True)
+        removed[p.offset:p.offset + p.n] = False
+        removed[order[:p.n - hi]] = True  # start at hi: the ranking's lowest channels, fewer of them
+        chunk = order[p.n - hi:p.n - lo]  # what moving down to lo removes next
+        moves.append((float(key[chunk].to(torch.float64).mean()), p.offset, p.layer, chunk))
+    done = int(costs[removed].sum())
+    rem_layer: dict[int, int] = {}
+    for li, c in zip(inv.layer_of[removed].tolist(), costs[removed].tolist(), strict=True):
+        rem_layer[li] = rem_layer.get(li, 0) + c
+    for _, _, li, chunk in sorted(moves, key=lambda m: (m[0], m[1])):
+        delta = int(costs[chunk].sum())
+        if abs(done + delta - budget) >= abs(done - budget):
+            continue
+        if cap is not None and rem_layer.get(li, 0) + delta > cap * layer_cost[li] + _EPS * layer_cost[li]:
+            continue
+        removed[chunk] = True
+        rem_layer[li] = rem_layer.get(li, 0) + delta
+        done += delta
+    return removed
 
 
 UNIT_NAMES = {"kv_group": "KV group", "head": "attention head", "head_slot": "query-head slot",
@@ -145,39 +241,56 @@ def shortfall_note(info: dict, rho: float, tol: float = 0.01) -> str | None:
     kv = (info.get("by_kind") or {}).get("kv_group")
     slots = ("--units head_slot,channel (one query head of every KV group per unit: the group size drops, the KV "
              "heads stay), " if kv and rho - kv["realized"] > tol else "")
+    mult, unrounded = info.get("width_multiple"), info.get("unrounded_realized")
+    width = (f"--width-multiple {mult} keeps every layer's MLP width a multiple of {mult} (the selection before it "
+             f"removed {unrounded:.4f})" if mult and unrounded is not None and unrounded - realized > _EPS else None)
+    if width and rho - unrounded <= tol:  # the width multiple alone
+        return (f"realized {realized:.4f} of the removable parameters against --sparsity {rho}: {kinds}; {width}: "
+                f"use a smaller --width-multiple or a higher --sparsity")
     return (f"realized {realized:.4f} of the removable parameters against --sparsity {rho}: {kinds}; per-layer "
             f"rounding keeps ceil((1 - rho) n) of each layer's n units, so few large units (KV groups) may not be "
-            f"removed at all: use {slots}a global allocation (--allocation flap-global with flap) or a higher "
-            f"--sparsity")
+            f"removed at all{'; ' + width if width else ''}: use {slots}a global allocation (--allocation "
+            f"flap-global with flap) or a higher --sparsity")
 
 
-def uniform_reach(inv: Inventory, rounding: str = "ceil") -> float:
+def uniform_reach(inv: Inventory, rounding: str = "ceil", width_multiple: int = 1) -> float:
     """The largest fraction of the removable parameters :func:`allocate_uniform` can remove at any ``rho < 1``:
-    ``ceil`` keeps at least one unit of every pool, ``floor`` and ``round`` may empty a pool."""
+    ``ceil`` keeps at least one unit of every pool (``min(n, N)`` channels of a channel pool under a width
+    multiple ``N``), ``floor`` and ``round`` may empty a pool."""
     total = int(inv.costs.sum())
     if rounding != "ceil" or not total:
         return 1.0
-    return sum(int(p.cost.sum()) - int(p.cost.min()) for p in inv.pools if p.n) / total
+
+    def least_kept(p) -> int:
+        if p.kind == "channel" and width_multiple > 1:
+            return int(p.cost[:min(p.n, width_multiple)].sum())
+        return int(p.cost.min())
+    return sum(int(p.cost.sum()) - least_kept(p) for p in inv.pools if p.n) / total
 
 
-def shortfall_bound(inv: Inventory, allocation: str) -> float:
+def shortfall_bound(inv: Inventory, allocation: str, width_multiple: int = 1) -> float:
     """How far below ``rho`` an allocator's realized fraction may fall by its rounding rule alone: uniform
     (ceil-kept) removes ``> rho n - 1`` units of every pool (one unit per pool); global greedy stops at or
-    above ``rho C``; FLAP's nearest prefix is within half a unit (``flap`` rule: 1.5); ShortGPT rounds half up."""
+    above ``rho C``; FLAP's nearest prefix is within half a unit (``flap`` rule: 1.5); ShortGPT rounds half up.
+    A width multiple ``N`` adds ``N - 1`` channels per channel pool (uniform, rounded up) or half of the largest
+    ``N`` channels (global: :func:`round_widths` stops within half a move of the ranking)."""
     total = int(inv.costs.sum())
     if not total or not len(inv):
         return 0.0
     largest = int(inv.costs.max())
+    chan = [p for p in inv.pools if p.kind == "channel" and p.n] if width_multiple > 1 else []
     if allocation == "uniform":
-        return sum(int(p.cost.max()) for p in inv.pools if p.n) / total
-    return {"global": 0.0, "flap": 1.5, "blocks": 0.5}.get(allocation, 1.0) * largest / total
+        widths = sum((min(width_multiple, p.n) - 1) * int(p.cost.max()) for p in chan)
+        return (sum(int(p.cost.max()) for p in inv.pools if p.n) + widths) / total
+    widths = width_multiple * max((int(p.cost.max()) for p in chan), default=0) / 2
+    return ({"global": 0.0, "flap": 1.5, "blocks": 0.5}.get(allocation, 1.0) * largest + widths) / total
 
 
 def check_reached(inv: Inventory, info: dict, rho: float, allocation: str) -> None:
     """Refuse a selection that misses ``rho`` by more than its rounding rule allows (before anything is sliced
     or written), naming the realized fraction."""
     realized = float(info.get("realized", rho))
-    bound = shortfall_bound(inv, allocation)
+    bound = shortfall_bound(inv, allocation, int(info.get("width_multiple", 1)))
     if rho - realized > bound + _EPS:
         raise SecateurError(
             f"sparsity {rho} cannot be reached: the {allocation} selection removes {realized:.4f} of the removable "
@@ -185,14 +298,16 @@ def check_reached(inv: Inventory, info: dict, rho: float, allocation: str) -> No
 
 
 def allocate_global(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,
-                    cost_normalized: bool = True) -> Allocation:
+                    cost_normalized: bool = True, width_multiple: int = 1) -> Allocation:
     """Greedy global budget (CoCurve §5, ``Delta = score``): repeatedly remove the eligible unit with the
     smallest ``score / cost`` (``cost_normalized``) until the removed cost reaches ``rho C``.
 
     With static scores the greedy equals one stable ascending sort scanned once, skipping units whose
     layer is protected or whose removal would exceed the layer cap. Result: removed cost in
-    ``[rho C, rho C + c_max)``; raises when the guards make the budget infeasible.
+    ``[rho C, rho C + c_max)``; raises when the guards make the budget infeasible. ``width_multiple`` > 1: the
+    ranking's MLP widths are then moved to multiples by :func:`round_widths` (module docstring).
     """
+    n_mult = check_width_multiple([p.kind for p in inv.pools], width_multiple)
     costs = inv.costs
     total = int(costs.sum())
     target = rho * total
@@ -221,12 +336,15 @@ def allocate_global(inv: Inventory, scores: torch.Tensor, rho: float, guard: Gua
         raise SecateurError(
             f"budget {rho:.4f} is infeasible under the guards: at most {done / total:.4f} of the removable "
             "parameters can be removed (protected layers / per-layer cap)")
+    extra = _width_info(inv, n_mult, done)
+    if n_mult > 1:
+        removed = round_widths(inv, removed, key, n_mult, guard)
     return Allocation(removed, report(inv, removed, rho, allocator="global", cost_normalized=cost_normalized,
-                                      guard=None if guard is None else vars(guard)))
+                                      guard=None if guard is None else vars(guard), **extra))
 
 
 def allocate_weighted_threshold(inv: Inventory, scores: torch.Tensor, rho: float, rule: str = "nearest",
-                                guard: Guard | None = None) -> Allocation:
+                                guard: Guard | None = None, width_multiple: int = 1) -> Allocation:
     """FLAP AL-AM global allocation (baselines.md §4, FLAP ``prune_flap``).
 
     Units are sorted by descending score (protected units first); their costs (removable parameters:
@@ -235,8 +353,10 @@ def allocate_weighted_threshold(inv: Inventory, scores: torch.Tensor, rho: float
     weight is closest to ``(1 - rho) C`` is found. ``rule='nearest'`` keeps that prefix, so the kept
     weight is within half a unit weight of the target (baselines.md B4). ``rule='flap'`` copies the public
     code: threshold = score at ``p``, keep scores strictly above it (drops position ``p`` and its ties,
-    which can miss the target by up to 1.5 unit weights).
+    which can miss the target by up to 1.5 unit weights). ``width_multiple`` > 1: the kept MLP widths are then
+    moved to multiples by :func:`round_widths` (module docstring; protected layers keep everything).
     """
+    n_mult = check_width_multiple([p.kind for p in inv.pools], width_multiple)
     costs = inv.costs.to(torch.float64)
     total = float(costs.sum())
     prot = _protected_mask(inv, guard)
@@ -255,8 +375,12 @@ def allocate_weighted_threshold(inv: Inventory, scores: torch.Tensor, rho: float
         raise SecateurError(f"rule must be 'nearest' or 'flap', not {rule!r}")
     keep |= prot
     removed = ~keep
+    extra = _width_info(inv, n_mult, int(inv.costs[removed].sum()))
+    if n_mult > 1:
+        removed = round_widths(inv, removed, scores.to(torch.float64), n_mult, guard)
+        keep = ~removed
     return Allocation(removed, report(inv, removed, rho, allocator="flap_alam", rule=rule,
-                                      kept_params=int(costs[keep].sum()), kept_target=target))
+                                      kept_params=int(costs[keep].sum()), kept_target=target, **extra))
 
 
 def allocate_blocks(inv: Inventory, scores: torch.Tensor, rho: float, guard: Guard | None = None,

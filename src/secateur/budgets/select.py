@@ -11,6 +11,7 @@ from secateur.budgets.allocate import (
     allocate_uniform,
     allocate_weighted_threshold,
     check_reached,
+    check_width_multiple,
 )
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
@@ -38,7 +39,7 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
                  kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
                  guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
                  ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
-                 scores=None, inv=None, **score_opts) -> Selection:
+                 scores=None, inv=None, width_multiple: int = 1, **score_opts) -> Selection:
     """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
 
     ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
@@ -50,23 +51,26 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
     ``score_opts`` go to the scorer (``norm``, ``metric``, ``weight_factor``). ``scores``, ``inv``: the unit
     scores already computed by :func:`selection_scores` and the inventory they were computed on (its ``head_slot``
     pools ranked by them); nothing is scored here. The allocation report (realized fraction etc.) is
-    ``selection.info``.
+    ``selection.info``. ``width_multiple`` N: every layer's kept MLP width (``channel`` units) a multiple of N or
+    the full width, by each allocator's rule (:mod:`secateur.budgets.allocate`; ``blocks`` refuses N > 1).
     """
     if allocation not in ALLOCATORS:
         raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
     if (scores is None) != (inv is None):
         raise SecateurError("pass the scores together with the inventory they were computed on (scores=, inv=)")
+    check_width_multiple(kinds, width_multiple)
     if inv is None:
         inv = inventory(adapter, kinds, n_ffn_groups=n_ffn_groups, ffn_order=ffn_order)
     if scores is None:
         scores = selection_scores(inv, adapter, method, stats, allocation=allocation, seed=seed, **score_opts)
     if allocation == "flap":
-        alloc = allocate_weighted_threshold(inv, scores, rho, rule=rule, guard=guard)
+        alloc = allocate_weighted_threshold(inv, scores, rho, rule=rule, guard=guard,
+                                            width_multiple=width_multiple)
     elif allocation == "uniform":
-        alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard)
+        alloc = allocate_uniform(inv, scores, rho, rounding=rounding, guard=guard, width_multiple=width_multiple)
     elif allocation == "global":
         norm = cost_normalized if cost_normalized is not None else method != "random"
-        alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm)
+        alloc = allocate_global(inv, scores, rho, guard=guard, cost_normalized=norm, width_multiple=width_multiple)
     else:
         alloc = allocate_blocks(inv, scores, rho, guard=guard)
     if guard is None:  # protected layers lower the realized fraction on purpose (reported, not refused)

@@ -38,7 +38,10 @@ pre-tokenizer name comes from ``--tokenizer-pre`` or is recognised from ``tokeni
 
 ``--type``: ``f32`` (exact), ``f16``, ``bf16``, ``q8_0`` (``gguf.quants``); 1-D tensors and norms stay f32. A
 matrix whose rows are not a multiple of 32 falls back to f16 under q8_0 (as the converter does), one beyond
-float16's range to f32; the returned ``fallbacks`` name each.
+float16's range to f32; the returned ``fallbacks`` name each. llama.cpp's own ``llama-quantize`` k-quants (Q4_K,
+Q5_K, Q6_K ...) need rows of a multiple of 256 values (``ggml``'s ``QK_K``) and fall back to another type for the
+others: a note names those matrices (:func:`kquant_note`; a structured prune with ``--width-multiple 256`` keeps
+the MLP widths, the ``ffn_down`` rows, multiples of 256; attention widths and the hidden size are not rounded).
 """
 
 from __future__ import annotations
@@ -316,6 +319,29 @@ def _storage(entries: list[Entry], run: RunFolder, want: str) -> list[tuple[str,
     return fallbacks
 
 
+QK_K = 256  # llama.cpp's k-quant super-block: a row of a Q*_K matrix holds a multiple of it
+
+
+def kquant_note(entries: list[Entry], limit: int = 3) -> str | None:
+    """A note naming the matrices whose rows ``llama-quantize`` cannot store as k-quants (rows not a multiple of
+    256 values: it falls back to another type for them), by row length (``limit`` names each), or None when every
+    matrix fits."""
+    mats = [e for e in entries if len(e.shape) == 2 and not e.name.endswith("_norm.weight")]
+    odd: dict[int, list[str]] = {}
+    for e in mats:
+        if e.shape[-1] % QK_K:
+            odd.setdefault(e.shape[-1], []).append(e.name)
+    if not odd:
+        return None
+    groups = "; ".join(f"rows of {n}: {', '.join(names[:limit])}"
+                       f"{f' and {len(names) - limit} more' if len(names) > limit else ''}"
+                       for n, names in sorted(odd.items()))
+    hint = ("; prune with --width-multiple 256 to keep the MLP widths (ffn_down rows) multiples of 256"
+            if any(name.endswith("ffn_down.weight") for names in odd.values() for name in names) else "")
+    return (f"llama-quantize's k-quants (Q4_K ...) need rows of a multiple of {QK_K} values and fall back to another "
+            f"type for {sum(map(len, odd.values()))} of {len(mats)} matrices ({groups}){hint}")
+
+
 def _qtype(name: str):
     g = _gguf()
     return {"f32": g.GGMLQuantizationType.F32, "f16": g.GGMLQuantizationType.F16,
@@ -537,6 +563,8 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
         notes += more
         vocab = int(run.shapes["model.embed_tokens.weight"][0])
         fallbacks = _storage(entries, run, qtype)
+        if (kq := kquant_note(entries)) is not None:
+            notes.append(kq)
         need = sum(_info(e)[2] for e in entries) + (64 << 20)
         with atomic_file(out, overwrite, is_secateur_gguf, need=need, kind="GGUF file") as tmp:
             w = _gguf().GGUFWriter(str(tmp), arch)

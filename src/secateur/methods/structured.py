@@ -81,6 +81,9 @@ class StructuredConfig(CompensationConfig):
     units: unit kinds (``kv_group``, ``head`` or ``head_slot``, and/or ``channel``); ``shortgpt`` always uses
     blocks.
     allocation: ``uniform`` (COEC) or ``flap-global`` (FLAP AL-AM, score ``flap`` only).
+    width_multiple: every layer's kept MLP width (``channel`` units) a multiple of it, or the full width (uniform:
+    rounded up; flap-global: to a neighbouring multiple, nearest the ranking's budget; rules in
+    :mod:`secateur.budgets.allocate`); attention widths are not rounded; 1 (default): no rounding.
     """
 
     score: str = "rcpu"
@@ -90,6 +93,7 @@ class StructuredConfig(CompensationConfig):
     rounding: str = "ceil"
     seed: int = 0
     score_opts: dict = field(default_factory=dict)
+    width_multiple: int = 1
 
     def validate(self) -> None:
         if self.score not in SELECTIONS.values():
@@ -114,6 +118,9 @@ class StructuredConfig(CompensationConfig):
             raise SecateurError("corp ranks MLP channels only (its Q/K head-dimension pruning needs a non-RoPE "
                                 "model); use --units channel, or compensate another selection with "
                                 "--compensation corp")
+        from secateur.budgets.allocate import check_width_multiple
+
+        check_width_multiple(self.kinds, self.width_multiple)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -204,7 +211,7 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
     score_stats = stats.block_influence if need_bi else stats.groups
     sel = select_units(adapter, cfg.score, cfg.sparsity, score_stats, kinds=cfg.kinds,
                        allocation="blocks" if need_bi else STRUCTURED_ALLOCATIONS[cfg.allocation],
-                       rounding=cfg.rounding, seed=cfg.seed, **cfg.score_opts)
+                       rounding=cfg.rounding, seed=cfg.seed, width_multiple=cfg.width_multiple, **cfg.score_opts)
     timings["select_s"] = time.perf_counter() - t
     records, mt, memory = materialize_selection(model, adapter, sel, cfg, stats, ids, chunk_size=chunk_size,
                                                 device=device, progress=progress)
@@ -229,11 +236,23 @@ def structured_details(cfg: StructuredConfig, sel, stats: StructuredStats, param
         "params_before": params_before, "params_after": params_after,
         "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
         "calibration_tokens": stats.n_tokens,
+        **{k: info[k] for k in ("width_multiple", "unrounded_realized") if k in info},
         **compensation_details(cfg, records, mt["compensation_s"], memory),
     }
 
 
 # --- the registered methods (--method wanda-sp|flap|rcpu|magnitude-sp|random|shortgpt|corp) -------------------
+
+def integer(value) -> int:
+    """An integral knob value: an int, an integral float or a decimal string (no bool, no fraction)."""
+    if isinstance(value, bool):
+        raise ValueError("not an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("not an integer")
+        return int(value)
+    return int(value) if isinstance(value, int) else int(str(value).strip())
+
 
 @dataclass
 class StructuredOptions(CompensationOptions):
@@ -243,6 +262,10 @@ class StructuredOptions(CompensationOptions):
                                                "kv_group,channel; head_slot: one query head of every KV group)")
     allocation: str | None = knob("uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with "
                                   "--method flap)", choices=STRUCTURED_ALLOCATIONS)
+    width_multiple: int | None = knob("keep every layer's MLP width (kept channels) a multiple of N, or the full "
+                                      "width: 256 for llama.cpp's k-quants (Q4_K ...), 32 for q8_0; uniform rounds "
+                                      "up, flap-global to the multiple nearest its budget; attention widths are not "
+                                      "rounded (default: 1)", type=integer, metavar="N")
 
 
 def _units(value) -> tuple[str, ...]:
@@ -265,7 +288,8 @@ def structured_config(name: str, opts) -> StructuredConfig:
     units = ("channel",) if o.units is None and name == "corp" else _units(o.units)
     cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,
                            allocation=o.allocation or "uniform", rounding=opts.rounding or "ceil",
-                           sparsity=float(opts.sparsity), seed=int(opts.seed or 0))
+                           sparsity=float(opts.sparsity), seed=int(opts.seed or 0),
+                           width_multiple=1 if o.width_multiple is None else o.width_multiple)
     cfg.validate()
     return cfg
 
@@ -281,11 +305,12 @@ def check_reachable(name: str, adapter: Adapter, opts) -> None:
     from secateur.budgets.allocate import UNIT_NAMES, uniform_reach
     from secateur.structured.units import inventory
 
-    reach = uniform_reach(inventory(adapter, cfg.kinds), cfg.rounding)
+    reach = uniform_reach(inventory(adapter, cfg.kinds), cfg.rounding, cfg.width_multiple)
     if cfg.sparsity > reach:
-        kept = " and one ".join(UNIT_NAMES.get(k, k) for k in cfg.kinds)
+        kept = " and ".join(f"one {UNIT_NAMES.get(k, k)}" if k != "channel" or cfg.width_multiple == 1 else
+                            f"{cfg.width_multiple} MLP channels (--width-multiple)" for k in cfg.kinds)
         raise SecateurError(f"--sparsity {cfg.sparsity} cannot be reached with --structured {name}: at most "
-                            f"{reach:.4f} of the removable parameters can go, because at least one {kept} per layer "
+                            f"{reach:.4f} of the removable parameters can go, because at least {kept} per layer "
                             f"are kept (ceil rounding); use --sparsity {math.floor(reach * 1000) / 1000} or less")
 
 

@@ -193,7 +193,8 @@ def prune_structured_streamed(model: nn.Module, adapter: Adapter, ids: torch.Ten
     t = time.perf_counter()
     inv_opts, score_opts = _score_opts(cfg)
     sel = select_units(adapter, cfg.score, cfg.sparsity, None, kinds=cfg.kinds, allocation=_allocation(cfg),
-                       rounding=cfg.rounding, seed=cfg.seed, scores=scores, inv=inv, **inv_opts, **score_opts)
+                       rounding=cfg.rounding, seed=cfg.seed, scores=scores, inv=inv, width_multiple=cfg.width_multiple,
+                       **inv_opts, **score_opts)
     timings["select_s"] = time.perf_counter() - t
     records, memory = write_selection(model, adapter, ids, cfg, sel, stats, open_writer, timings,
                                       chunk_size=chunk_size, device=device, progress=progress)
