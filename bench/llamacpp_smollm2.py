@@ -101,12 +101,14 @@ def windows() -> tuple[list[list[int]], list[int], str]:
 
 
 def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
-    """In this (fresh) process: llama.cpp's perplexity on the windows, prefill and decode tokens/s."""
+    """In this (fresh) process: llama.cpp's perplexity on the windows (``logits_all``), then prefill and decode
+    tokens/s on a second context without ``logits_all`` (only the last position's logits, as a server computes
+    them: copying 512 x 49152 logits out would be timed otherwise)."""
+    import llama_cpp
     import numpy as np
-    from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=SEQLEN, n_batch=SEQLEN, n_threads=THREADS, n_threads_batch=THREADS,
-                logits_all=True, verbose=False)
+    common = dict(model_path=str(path), n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    llm = llama_cpp.Llama(n_ctx=SEQLEN, n_batch=SEQLEN, n_ubatch=SEQLEN, logits_all=True, **common)
     nll, n = 0.0, 0
     for w, k in zip(wins, scored):
         llm.reset()
@@ -115,20 +117,29 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
         lp = logits - logits.max(-1, keepdims=True)
         lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
         T = len(w)
-        rows = np.arange(T - 1 - k, T - 1)
+        rows = np.arange(T - 1 - k, T - 1)  # the positions predicting the window's last k tokens
         nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
         n += k
+    llm.close()
+    llm = llama_cpp.Llama(n_ctx=PREFILL + DECODE, n_batch=PREFILL, n_ubatch=PREFILL, logits_all=False, **common)
+    vocab = llm.n_vocab()
+
+    def last() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
+
     prompt = wins[0][:PREFILL]
+    llm.eval(prompt[:8])  # warm-up (first-call allocations), then timed from an empty cache
     llm.reset()
     t = time.perf_counter()
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t)
-    tok = int(np.argmax(llm.scores[len(prompt) - 1]))
+    tok = last()
     t = time.perf_counter()
     for _ in range(DECODE):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = last()
     decode = DECODE / (time.perf_counter() - t)
+    llm.close()
     return {"ppl": math.exp(nll / n), "scored_tokens": n, "prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
