@@ -45,6 +45,10 @@ ROWS: dict[str, list[str]] = {
     "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "12", "--heldout", "4",
                    "--positions", "32", "--top-r", "256"],
 }
+# the dense row is the dequantized cache folder of the GGUF alias: transformers converted its tokenizer with a
+# plain ByteLevel pre-tokenizer (gpt-2), SmolLM2's own is llama.cpp's smollm (digits one by one), which the pruned
+# rows copy from the source GGUF their report names
+EXPORT_EXTRA = {"dense": ["--tokenizer-pre", "smollm"]}
 TYPES = ("f16", "q8_0")
 SEQLEN, WINDOWS, PREFILL, DECODE, THREADS = 512, 8, 512, 64, 2
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
@@ -77,7 +81,8 @@ def prepare() -> None:
                    "--quiet"])
         for typ in TYPES:
             if not gguf_path(row, typ).exists():
-                _call([*SECATEUR, "export", "gguf", str(src), "--out", str(gguf_path(row, typ)), "--type", typ])
+                _call([*SECATEUR, "export", "gguf", str(src), "--out", str(gguf_path(row, typ)), "--type", typ,
+                       *EXPORT_EXTRA.get(row, [])])
         hf = OUT / f"{row}.hf-ppl.json"
         if not hf.exists():
             _call([*SECATEUR, "eval", "ppl", "--model", str(src), "--dataset", "wikitext2", "--seqlen", str(SEQLEN),

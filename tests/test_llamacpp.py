@@ -102,6 +102,24 @@ def _uneven_qwen2():
     return 3, sel, reps
 
 
+def _uneven0_llama():
+    """Layer 0 loses its attention (llama.cpp takes the head size from layer 0: a zero head), layer 1 a KV group
+    and its MLP, layer 2 its attention and MLP but keeps an o_proj bias (a zero head carrying it)."""
+    g = torch.Generator().manual_seed(1)
+    sel = Selection(8, 4, {0: LayerKeep(heads=[], kv_heads=[]), 1: LayerKeep(heads=[2, 3], kv_heads=[1], channels=[]),
+                           2: LayerKeep(heads=[], kv_heads=[], channels=[])})
+    return 4, sel, {(2, "o"): Replacement(torch.zeros(32, 0), 0.1 * torch.randn(32, generator=g))}
+
+
+def _heads_qwen2():
+    """Qwen2 with a KV group removed in layer 0 (the q bias has 16 rows: deci reads it per layer)."""
+    return 2, Selection(8, 2, {0: LayerKeep(heads=[0, 1], kv_heads=[0])}), None
+
+
+UNEVEN = {("llama", "uneven"): _uneven_llama, ("qwen2", "uneven"): _uneven_qwen2,
+          ("llama", "uneven0"): _uneven0_llama, ("qwen2", "heads"): _heads_qwen2}
+
+
 def make_run(family: str, case: str, path: Path) -> Path:
     if case == "dense":
         return save_run(tiny_model(family, layers=2), path)
@@ -109,7 +127,7 @@ def make_run(family: str, case: str, path: Path) -> Path:
         m = tiny_model(family, layers=2)
         kinds = ("kv_group", "channel") if family == "llama" else ("channel",)
         return save_run(m, path, select_units(get_adapter(m), "magnitude", 0.5, kinds=kinds))
-    layers, sel, reps = (_uneven_llama if family == "llama" else _uneven_qwen2)()
+    layers, sel, reps = UNEVEN[family, case]()
     return save_run(tiny_model(family, layers=layers), path, sel, reps)
 
 
@@ -254,6 +272,8 @@ def forward_with_bound(run: Path, ids: np.ndarray, imp: Impl) -> tuple[np.ndarra
         if n_heads:
             x, ex = rms_norm(h, e, sd[p + "input_layernorm.weight"], eps)
             h, e = residual(h, e, *attention(x, ex, W, n_heads, n_kv, hd, theta, imp))
+        elif "o.b" in W:  # a removed attention whose compensation bias stays
+            h, e = residual(h, e, W["o.b"], 0.0)
         if W["down"].shape[1]:
             x, ex = rms_norm(h, e, sd[p + "post_attention_layernorm.weight"], eps)
             h, e = residual(h, e, *mlp(x, ex, W, imp))
@@ -286,7 +306,8 @@ def hf_logits(run: Path, ids: np.ndarray) -> np.ndarray:
 
 
 CASES = [("llama", "dense", "llama"), ("llama", "uniform", "llama"), ("llama", "uneven", "deci"),
-         ("qwen2", "dense", "qwen2"), ("qwen2", "uniform", "qwen2"), ("qwen2", "uneven", "deci")]
+         ("llama", "uneven0", "deci"), ("qwen2", "dense", "qwen2"), ("qwen2", "uniform", "qwen2"),
+         ("qwen2", "uneven", "deci"), ("qwen2", "heads", "deci")]
 
 
 @pytest.mark.parametrize("qtype", ["f32", "f16"])
