@@ -51,6 +51,9 @@ ROWS: dict[str, list[str]] = {
 EXPORT_EXTRA = {"dense": ["--tokenizer-pre", "smollm"]}
 TYPES = ("f16", "q8_0")
 SEQLEN, WINDOWS, PREFILL, DECODE, THREADS = 512, 8, 512, 64, 2
+# llama.cpp's own tools default to flash attention "auto" (on for the CPU backend); llama-cpp-python's default is
+# off, which also pads a deci model's V cache to its widest layer
+FLASH_ATTN = True
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
 
 
@@ -126,7 +129,8 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
         nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
         n += k
     llm.close()
-    llm = llama_cpp.Llama(n_ctx=PREFILL + DECODE, n_batch=PREFILL, n_ubatch=PREFILL, logits_all=False, **common)
+    llm = llama_cpp.Llama(n_ctx=PREFILL + DECODE, n_batch=PREFILL, n_ubatch=PREFILL, logits_all=False,
+                          flash_attn=FLASH_ATTN, **common)
     vocab = llm.n_vocab()
 
     def last() -> int:
@@ -146,6 +150,20 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
     decode = DECODE / (time.perf_counter() - t)
     llm.close()
     return {"ppl": math.exp(nll / n), "scored_tokens": n, "prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def arch_of(path: Path) -> str:
+    import gguf
+
+    return gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+
+
+def f16_matrices(path: Path) -> int:
+    """Matrices the exporter stored as f16 in a q8_0 file (rows not a multiple of 32: pruned FFN widths)."""
+    import gguf
+
+    return sum(1 for t in gguf.GGUFReader(str(path)).tensors
+               if len(t.shape) == 2 and t.tensor_type == gguf.GGMLQuantizationType.F16)
 
 
 def measure(repeats: int) -> None:
@@ -176,7 +194,9 @@ def measure(repeats: int) -> None:
             "decode_tok_s": statistics.median(p["decode_tok_s"] for p in per),
             "prefill_vs_dense": statistics.median(p["prefill_tok_s"] / d["prefill_tok_s"] for p, d in zip(per, dense)),
             "decode_vs_dense": statistics.median(p["decode_tok_s"] / d["decode_tok_s"] for p, d in zip(per, dense)),
-            "repeats": repeats, "threads": THREADS, "llama_cpp_python": llama_cpp.__version__,
+            "repeats": repeats, "threads": THREADS, "flash_attn": FLASH_ATTN, "arch": arch_of(gguf_path(row, typ)),
+            "f16_matrices": f16_matrices(gguf_path(row, typ)) if typ != "f16" else None,
+            "llama_cpp_python": llama_cpp.__version__,
             "loadavg_1m": os.getloadavg()[0],
         }, unique_key=True)
 
@@ -188,15 +208,21 @@ def render() -> None:
          f"`{rows[0]['protocol'] if rows else '-'}`, first {WINDOWS} windows, llama.cpp's logits beside "
          "`secateur eval ppl` on the HF folder. Speed: prefill 512 tokens and decode 64 tokens at 2 threads, each "
          "model in its own process, rounds alternated, median over rounds; ratio to dense within each round.", "",
-         "| row | type | file MB | ppl llama.cpp | ppl HF (f32) | prefill tok/s | x dense | decode tok/s | x dense |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| row | arch | type | file MB | ppl llama.cpp | ppl HF (f32) | prefill tok/s | x dense | decode tok/s "
+         "| x dense |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        L.append(f"| {r['row']} | {r['type']} | {r['file_bytes'] / 1e6:.1f} | {fmt(r['ppl_llamacpp'])} | "
+        typ = r["type"] + (f" ({r['f16_matrices']} f16)" if r.get("f16_matrices") else "")
+        L.append(f"| {r['row']} | {r.get('arch', '-')} | {typ} | {r['file_bytes'] / 1e6:.1f} | "
+                 f"{fmt(r['ppl_llamacpp'])} | "
                  f"{fmt(r['ppl_hf'])} | {fmt(r['prefill_tok_s'], 0)} | {fmt(r['prefill_vs_dense'])} | "
                  f"{fmt(r['decode_tok_s'], 1)} | {fmt(r['decode_vs_dense'])} |")
     if rows:
-        L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds; machine: 2 cores "
-              "(load average in the JSONL rows; other work ran beside these measurements)."]
+        L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds, flash attention "
+              f"{'on' if rows[0].get('flash_attn') else 'off'} for the speed runs; machine: 2 cores shared with other "
+              "work (load average in the JSONL rows): absolute tokens/s are low and noisy, the ratios to dense "
+              "(taken within each round) are the comparison. `q8_0 (n f16)`: n matrices stay f16 because their rows "
+              "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
     MD.write_text("\n".join(L) + "\n")
 
 
