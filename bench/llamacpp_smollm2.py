@@ -13,10 +13,11 @@ windows of 512, 32 positions, top-r 256).
 Perplexity: WikiText-2 test, the very windows of ``secateur eval ppl --seqlen 512 --max-windows 8`` (the same
 token ids from secateur's tokenizer and window plan, BOS rule included), scored from llama.cpp's logits
 (``logits_all``) in float64 on this side; the HF number is ``secateur eval ppl`` on the run folder, beside it.
-Speed: prefill of 512 tokens (one ``eval`` call, n_batch 512) and decode of 64 tokens one at a time (greedy
-argmax fed back), tokens/s at 2 threads; every (model, type) is measured in its own fresh process, the rows are
-alternated in rounds (round r measures every model once, in a rotated order), and the ratio to dense is taken
-within each round, then the median over rounds is reported.
+Speed: prefill of 512 tokens (one ``eval`` call, n_batch 512, only the last position's logits) and decode of 64
+tokens one at a time (greedy argmax fed back), tokens/s at 2 threads, flash attention on (llama.cpp's tools
+default); every (model, type) is measured in its own fresh process, the rows are alternated in rounds (round r
+measures every model once, in a rotated order), and the ratio to dense is taken within each round, then the
+median over rounds is reported. Perplexity is computed in the first round only (deterministic).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def windows() -> tuple[list[list[int]], list[int], str]:
     return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(SEQLEN, None, rule)
 
 
-def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
+def measure_one(path: Path, wins: list[list[int]], scored: list[int], with_ppl: bool = True) -> dict:
     """In this (fresh) process: llama.cpp's perplexity on the windows (``logits_all``), then prefill and decode
     tokens/s on a second context without ``logits_all`` (only the last position's logits, as a server computes
     them: copying 512 x 49152 logits out would be timed otherwise)."""
@@ -116,19 +117,9 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
     import numpy as np
 
     common = dict(model_path=str(path), n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
-    llm = llama_cpp.Llama(n_ctx=SEQLEN, n_batch=SEQLEN, n_ubatch=SEQLEN, logits_all=True, **common)
-    nll, n = 0.0, 0
-    for w, k in zip(wins, scored):
-        llm.reset()
-        llm.eval(w)
-        logits = np.asarray(llm.scores[:len(w)], dtype=np.float64)
-        lp = logits - logits.max(-1, keepdims=True)
-        lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
-        T = len(w)
-        rows = np.arange(T - 1 - k, T - 1)  # the positions predicting the window's last k tokens
-        nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
-        n += k
-    llm.close()
+    out = {}
+    if with_ppl:
+        out = ppl_one(common, wins, scored)
     llm = llama_cpp.Llama(n_ctx=PREFILL + DECODE, n_batch=PREFILL, n_ubatch=PREFILL, logits_all=False,
                           flash_attn=FLASH_ATTN, **common)
     vocab = llm.n_vocab()
@@ -149,7 +140,28 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
         tok = last()
     decode = DECODE / (time.perf_counter() - t)
     llm.close()
-    return {"ppl": math.exp(nll / n), "scored_tokens": n, "prefill_tok_s": prefill, "decode_tok_s": decode}
+    return out | {"prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def ppl_one(common: dict, wins: list[list[int]], scored: list[int]) -> dict:
+    """llama.cpp's perplexity on the windows, from its logits at every position (``logits_all``)."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(n_ctx=SEQLEN, n_batch=SEQLEN, n_ubatch=SEQLEN, logits_all=True, **common)
+    nll, n = 0.0, 0
+    for w, k in zip(wins, scored):
+        llm.reset()
+        llm.eval(w)
+        logits = np.asarray(llm.scores[:len(w)], dtype=np.float64)
+        lp = logits - logits.max(-1, keepdims=True)
+        lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+        T = len(w)
+        rows = np.arange(T - 1 - k, T - 1)  # the positions predicting the window's last k tokens
+        nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
+        n += k
+    llm.close()
+    return {"ppl": math.exp(nll / n), "scored_tokens": n}
 
 
 def arch_of(path: Path) -> str:
@@ -178,7 +190,8 @@ def measure(repeats: int) -> None:
         order = todo[rep % len(todo):] + todo[:rep % len(todo)]  # rotated: no model always runs first
         res = {}
         for row, typ in order:
-            out = subprocess.run([sys.executable, __file__, "--child", str(gguf_path(row, typ)), str(blob)],
+            out = subprocess.run([sys.executable, __file__, "--child", str(gguf_path(row, typ)), str(blob),
+                                  str(int(rep == 0))],
                                  capture_output=True, text=True, check=True)
             res[f"{row}|{typ}"] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(res)
@@ -232,11 +245,11 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--render", action="store_true")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         blob = json.loads(Path(a.child[1]).read_text())
-        print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"])))
+        print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"], a.child[2] == "1")))
         return
     if a.prepare:
         prepare()
