@@ -178,11 +178,14 @@ def f16_matrices(path: Path) -> int:
                if len(t.shape) == 2 and t.tensor_type == gguf.GGMLQuantizationType.F16)
 
 
-def measure(repeats: int) -> None:
+def measure(repeats: int, only: list[str] | None = None) -> None:
+    """``only``: measure these rows (dense is measured beside them in every round for the ratios, and its JSONL
+    row is kept unless it is named); a row that finished later is measured without redoing the others."""
     import llama_cpp
 
     wins, scored, protocol = windows()
-    todo = [(r, t) for r in ROWS for t in TYPES if gguf_path(r, t).exists()]
+    rows = [r for r in ROWS if only is None or r in only or r == "dense"]
+    todo = [(r, t) for r in rows for t in TYPES if gguf_path(r, t).exists()]
     blob = WORK / "llamacpp-windows.json"
     blob.write_text(json.dumps({"wins": wins, "scored": scored}))
     rounds: list[dict] = []
@@ -196,6 +199,8 @@ def measure(repeats: int) -> None:
             res[f"{row}|{typ}"] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(res)
     for row, typ in todo:
+        if only is not None and row not in only:
+            continue
         key = f"{row}|{typ}"
         per = [r[key] for r in rounds]
         dense = [r[f"dense|{typ}"] for r in rounds]
@@ -244,6 +249,7 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rows", default=None, help="comma-separated rows to measure (default: every prepared row)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -254,7 +260,7 @@ def main() -> None:
     if a.prepare:
         prepare()
     if a.measure:
-        measure(a.repeats)
+        measure(a.repeats, a.rows.split(",") if a.rows else None)
     render()
 
 
