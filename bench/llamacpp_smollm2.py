@@ -238,8 +238,11 @@ def render() -> None:
     if rows:
         L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds, flash attention "
               f"{'on' if rows[0].get('flash_attn') else 'off'} for the speed runs; machine: 2 cores shared with other "
-              "work (load average in the JSONL rows): absolute tokens/s are low and noisy, the ratios to dense "
-              "(taken within each round) are the comparison. `q8_0 (n f16)`: n matrices stay f16 because their rows "
+              f"work, 1-minute load average {min(r['loadavg_1m'] for r in rows):.1f}-"
+              f"{max(r['loadavg_1m'] for r in rows):.1f} during the runs: the speed columns are dominated by that "
+              "contention (a ratio below 1 for a model with fewer parameters is contention, not the model) and "
+              "should be re-measured on an idle machine; the perplexity columns are exact. "
+              "`q8_0 (n f16)`: n matrices stay f16 because their rows "
               "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
     MD.write_text("\n".join(L) + "\n")
 
