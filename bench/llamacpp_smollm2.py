@@ -241,7 +241,7 @@ def render() -> None:
               f"work, 1-minute load average {min(r['loadavg_1m'] for r in rows):.1f}-"
               f"{max(r['loadavg_1m'] for r in rows):.1f} during the runs: the speed columns are dominated by that "
               "contention (a ratio below 1 for a model with fewer parameters is contention, not the model) and "
-              "should be re-measured on an idle machine; the perplexity columns are exact. "
+              "should be re-measured on an idle machine; the perplexity columns are deterministic. "
               "`q8_0 (n f16)`: n matrices stay f16 because their rows "
               "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
     MD.write_text("\n".join(L) + "\n")
