@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench-quick
+.PHONY: setup demo test lint bench-quick deploy
 
 setup: $(VENV)/.installed
 
@@ -23,3 +23,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
+
+# llama.cpp for the GGUF exports (extra [deploy]): llama-cpp-python builds its vendored llama.cpp from source,
+# ~30+ minutes on 2 cores, once. Not needed by `make test` (tests/test_llamacpp.py skips without it).
+deploy: $(VENV)/.deploy
+
+$(VENV)/.deploy: $(VENV)/.installed
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -e '.[deploy]'
+	touch $@

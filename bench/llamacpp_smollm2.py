@@ -13,10 +13,11 @@ windows of 512, 32 positions, top-r 256).
 Perplexity: WikiText-2 test, the very windows of ``secateur eval ppl --seqlen 512 --max-windows 8`` (the same
 token ids from secateur's tokenizer and window plan, BOS rule included), scored from llama.cpp's logits
 (``logits_all``) in float64 on this side; the HF number is ``secateur eval ppl`` on the run folder, beside it.
-Speed: prefill of 512 tokens (one ``eval`` call, n_batch 512) and decode of 64 tokens one at a time (greedy
-argmax fed back), tokens/s at 2 threads; every (model, type) is measured in its own fresh process, the rows are
-alternated in rounds (round r measures every model once, in a rotated order), and the ratio to dense is taken
-within each round, then the median over rounds is reported.
+Speed: prefill of 512 tokens (one ``eval`` call, n_batch 512, only the last position's logits) and decode of 64
+tokens one at a time (greedy argmax fed back), tokens/s at 2 threads, flash attention on (llama.cpp's tools
+default); every (model, type) is measured in its own fresh process, the rows are alternated in rounds (round r
+measures every model once, in a rotated order), and the ratio to dense is taken within each round, then the
+median over rounds is reported. Perplexity is computed in the first round only (deterministic).
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ ROWS: dict[str, list[str]] = {
     "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "12", "--heldout", "4",
                    "--positions", "32", "--top-r", "256"],
 }
+# the dense row is the dequantized cache folder of the GGUF alias: transformers converted its tokenizer with a
+# plain ByteLevel pre-tokenizer (gpt-2), SmolLM2's own is llama.cpp's smollm (digits one by one), which the pruned
+# rows copy from the source GGUF their report names
+EXPORT_EXTRA = {"dense": ["--tokenizer-pre", "smollm"]}
 TYPES = ("f16", "q8_0")
 SEQLEN, WINDOWS, PREFILL, DECODE, THREADS = 512, 8, 512, 64, 2
+# llama.cpp's own tools default to flash attention "auto" (on for the CPU backend); llama-cpp-python's default is
+# off, which also pads a deci model's V cache to its widest layer
+FLASH_ATTN = True
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
 
 
@@ -77,7 +85,8 @@ def prepare() -> None:
                    "--quiet"])
         for typ in TYPES:
             if not gguf_path(row, typ).exists():
-                _call([*SECATEUR, "export", "gguf", str(src), "--out", str(gguf_path(row, typ)), "--type", typ])
+                _call([*SECATEUR, "export", "gguf", str(src), "--out", str(gguf_path(row, typ)), "--type", typ,
+                       *EXPORT_EXTRA.get(row, [])])
         hf = OUT / f"{row}.hf-ppl.json"
         if not hf.exists():
             _call([*SECATEUR, "eval", "ppl", "--model", str(src), "--dataset", "wikitext2", "--seqlen", str(SEQLEN),
@@ -100,13 +109,46 @@ def windows() -> tuple[list[list[int]], list[int], str]:
     return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(SEQLEN, None, rule)
 
 
-def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
-    """In this (fresh) process: llama.cpp's perplexity on the windows, prefill and decode tokens/s."""
+def measure_one(path: Path, wins: list[list[int]], scored: list[int], with_ppl: bool = True) -> dict:
+    """In this (fresh) process: llama.cpp's perplexity on the windows (``logits_all``), then prefill and decode
+    tokens/s on a second context without ``logits_all`` (only the last position's logits, as a server computes
+    them: copying 512 x 49152 logits out would be timed otherwise)."""
+    import llama_cpp
     import numpy as np
-    from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=SEQLEN, n_batch=SEQLEN, n_threads=THREADS, n_threads_batch=THREADS,
-                logits_all=True, verbose=False)
+    common = dict(model_path=str(path), n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    out = {}
+    if with_ppl:
+        out = ppl_one(common, wins, scored)
+    llm = llama_cpp.Llama(n_ctx=PREFILL + DECODE, n_batch=PREFILL, n_ubatch=PREFILL, logits_all=False,
+                          flash_attn=FLASH_ATTN, **common)
+    vocab = llm.n_vocab()
+
+    def last() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
+
+    prompt = wins[0][:PREFILL]
+    llm.eval(prompt[:8])  # warm-up (first-call allocations), then timed from an empty cache
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    prefill = len(prompt) / (time.perf_counter() - t)
+    tok = last()
+    t = time.perf_counter()
+    for _ in range(DECODE):
+        llm.eval([tok])
+        tok = last()
+    decode = DECODE / (time.perf_counter() - t)
+    llm.close()
+    return out | {"prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def ppl_one(common: dict, wins: list[list[int]], scored: list[int]) -> dict:
+    """llama.cpp's perplexity on the windows, from its logits at every position (``logits_all``)."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(n_ctx=SEQLEN, n_batch=SEQLEN, n_ubatch=SEQLEN, logits_all=True, **common)
     nll, n = 0.0, 0
     for w, k in zip(wins, scored):
         llm.reset()
@@ -115,28 +157,35 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
         lp = logits - logits.max(-1, keepdims=True)
         lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
         T = len(w)
-        rows = np.arange(T - 1 - k, T - 1)
+        rows = np.arange(T - 1 - k, T - 1)  # the positions predicting the window's last k tokens
         nll -= float(lp[rows, np.asarray(w)[rows + 1]].sum())
         n += k
-    prompt = wins[0][:PREFILL]
-    llm.reset()
-    t = time.perf_counter()
-    llm.eval(prompt)
-    prefill = len(prompt) / (time.perf_counter() - t)
-    tok = int(np.argmax(llm.scores[len(prompt) - 1]))
-    t = time.perf_counter()
-    for _ in range(DECODE):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    decode = DECODE / (time.perf_counter() - t)
-    return {"ppl": math.exp(nll / n), "scored_tokens": n, "prefill_tok_s": prefill, "decode_tok_s": decode}
+    llm.close()
+    return {"ppl": math.exp(nll / n), "scored_tokens": n}
 
 
-def measure(repeats: int) -> None:
+def arch_of(path: Path) -> str:
+    import gguf
+
+    return gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+
+
+def f16_matrices(path: Path) -> int:
+    """Matrices the exporter stored as f16 in a q8_0 file (rows not a multiple of 32: pruned FFN widths)."""
+    import gguf
+
+    return sum(1 for t in gguf.GGUFReader(str(path)).tensors
+               if len(t.shape) == 2 and t.tensor_type == gguf.GGMLQuantizationType.F16)
+
+
+def measure(repeats: int, only: list[str] | None = None) -> None:
+    """``only``: measure these rows (dense is measured beside them in every round for the ratios, and its JSONL
+    row is kept unless it is named); a row that finished later is measured without redoing the others."""
     import llama_cpp
 
     wins, scored, protocol = windows()
-    todo = [(r, t) for r in ROWS for t in TYPES if gguf_path(r, t).exists()]
+    rows = [r for r in ROWS if only is None or r in only or r == "dense"]
+    todo = [(r, t) for r in rows for t in TYPES if gguf_path(r, t).exists()]
     blob = WORK / "llamacpp-windows.json"
     blob.write_text(json.dumps({"wins": wins, "scored": scored}))
     rounds: list[dict] = []
@@ -144,11 +193,14 @@ def measure(repeats: int) -> None:
         order = todo[rep % len(todo):] + todo[:rep % len(todo)]  # rotated: no model always runs first
         res = {}
         for row, typ in order:
-            out = subprocess.run([sys.executable, __file__, "--child", str(gguf_path(row, typ)), str(blob)],
+            out = subprocess.run([sys.executable, __file__, "--child", str(gguf_path(row, typ)), str(blob),
+                                  str(int(rep == 0))],
                                  capture_output=True, text=True, check=True)
             res[f"{row}|{typ}"] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(res)
     for row, typ in todo:
+        if only is not None and row not in only:
+            continue
         key = f"{row}|{typ}"
         per = [r[key] for r in rounds]
         dense = [r[f"dense|{typ}"] for r in rounds]
@@ -160,7 +212,9 @@ def measure(repeats: int) -> None:
             "decode_tok_s": statistics.median(p["decode_tok_s"] for p in per),
             "prefill_vs_dense": statistics.median(p["prefill_tok_s"] / d["prefill_tok_s"] for p, d in zip(per, dense)),
             "decode_vs_dense": statistics.median(p["decode_tok_s"] / d["decode_tok_s"] for p, d in zip(per, dense)),
-            "repeats": repeats, "threads": THREADS, "llama_cpp_python": llama_cpp.__version__,
+            "repeats": repeats, "threads": THREADS, "flash_attn": FLASH_ATTN, "arch": arch_of(gguf_path(row, typ)),
+            "f16_matrices": f16_matrices(gguf_path(row, typ)) if typ != "f16" else None,
+            "llama_cpp_python": llama_cpp.__version__,
             "loadavg_1m": os.getloadavg()[0],
         }, unique_key=True)
 
@@ -172,15 +226,24 @@ def render() -> None:
          f"`{rows[0]['protocol'] if rows else '-'}`, first {WINDOWS} windows, llama.cpp's logits beside "
          "`secateur eval ppl` on the HF folder. Speed: prefill 512 tokens and decode 64 tokens at 2 threads, each "
          "model in its own process, rounds alternated, median over rounds; ratio to dense within each round.", "",
-         "| row | type | file MB | ppl llama.cpp | ppl HF (f32) | prefill tok/s | x dense | decode tok/s | x dense |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| row | arch | type | file MB | ppl llama.cpp | ppl HF (f32) | prefill tok/s | x dense | decode tok/s "
+         "| x dense |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        L.append(f"| {r['row']} | {r['type']} | {r['file_bytes'] / 1e6:.1f} | {fmt(r['ppl_llamacpp'])} | "
+        typ = r["type"] + (f" ({r['f16_matrices']} f16)" if r.get("f16_matrices") else "")
+        L.append(f"| {r['row']} | {r.get('arch', '-')} | {typ} | {r['file_bytes'] / 1e6:.1f} | "
+                 f"{fmt(r['ppl_llamacpp'])} | "
                  f"{fmt(r['ppl_hf'])} | {fmt(r['prefill_tok_s'], 0)} | {fmt(r['prefill_vs_dense'])} | "
                  f"{fmt(r['decode_tok_s'], 1)} | {fmt(r['decode_vs_dense'])} |")
     if rows:
-        L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds; machine: 2 cores "
-              "(load average in the JSONL rows; other work ran beside these measurements)."]
+        L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds, flash attention "
+              f"{'on' if rows[0].get('flash_attn') else 'off'} for the speed runs; machine: 2 cores shared with other "
+              f"work, 1-minute load average {min(r['loadavg_1m'] for r in rows):.1f}-"
+              f"{max(r['loadavg_1m'] for r in rows):.1f} during the runs: the speed columns are dominated by that "
+              "contention (a ratio below 1 for a model with fewer parameters is contention, not the model) and "
+              "should be re-measured on an idle machine; the perplexity columns are deterministic. "
+              "`q8_0 (n f16)`: n matrices stay f16 because their rows "
+              "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
     MD.write_text("\n".join(L) + "\n")
 
 
@@ -189,17 +252,18 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rows", default=None, help="comma-separated rows to measure (default: every prepared row)")
     ap.add_argument("--render", action="store_true")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         blob = json.loads(Path(a.child[1]).read_text())
-        print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"])))
+        print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"], a.child[2] == "1")))
         return
     if a.prepare:
         prepare()
     if a.measure:
-        measure(a.repeats)
+        measure(a.repeats, a.rows.split(",") if a.rows else None)
     render()
 
 

@@ -91,7 +91,7 @@ def check_tensors(run, path, bound) -> dict:
         src = hf_name(name)
         y = unpermuted(meta, name, vals)
         if src not in want or want[src].shape != y.shape:  # the zero MLP standing in for a removed one
-            assert name.split(".")[2].startswith("ffn_") and not y.any(), name
+            assert name.split(".")[2].startswith(("ffn_", "attn_")) and not y.any(), name
             continue
         x = want[src]
         seen.add(src)
@@ -133,7 +133,7 @@ def check_common(meta, model_cfg, arch):
     assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(model_cfg.rms_norm_eps)
     assert meta[f"{arch}.vocab_size"] == model_cfg.vocab_size
     assert meta[f"{arch}.rope.dimension_count"] == 8 == meta[f"{arch}.attention.key_length"]
-    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt2"
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
     assert len(meta["tokenizer.ggml.tokens"]) == model_cfg.vocab_size
     assert meta["tokenizer.ggml.merges"] == ["Ġ t"]
     assert meta["tokenizer.ggml.bos_token_id"] == meta["tokenizer.ggml.eos_token_id"] == model_cfg.vocab_size - 1
@@ -247,21 +247,34 @@ def test_uneven_qwen2_with_flap_biases_goes_to_deci(tmp_path):
     assert "blk.1.ffn_down.bias" in got and "blk.2.attn_output.bias" in got
 
 
-def test_refuses_q_bias_after_kv_group_removal(tmp_path):
+def test_qwen2_with_a_kv_group_removed_goes_to_deci(tmp_path):
+    """qwen2 reads attn_q (and its bias) with the hidden size's rows; deci with the layer's heads."""
     m = tiny_model("qwen2", layers=2)
     run = save_run(m, tmp_path / "run", Selection(8, 2, {0: LayerKeep(heads=[0, 1], kv_heads=[0])}))
-    with pytest.raises(SecateurError, match=r"tensor model\.layers\.0\.self_attn\.q_proj\.bias has 16 rows"):
-        gx.export_gguf(run, tmp_path / "m.gguf")
-    assert not list(tmp_path.glob("*.gguf*")) and not list(tmp_path.glob(".m.gguf*"))
+    r = gx.export_gguf(run, tmp_path / "m.gguf", "f32")
+    assert r["arch"] == "deci"
+    meta = check_tensors(run, tmp_path / "m.gguf", exact)
+    assert meta["deci.attention.head_count"] == [2, 4] and meta["deci.attention.head_count_kv"] == [1, 2]
+    assert read_back(tmp_path / "m.gguf")[1]["blk.0.attn_q.bias"][0].shape == (16,)
 
 
-def test_refuses_bias_of_removed_attention(tmp_path):
-    m = tiny_model("llama", layers=2)
+def test_removed_attention_in_layer_0_or_with_a_bias_is_one_zero_head(tmp_path):
+    """llama.cpp takes the head size from layer 0's head count, and its attention-free layer reads no o bias: such
+    a removed attention is one zero head (output exactly 0, plus the bias); elsewhere it has no tensors."""
+    m = tiny_model("llama", layers=4)
     g = torch.Generator().manual_seed(0)
-    reps = {(0, "o"): Replacement(torch.zeros(32, 0), torch.randn(32, generator=g))}
-    run = save_run(m, tmp_path / "run", Selection(8, 2, {0: LayerKeep(heads=[], kv_heads=[])}), reps)
-    with pytest.raises(SecateurError, match=r"model\.layers\.0\.self_attn\.o_proj\.bias is the output of a removed"):
-        gx.export_gguf(run, tmp_path / "m.gguf")
+    reps = {(2, "o"): Replacement(torch.zeros(32, 0), torch.randn(32, generator=g))}
+    sel = Selection(8, 4, {0: LayerKeep(heads=[], kv_heads=[]), 1: LayerKeep(heads=[], kv_heads=[]),
+                           2: LayerKeep(heads=[], kv_heads=[], channels=[])})
+    run = save_run(m, tmp_path / "run", sel, reps)
+    r = gx.export_gguf(run, tmp_path / "m.gguf", "f32")
+    assert r["arch"] == "deci" and sum("one zero head" in n for n in r["notes"]) == 2
+    meta = check_tensors(run, tmp_path / "m.gguf", exact)
+    assert meta["deci.attention.head_count"] == [1, 0, 1, 4] and meta["deci.attention.head_count_kv"] == [1, 0, 1, 2]
+    assert meta["deci.feed_forward_length"] == [64, 64, 1, 64]  # layer 2 keeps its residual add for the bias
+    _, got = read_back(tmp_path / "m.gguf")
+    assert got["blk.0.attn_q.weight"][0].shape == (8, 32) and not got["blk.0.attn_output.weight"][0].any()
+    assert not any(n.startswith("blk.1.attn") for n in got) and "blk.2.attn_output.bias" in got
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gemma3_text"])

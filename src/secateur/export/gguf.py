@@ -18,22 +18,27 @@ Architectures (the *route*, also written under ``secateur.export.route``):
   ``attention.head_count_kv`` and ``feed_forward_length`` are per-layer arrays, ``attention.key_length`` /
   ``value_length`` give the head size; q/k permuted as for ``llama`` (also for a Qwen2 run). A layer whose
   attention was removed has head counts 0 and no attention tensors (llama.cpp's "attention-free" layer: no norm,
-  no residual add, exactly an identity). llama.cpp's ``n_ff = 0`` ("FFN-free") layer skips the whole rest of the
-  layer, the attention output and its residual included, so ``n_ff = 0`` is written only for a layer that
-  lost both its attention and its MLP (and is not the last layer). A layer that keeps its attention but lost its
-  MLP gets an MLP of width 1 with zero weights (output exactly 0, plus its down-projection bias if it has one),
-  named in the returned notes.
+  no residual add, exactly an identity), with two exceptions written as one zero head (q, k, v, o zero: scores
+  0, values 0, output exactly 0): layer 0, because llama.cpp reads the head size and RoPE width only when
+  ``n_head(0) > 0`` (with 0 it takes head size 0 and refuses every other layer's q: "tensor 'blk.1.attn_q.weight'
+  has wrong shape"), and a removed attention that kept its o_proj bias (FLAP's compensation), which the zero head
+  then adds. llama.cpp's ``n_ff = 0`` ("FFN-free") layer skips the whole rest of the layer, the attention output
+  and its residual included, so ``n_ff = 0`` is written only for a layer that lost both its attention and its
+  MLP, kept no o / down bias, and is not the last layer. A layer that keeps its attention but lost its MLP gets
+  an MLP of width 1 with zero weights (output exactly 0, plus its down-projection bias if it has one). Both
+  stand-ins are named in the returned notes. These rules were checked by running llama.cpp
+  (``tests/test_llamacpp.py``: logits equal to the HF model's within float32 rounding).
 
-What llama.cpp cannot read is refused in one line naming the tensor, before anything is written: a q bias whose
-rows differ from the hidden size (llama.cpp's loaders read ``attn_q.bias`` with ``n_embd`` rows), the output bias
-of a removed attention (the attention-free layer reads none), any tensor without a GGUF name. ``qwen2`` reads no
-o_proj / down_proj bias (FLAP's compensation biases): such a run goes to ``deci``, which reads both.
+What llama.cpp cannot read is refused in one line naming the tensor, before anything is written: any tensor
+without a GGUF name. ``qwen2`` reads q (weight and bias) with the hidden size's rows and no o_proj / down_proj
+bias (FLAP's compensation biases): a Qwen2 run with pruned heads or such a bias goes to ``deci``, whose loader
+reads the q bias with the layer's ``n_head * head_dim`` rows (as ``llama``'s does) and both biases.
 
 Tokenizer (``tokenizer.ggml.*``): copied from the GGUF the run was pruned from when its report names one that
 is still there (``model_source``: same sha256), else built from the folder's ``tokenizer.json`` as the
 converter's ``_set_vocab_gpt2`` does (byte-level BPE: ``gpt2`` model, tokens padded to the embedding rows
 with ``[PADn]``, token types, merges, special ids, whether BOS/EOS are added, chat template). The
-pre-tokenizer name comes from ``--tokenizer-pre`` or is recognised from ``tokenizer.json`` (``gpt2``,
+pre-tokenizer name comes from ``--tokenizer-pre`` or is recognised from ``tokenizer.json`` (``gpt-2``,
 ``llama-bpe``, ``qwen2``, ``smollm``); other tokenizers are refused in one line.
 
 ``--type``: ``f32`` (exact), ``f16``, ``bf16``, ``q8_0`` (``gguf.quants``); 1-D tensors and norms stay f32. A
@@ -194,12 +199,6 @@ def _blockers(arch: str, layers: list[LayerShape], hidden: int, head_dim: int, s
     """What ``arch`` (as llama.cpp loads it) cannot hold, one message per tensor; empty when it holds all."""
     why = []
     for i, ly in enumerate(layers):
-        if "q" in ly.biases and ly.n_heads > 0 and ly.n_heads * head_dim != hidden:
-            why.append(f"tensor {_hf(i, 'q', 'bias')} has {ly.n_heads * head_dim} rows but llama.cpp reads "
-                       f"blk.{i}.attn_q.bias with the hidden size {hidden}")
-        if arch == "deci" and ly.n_heads == 0 and "o" in ly.biases:
-            why.append(f"tensor {_hf(i, 'o', 'bias')} is the output of a removed attention, which llama.cpp's "
-                       "attention-free deci layer does not read")
         if arch == "qwen2":
             if ly.n_heads * head_dim != hidden and ly.n_heads > 0:
                 why.append(f"tensor {_hf(i, 'q')} has {ly.n_heads * head_dim} rows but llama.cpp's qwen2 reads "
@@ -247,7 +246,20 @@ def plan_tensors(run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     for i, ly in enumerate(layers):
         p = f"model.layers.{i}."
         blk = f"blk.{i}."
-        if ly.n_heads > 0:
+        if arch == "deci" and _standin_attention(ly, i):
+            # one zero head: scores 0, V 0, output exactly 0 (+ the o bias the removed attention kept)
+            norm = p + "input_layernorm.weight"
+            entries += [Entry(blk + "attn_norm.weight", (hidden,), norm if norm in sh else None),
+                        Entry(blk + "attn_q.weight", (head_dim, hidden), None),
+                        Entry(blk + "attn_k.weight", (head_dim, hidden), None),
+                        Entry(blk + "attn_v.weight", (head_dim, hidden), None),
+                        Entry(blk + "attn_output.weight", (hidden, head_dim), None)]
+            if "o" in ly.biases:
+                entries.append(Entry(blk + "attn_output.bias", sh[_hf(i, "o", "bias")], _hf(i, "o", "bias")))
+            notes.append(f"layer {i} has no attention: written as one zero head ("
+                         + ("llama.cpp reads the head size from layer 0's head count)" if i == 0 else
+                            "it carries the o_proj bias the removed attention kept)"))
+        elif ly.n_heads > 0:
             entries.append(Entry(blk + "attn_norm.weight", sh[p + "input_layernorm.weight"],
                                  p + "input_layernorm.weight"))
             for r, g in _ATTN.items():
@@ -288,11 +300,23 @@ def plan_tensors(run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
 
 def _ff_of(ly: LayerShape, i: int, last: int) -> int:
     """The deci ``feed_forward_length`` of a layer: its width, 0 only for a layer that lost its attention and its
-    MLP (no down bias, not the last layer), else 1 (the zero stand-in MLP)."""
+    MLP and kept no o / down bias (not the last layer), else 1 (the zero stand-in MLP)."""
     if ly.ff > 0:
         return ly.ff
-    dropped = ly.n_heads == 0 and "down" not in ly.biases and i != last
+    dropped = ly.n_heads == 0 and not {"o", "down"} & ly.biases and i != last
     return 0 if dropped else 1
+
+
+def _standin_attention(ly: LayerShape, i: int) -> bool:
+    """A removed attention written as one zero head (deci): in layer 0, whose head count llama.cpp reads the
+    head size from (``n_head(0) = 0`` gives head size 0 and refuses every other layer's q), or one that kept its
+    o_proj bias (the attention-free layer reads none)."""
+    return ly.n_heads == 0 and (i == 0 or "o" in ly.biases)
+
+
+def _heads_of(ly: LayerShape, i: int) -> tuple[int, int]:
+    """The deci ``head_count`` / ``head_count_kv`` of a layer."""
+    return (1, 1) if _standin_attention(ly, i) else (ly.n_heads, ly.n_kv)
 
 
 # --- storage types -------------------------------------------------------------------------------------
@@ -411,7 +435,7 @@ def _pre_of(tok: dict) -> str | None:
     pre = tok.get("pre_tokenizer") or {}
     kind = pre.get("type")
     if kind == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name (its converter writes it; "gpt2" is refused as unknown)
     if kind != "Sequence":
         return None
     parts = pre.get("pretokenizers", [])
@@ -445,7 +469,7 @@ def _hf_tokenizer(w, run_path: Path, vocab: int, pre: str | None) -> str:
     pre = pre or _pre_of(tok)
     if pre is None:
         raise SecateurError(f"secateur does not recognise the pre-tokenizer of {f}; pass --tokenizer-pre NAME "
-                            "(llama.cpp's tokenizer.ggml.pre, e.g. gpt2, llama-bpe, qwen2, smollm)")
+                            "(llama.cpp's tokenizer.ggml.pre, e.g. gpt-2, llama-bpe, qwen2, smollm)")
     ids = dict(model.get("vocab", {}))
     added = {a["id"]: a for a in tok.get("added_tokens", [])}
     for i, a in added.items():
@@ -523,8 +547,8 @@ def _metadata(w, run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     w.add_embedding_length(int(cfg["hidden_size"]))
     if arch == "deci":
         w.add_feed_forward_length([_ff_of(ly, i, last) for i, ly in enumerate(layers)])
-        w.add_head_count([ly.n_heads for ly in layers])
-        w.add_head_count_kv([ly.n_kv for ly in layers])
+        w.add_head_count([_heads_of(ly, i)[0] for i, ly in enumerate(layers)])
+        w.add_head_count_kv([_heads_of(ly, i)[1] for i, ly in enumerate(layers)])
     else:
         w.add_feed_forward_length(layers[0].ff)
         w.add_head_count(layers[0].n_heads)
