@@ -44,6 +44,19 @@ def run_child(script: Path, args: list[str], log: Path) -> int:
                                env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
 
 
+def run_logged(cmd: list[str], log: Path) -> tuple[int, float]:
+    """Run ``cmd`` with its output appended to ``log`` (after the command line): ``(exit code, seconds)``."""
+    import time
+
+    t = time.perf_counter()
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT,
+                             env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+    return rc, time.perf_counter() - t
+
+
 def read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, append_row, fmt, read_rows  # noqa: E402
+from common import run_logged as _run
 from get_models import MODELS, models_dir  # noqa: E402
 
 JSONL = RESULTS / "families.jsonl"
@@ -55,16 +53,6 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "wanda-50-bf16": (["--method", "wanda", "--sparsity", "0.5", "--dtype", "bfloat16"], False),
 }
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
-
-
-def _run(cmd: list[str], log: Path) -> tuple[int, float]:
-    t = time.perf_counter()
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT,
-                             env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
-    return rc, time.perf_counter() - t
 
 
 def _ppl(model: str, work: Path, log: Path, dtype: str = "float32") -> dict:

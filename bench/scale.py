@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, WORK, append_row, fmt, read_rows  # noqa: E402
+from common import run_logged as _run
 
 JSONL = RESULTS / "scale.jsonl"
 MD = RESULTS / "scale.md"
@@ -81,16 +82,6 @@ def model_folder(model: str) -> Path:
 
 def model_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-
-
-def _run(cmd: list[str], log: Path) -> tuple[int, float]:
-    t = time.perf_counter()
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT,
-                             env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
-    return rc, time.perf_counter() - t
 
 
 def _last_line(log: Path) -> str:
