@@ -43,6 +43,8 @@ ROWS: dict[str, list[str]] = {
     "dense": [],
     "wanda-sp-30": ["--method", "wanda-sp", "--sparsity", "0.3"],
     "flap-20-global": ["--method", "flap", "--sparsity", "0.2", "--allocation", "flap-global"],
+    # kept FFN widths multiples of 32: q8_0 quantizes every matrix and llama.cpp's kernels see aligned rows
+    "wanda-sp-30-w32": ["--method", "wanda-sp", "--sparsity", "0.3", "--width-multiple", "32"],
     "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "12", "--heldout", "4",
                    "--positions", "32", "--top-r", "256"],
 }
@@ -71,12 +73,15 @@ def _call(cmd: list[str]) -> None:
     subprocess.check_call(cmd, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
 
 
-def prepare() -> None:
-    """Prune each row (dense: the model folder itself), export f16 and q8_0, and measure the HF perplexity."""
+def prepare(only: list[str] | None = None) -> None:
+    """Prune each row (dense: the model folder itself), export f16 and q8_0, and measure the HF perplexity;
+    ``only``: these rows."""
     from secateur.models.loading import resolve
 
     OUT.mkdir(parents=True, exist_ok=True)
     for row, args in ROWS.items():
+        if only is not None and row not in only:
+            continue
         src = run_dir(row)
         if row == "dense":
             src = Path(resolve("smollm2-135m", "float32")[0])
@@ -239,9 +244,11 @@ def render() -> None:
         L += ["", f"llama-cpp-python {rows[0]['llama_cpp_python']}, {rows[0]['repeats']} rounds, flash attention "
               f"{'on' if rows[0].get('flash_attn') else 'off'} for the speed runs; machine: 2 cores shared with other "
               f"work, 1-minute load average {min(r['loadavg_1m'] for r in rows):.1f}-"
-              f"{max(r['loadavg_1m'] for r in rows):.1f} during the runs: the speed columns are dominated by that "
-              "contention (a ratio below 1 for a model with fewer parameters is contention, not the model) and "
-              "should be re-measured on an idle machine; the perplexity columns are deterministic. "
+              f"{max(r['loadavg_1m'] for r in rows):.1f} during the runs"
+              + (": the speed columns are dominated by that contention and should be re-measured on an idle machine"
+                 if max(r["loadavg_1m"] for r in rows) > 3.0 else
+                 " (the measurement's own 2 threads: every other job was paused)")
+              + "; the perplexity columns are deterministic. "
               "`q8_0 (n f16)`: n matrices stay f16 because their rows "
               "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
     MD.write_text("\n".join(L) + "\n")
@@ -252,7 +259,7 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rows", default=None, help="comma-separated rows to measure (default: every prepared row)")
+    ap.add_argument("--rows", default=None, help="comma-separated rows to prepare or measure (default: all)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -261,7 +268,7 @@ def main() -> None:
         print(json.dumps(measure_one(Path(a.child[0]), blob["wins"], blob["scored"], a.child[2] == "1")))
         return
     if a.prepare:
-        prepare()
+        prepare(a.rows.split(",") if a.rows else None)
     if a.measure:
         measure(a.repeats, a.rows.split(",") if a.rows else None)
     render()
