@@ -313,14 +313,15 @@ def render() -> None:
     L += ["", "Machine: 2 cores, 24 GiB (shared with other work while these ran: load averages are in "
           "`results/scale.jsonl`), torch 2.13.0+cpu. Rows not listed were not run yet; `bench/scale.py` resumes.", "",
           "Notes: `planned GiB` is the memory plan the run printed before it started plus the process's own RSS "
-          "then; the measured peak is 0.2-0.45 GiB above it (the calibration text and the tokenizer are not in the "
+          "then; the measured peak is up to 0.35 GiB above it (the calibration text and the tokenizer are not in the "
           "formula). `llama2-7b-widths-2blocks` is the 7B config with 2 blocks (`bench/make_7b.py --layers 2`): a "
           "streamed run's peak is one block's, so it shows the 32-block model's per-block memory (Grams of one "
           "block: 1.10 GB, against 35 GB for all 32 layers at once); its prune seconds include about 7 minutes "
           "when it was paused (SIGSTOP) while llama.cpp speed was measured. The full 7B-shaped Wanda-sp + LS run "
           "(plan 5.70 GiB) was stopped in its second pass for lack of session time; COEC at 7B widths costs minutes "
-          "of eigendecomposition per 11008-wide down_proj (hours for 32 layers here) and is not run yet. Qwen "
-          "streamed rows predate the untied-head change (the head, 0.55 GB in float32, is no longer held)."]
+          "of eigendecomposition per 11008-wide down_proj (hours for 32 layers here) and is not run yet. The Qwen "
+          "streamed Wanda row was rerun after the untied-head change (the head, 0.55 GB in float32, is no longer "
+          "held): 2.68 GiB before, under a load average of 6-13."]
     MD.write_text("\n".join(L) + "\n")
 
 
