@@ -233,12 +233,41 @@ def choose_route(family: str, layers: list[LayerShape], hidden: int, head_dim: i
 # --- the tensor plan ---------------------------------------------------------------------------------
 
 
+def _attention_entries(arch: str, ly: LayerShape, i: int, sh: dict, hidden: int, head_dim: int,
+                       notes: list[str]) -> list[Entry]:
+    """Layer ``i``'s attention tensors in writing order (none for a removed attention outside ``deci``'s stand-in);
+    appends a note when a zero head stands in for a removed attention."""
+    p, blk, entries = f"model.layers.{i}.", f"blk.{i}.", []
+    permute = arch in ("llama", "deci")
+    if arch == "deci" and _standin_attention(ly, i):
+        # one zero head: scores 0, V 0, output exactly 0 (+ the o bias the removed attention kept)
+        norm = p + "input_layernorm.weight"
+        entries += [Entry(blk + "attn_norm.weight", (hidden,), norm if norm in sh else None),
+                    Entry(blk + "attn_q.weight", (head_dim, hidden), None),
+                    Entry(blk + "attn_k.weight", (head_dim, hidden), None),
+                    Entry(blk + "attn_v.weight", (head_dim, hidden), None),
+                    Entry(blk + "attn_output.weight", (hidden, head_dim), None)]
+        if "o" in ly.biases:
+            entries.append(Entry(blk + "attn_output.bias", sh[_hf(i, "o", "bias")], _hf(i, "o", "bias")))
+        notes.append(f"layer {i} has no attention: written as one zero head ("
+                     + ("llama.cpp reads the head size from layer 0's head count)" if i == 0 else
+                        "it carries the o_proj bias the removed attention kept)"))
+    elif ly.n_heads > 0:
+        entries.append(Entry(blk + "attn_norm.weight", sh[p + "input_layernorm.weight"],
+                             p + "input_layernorm.weight"))
+        for r, g in _ATTN.items():
+            heads = {"q": ly.n_heads, "k": ly.n_kv}.get(r, 0) if permute else 0
+            entries.append(Entry(blk + g + ".weight", sh[_hf(i, r)], _hf(i, r), heads))
+            if r in ly.biases:
+                entries.append(Entry(blk + g + ".bias", sh[_hf(i, r, "bias")], _hf(i, r, "bias"), heads))
+    return entries
+
+
 def plan_tensors(run: RunFolder, arch: str, layers: list[LayerShape], head_dim: int
                  ) -> tuple[list[Entry], list[str]]:
     """Every GGUF tensor in writing order (and notes on zero-width stand-ins); refuses a run tensor left over."""
     cfg, sh = run.config, run.shapes
     hidden = int(cfg["hidden_size"])
-    permute = arch in ("llama", "deci")
     entries = [Entry("token_embd.weight", sh["model.embed_tokens.weight"], "model.embed_tokens.weight")]
     notes: list[str] = []
     unused: set[str] = set()
@@ -246,27 +275,7 @@ def plan_tensors(run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     for i, ly in enumerate(layers):
         p = f"model.layers.{i}."
         blk = f"blk.{i}."
-        if arch == "deci" and _standin_attention(ly, i):
-            # one zero head: scores 0, V 0, output exactly 0 (+ the o bias the removed attention kept)
-            norm = p + "input_layernorm.weight"
-            entries += [Entry(blk + "attn_norm.weight", (hidden,), norm if norm in sh else None),
-                        Entry(blk + "attn_q.weight", (head_dim, hidden), None),
-                        Entry(blk + "attn_k.weight", (head_dim, hidden), None),
-                        Entry(blk + "attn_v.weight", (head_dim, hidden), None),
-                        Entry(blk + "attn_output.weight", (hidden, head_dim), None)]
-            if "o" in ly.biases:
-                entries.append(Entry(blk + "attn_output.bias", sh[_hf(i, "o", "bias")], _hf(i, "o", "bias")))
-            notes.append(f"layer {i} has no attention: written as one zero head ("
-                         + ("llama.cpp reads the head size from layer 0's head count)" if i == 0 else
-                            "it carries the o_proj bias the removed attention kept)"))
-        elif ly.n_heads > 0:
-            entries.append(Entry(blk + "attn_norm.weight", sh[p + "input_layernorm.weight"],
-                                 p + "input_layernorm.weight"))
-            for r, g in _ATTN.items():
-                heads = {"q": ly.n_heads, "k": ly.n_kv}.get(r, 0) if permute else 0
-                entries.append(Entry(blk + g + ".weight", sh[_hf(i, r)], _hf(i, r), heads))
-                if r in ly.biases:
-                    entries.append(Entry(blk + g + ".bias", sh[_hf(i, r, "bias")], _hf(i, r, "bias"), heads))
+        entries += _attention_entries(arch, ly, i, sh, hidden, head_dim, notes)
         drop_mlp = arch == "deci" and _ff_of(ly, i, last) == 0
         if not drop_mlp:
             entries.append(Entry(blk + "ffn_norm.weight", sh[p + "post_attention_layernorm.weight"],
