@@ -8,7 +8,8 @@ Each row runs three fresh processes through the CLI, so nothing in memory is sha
 ``secateur prune MODEL ... --out DIR`` (the export), ``secateur eval ppl --model DIR`` (one ``from_pretrained``
 of the export) and, for the QK rows, ``secateur eval qk-error --model DIR --dense MODEL``. Protocol (preset
 ``fam-quick``): calibration C4 (local validation documents, Wanda's random-window rule, seed 0) 8 x 512 tokens
-(CoCurve: 8 graph + 4 held-out windows of 512, 32 positions per window, top-r 256); perplexity WikiText-2 test,
+(CoCurve: its ``quick`` preset, as in ``bench/cocurve_smollm2.py``: 4 graph + 4 held-out windows of 256 C4
+tokens, 32 positions per window, top-r 256); perplexity WikiText-2 test,
 ``nonoverlap-1024``, first 4 windows, BOS as the tokenizer adds it (named in each row); QK error: Eq. 49 on
 16 held-out sequences of 512 (secateur's default). The rows resume: a key already in the JSONL is skipped.
 """
@@ -30,7 +31,8 @@ JSONL = RESULTS / "families.jsonl"
 MD = RESULTS / "families.md"
 PRESET = {"name": "fam-quick", "calib": "c4 8 x 512, seed 0", "ppl": "wikitext2 nonoverlap-1024, first 4 windows"}
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
-COCURVE = ["--nsamples", "12", "--heldout", "4", "--positions", "32", "--top-r", "256"]
+# CoCurve's quick preset (issue 16: "CoCurve at its quick preset"); these later flags override CALIB's
+COCURVE = ["--nsamples", "8", "--heldout", "4", "--seqlen", "256", "--positions", "32", "--top-r", "256"]
 #: run -> (CLI arguments after ``prune``, QK error measured)
 RUNS: dict[str, tuple[list[str], bool]] = {
     "magnitude-50": (["--method", "magnitude", "--sparsity", "0.5"], False),

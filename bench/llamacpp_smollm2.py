@@ -7,8 +7,8 @@
 
 Rows: dense, Wanda-sp 30% (uniform widths: the family's own ``llama`` architecture), FLAP 20% with global
 allocation (uneven widths: ``deci``), CoCurve 30% (uneven: ``deci``), each exported as f16 and q8_0 by
-``secateur export gguf``. Calibration C4 8 x 512, seed 0 (CoCurve: its quick preset, 8 graph + 4 held-out
-windows of 512, 32 positions, top-r 256).
+``secateur export gguf``. Calibration C4 8 x 512, seed 0 (CoCurve: its quick preset, 4 graph + 4 held-out
+windows of 256, 32 positions, top-r 256).
 
 Perplexity: WikiText-2 test, the very windows of ``secateur eval ppl --seqlen 512 --max-windows 8`` (the same
 token ids from secateur's tokenizer and window plan, BOS rule included), scored from llama.cpp's logits
@@ -45,8 +45,9 @@ ROWS: dict[str, list[str]] = {
     "flap-20-global": ["--method", "flap", "--sparsity", "0.2", "--allocation", "flap-global"],
     # kept FFN widths multiples of 32: q8_0 quantizes every matrix and llama.cpp's kernels see aligned rows
     "wanda-sp-30-w32": ["--method", "wanda-sp", "--sparsity", "0.3", "--width-multiple", "32"],
-    "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "12", "--heldout", "4",
-                   "--positions", "32", "--top-r", "256"],
+    # CoCurve's quick preset (bench/cocurve_smollm2.py): 4 graph + 4 held-out windows of 256; overrides CALIB
+    "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "8", "--heldout", "4",
+                   "--seqlen", "256", "--positions", "32", "--top-r", "256"],
 }
 # the dense row is the dequantized cache folder of the GGUF alias: transformers converted its tokenizer with a
 # plain ByteLevel pre-tokenizer (gpt-2), SmolLM2's own is llama.cpp's smollm (digits one by one), which the pruned
