@@ -281,6 +281,28 @@ def _missing_parents(p: Path) -> list[Path]:
     return missing
 
 
+def _remove_empty(created: list[Path]) -> None:
+    """Remove the parent folders a failed write created (``_missing_parents``), only while they are empty."""
+    for p in created:
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
+def _raise_write_error(e: BaseException, target: Path, need: int | None) -> None:
+    """Turn a failed write of ``target`` into one line naming the problem and the fix (a full disk with the space
+    needed and free; any other OS or safetensors error); returns for anything else (ours, Ctrl-C, bugs), which
+    the caller re-raises unchanged."""
+    if isinstance(e, SecateurError) or not isinstance(e, Exception):
+        return
+    if _disk_full(e):
+        where = _existing_ancestor(target.parent)
+        needs = f"the export needs about {_mb(need)}, " if need is not None else ""
+        raise SecateurError(f"disk full while writing {target}: {needs}{_mb(shutil.disk_usage(where).free)} "
+                            f"free on {where}; nothing was written") from e
+    if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
+        raise SecateurError(f"could not write {target}: {getattr(e, 'strerror', None) or e}") from e
+
+
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
                need: int | None = None) -> Iterator[Path]:
@@ -311,19 +333,8 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        for p in created:  # only the folders made here, and only while empty
-            with contextlib.suppress(OSError):
-                p.rmdir()
-        if isinstance(e, SecateurError) or not isinstance(e, Exception):
-            raise
-        if _disk_full(e):
-            where = _existing_ancestor(out.parent)
-            free = shutil.disk_usage(where).free
-            needs = f"the export needs about {_mb(need)}, " if need is not None else ""
-            raise SecateurError(f"disk full while writing {out}: {needs}{_mb(free)} free on {where}; "
-                                "nothing was written") from e
-        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
-            raise SecateurError(f"could not write {out}: {getattr(e, 'strerror', None) or e}") from e
+        _remove_empty(created)
+        _raise_write_error(e, out, need)
         raise
 
 
@@ -342,9 +353,7 @@ def write_file_atomic(path: str | Path, text: str) -> Path:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.rmdir()
+        _remove_empty(created)
         if isinstance(e, OSError):
             what = "disk full" if _disk_full(e) else (e.strerror or str(e))
             raise SecateurError(f"could not write {path}: {what}") from e
@@ -414,16 +423,6 @@ def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: i
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.rmdir()
-        if isinstance(e, SecateurError) or not isinstance(e, Exception):
-            raise
-        if _disk_full(e):
-            where = _existing_ancestor(path.parent)
-            needs = f"the export needs about {_mb(need)}, " if need is not None else ""
-            raise SecateurError(f"disk full while writing {path}: {needs}{_mb(shutil.disk_usage(where).free)} "
-                                f"free on {where}; nothing was written") from e
-        if isinstance(e, OSError):
-            raise SecateurError(f"could not write {path}: {e.strerror or e}") from e
+        _remove_empty(created)
+        _raise_write_error(e, path, need)
         raise
