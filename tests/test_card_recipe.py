@@ -26,6 +26,7 @@ from secateur.cli import _explicit_prune_args, build_parser, main
 from secateur.errors import SecateurError
 from secateur.export.card import CARD_NAME, RECIPE_NAME, RECIPE_SCHEMA, front_matter
 from secateur.export.hf import load_masks
+from secateur.methods.registry import resolve
 from secateur.testing import save_tiny, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -91,7 +92,7 @@ def test_card_and_recipe_replay_bit_identical(base, tmp_path, run):
     args = build_parser().parse_args(argv[1:])
     parsed = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items()
                                              if k not in ("func", "command", "recipe")})
-    parsed.method = api.resolve(parsed.method, parsed.structured).name  # as validate() does (--out exists now)
+    parsed.method = resolve(parsed.method, parsed.structured).name  # as validate() does (--out exists now)
     assert parsed.to_dict() == rep["options"]
 
     # the recipe: the options that determine the result, and the calibration digest

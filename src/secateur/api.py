@@ -10,277 +10,34 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 
 from secateur.calib import resume as _resume
-from secateur.data.sources import eval_text, read_text_file, resolve_data_dir
+from secateur.data.sources import eval_text
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
-from secateur.export.card import RECIPE_SCHEMA, card_files, read_recipe
+from secateur.export.card import card_files
 from secateur.export.folder import (
     REPORT_NAME,
     check_free_space,
-    check_output_dir,
     check_writable_output,
     export_size,
-    model_paths,
     write_file_atomic,
 )
 from secateur.export.hf import save_run
 from secateur.export.sliced import save_structured
-from secateur.methods.knobs import MethodOptions, flag_of
-from secateur.methods.registry import METHODS, method_options, resolve
-from secateur.methods.structured_stream import REFUSED
-from secateur.methods.unstructured import parse_pattern, parse_targets
+from secateur.methods.registry import METHODS
 from secateur.models.adapters import get_adapter
 from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
+from secateur.options import STREAM_REFUSED as STREAM_REFUSED
+from secateur.options import STREAMABLE as STREAMABLE
+from secateur.options import PruneOptions as PruneOptions
+from secateur.options import check_recipe_calibration, check_recipe_model, check_tokenizer
+from secateur.options import options_from_recipe as options_from_recipe
+from secateur.options import recipe_of as recipe_of
 from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, versions
-
-
-@dataclass
-class PruneOptions:
-    """The options of ``secateur prune``: the fields every method shares, and ``method_options``, the method's
-    typed knobs (its :class:`~secateur.methods.knobs.MethodOptions` subclass, e.g.
-    :class:`~secateur.methods.structured.StructuredOptions`; ``None``: every knob unset).
-    :meth:`from_kwargs` builds it from flat keywords (``compensation="coec", coec_rounds=2``), as ``api.prune``
-    and the CLI do. ``model`` is a name, folder or ``.gguf`` file, or an already loaded model (then pass its
-    ``tokenizer``)."""
-
-    model: str | torch.nn.Module = "smollm2-135m"
-    method: str = "wanda"
-    sparsity: float = 0.5
-    pattern: str | None = None
-    budget: str | None = None
-    rounding: str = "ceil"
-    targets: str | None = None
-    calib: str = "self"
-    nsamples: int = 128
-    seqlen: int = 2048
-    seed: int = 0
-    data_dir: str | None = None
-    mode: str = "sequential"
-    chunk_size: int = 8
-    dtype: str = "float32"
-    device: str = "cpu"
-    out: str | None = None
-    overwrite: bool = False
-    quiet: bool = False
-    resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.calib.resume)
-    structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
-    tokenizer: Any = None  # the tokenizer of an in-memory ``model``
-    stream: bool = False  # --stream: one decoder block in memory at a time (secateur.models.streaming)
-    eval_ppl: str | None = None  # --eval-ppl: perplexity of the pruned model on this corpus, in the report and card
-    eval_windows: int | None = None  # --eval-windows: only the first N windows of --eval-ppl
-    recipe_check: dict | None = None  # a replayed recipe's digests to check (calibration_sha256, model_sha256)
-    method_options: MethodOptions | None = None
-
-    @classmethod
-    def from_kwargs(cls, **kwargs) -> PruneOptions:
-        """Common fields by name, every other keyword a knob of the method (``None`` = unset), validated
-        into the method's typed options; a knob of another method is refused."""
-        if "extra" in kwargs:
-            raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
-                                "coec_rounds=2, ...)")
-        common = {k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON}
-        opts = cls(**common)
-        opts.structured = bool(opts.structured)
-        opts.method_options = method_options(resolve(opts.method, opts.structured), kwargs)
-        return opts
-
-    @property
-    def in_memory(self) -> bool:
-        return not isinstance(self.model, str)
-
-    @property
-    def model_name(self) -> str:
-        """The model spec, or an in-memory model's ``config._name_or_path`` (``in-memory`` when unnamed)."""
-        if not self.in_memory:
-            return self.model
-        return getattr(getattr(self.model, "config", None), "_name_or_path", None) or "in-memory"
-
-    @property
-    def pattern_nm(self) -> tuple[int, int] | None:
-        return parse_pattern(self.pattern)
-
-    def to_dict(self) -> dict:
-        """The options as reports and checkpoints record them: the common fields (the model by name, no
-        tokenizer) and every knob of the method (``None`` = unset)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)
-             if f.name not in ("method_options", "tokenizer", "recipe_check")}
-        d["model"] = self.model_name
-        for k in ("stream", "eval_ppl", "eval_windows"):  # reports of ordinary runs stay as they were
-            if not d[k]:
-                del d[k]
-        return d | (self.method_options.to_dict() if self.method_options is not None else {})
-
-    def recipe(self) -> dict:
-        """Every option that determines the result (``secateur-recipe.yaml`` without its checks): the common
-        fields but the neutral ones (output, verbosity, resume, evaluation) and every knob of the method."""
-        d = {k: v for k, v in self.to_dict().items() if k not in RECIPE_NEUTRAL}
-        return {"secateur_recipe": RECIPE_SCHEMA} | d
-
-    def command_line(self) -> str:
-        """The ``secateur prune`` command with these options: the flags of the common fields that differ from
-        their defaults (model, method, sparsity and calibration always) and of every knob that is set (an
-        API-only knob, which has no flag, is named in a trailing comment)."""
-        import shlex
-
-        args = ["secateur", "prune"]
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name in ("method_options", "tokenizer", "recipe_check") or f.name not in _FLAGS:
-                continue
-            if f.name == "model":
-                v = self.model_name
-            if f.name not in _ALWAYS and (v == f.default or v is None):
-                continue
-            if isinstance(v, bool):
-                args += [_FLAGS[f.name]] if v else []
-            else:
-                args += [_FLAGS[f.name], str(v)]
-        api_only = []
-        for f in (self.method_options.knob_fields() if self.method_options is not None else ()):
-            v, flag = getattr(self.method_options, f.name), flag_of(f)
-            if v is None:
-                continue
-            if flag is None:
-                api_only.append(f"{f.name}={v!r}")
-            elif f.metadata["action"] == "boolean_optional":
-                args.append(flag if v else "--no-" + flag[2:])
-            elif f.metadata["action"] is not None:
-                args += [flag] if v else []
-            else:
-                args += [flag, str(v)]
-        line = shlex.join(args)
-        return line + (f"  # API only: {', '.join(api_only)}" if api_only else "")
-
-    def validate(self) -> None:
-        """Every check that needs no model, so bad input fails before anything is loaded or written."""
-        method = resolve(self.method, bool(self.structured))
-        self.method = method.name
-        if self.method_options is None:
-            self.method_options = method.options()
-        elif type(self.method_options) is not method.options:
-            raise SecateurError(f"{method.name} takes {method.options.__name__}, not "
-                                f"{type(self.method_options).__name__}")
-        self.method_options.validate()
-        if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
-            method.config(self)
-        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
-            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
-        parse_pattern(self.pattern)
-        parse_targets(self.targets)
-        if self.nsamples < 1 or self.seqlen < 2:
-            raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
-        if self.chunk_size < 1:
-            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}")
-        check_device(self.device)
-        resolve_data_dir(self.data_dir)
-        if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
-            read_text_file(self.calib)
-        if self.in_memory:
-            _check_tokenizer(self.model, self.tokenizer)
-        if self.resume and self.out is None:
-            raise SecateurError("--resume continues a run into its --out folder; pass the same --out")
-        if self.stream:
-            self._check_stream(method)
-        if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
-            protect = () if self.in_memory else model_paths(self.model)
-            check_output_dir(self.out, self.overwrite, protect=protect)
-
-    def _check_stream(self, method) -> None:
-        """What ``--stream`` cannot do, each refused in one line before anything is loaded."""
-        if self.method not in STREAMABLE:
-            why = STREAM_REFUSED.get(self.method)
-            raise SecateurError(f"--stream prunes with {', '.join(STREAMABLE)}; --method {self.method} is not "
-                                + (f"block-streamed: {why}" if why else "block-streamed yet")
-                                + ": run it without --stream")
-        if self.in_memory:
-            raise SecateurError("--stream reads a model folder block by block; this model is already in memory: "
-                                "pass its folder, or drop stream=True")
-        if self.out is None:
-            raise SecateurError("--stream writes each pruned block to --out as it goes; pass --out")
-        if self.resume:
-            raise SecateurError("--resume does not apply to --stream runs; run again without --resume")
-        if self.calib == "self" and (method.needs_calibration or self.method_options.needs_calibration):
-            raise SecateurError("--stream cannot sample calibration text from the model (--calib self runs the "
-                                "whole model per token); pass --calib c4, wikitext2, ptb or a .txt file")
-
-
-# methods whose every step visits one block at a time: unstructured ones prune each block as it is visited,
-# structured ones stream twice (statistics and scores, then compensate-slice-write: secateur.methods.structured_stream)
-STREAMABLE = ("magnitude", "wanda", "sparsegpt") + tuple(n for n, m in METHODS.items() if m.stream is not None)
-STREAM_REFUSED = REFUSED  # method -> why it is not streamed
-_COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
-# the CLI flag of each common field (``secateur prune``); _ALWAYS are written into every command line
-_FLAGS = {n: "--" + n.replace("_", "-") for n in _COMMON - {"tokenizer", "recipe_check"}}
-_ALWAYS = ("model", "method", "sparsity", "calib", "nsamples", "seqlen", "seed")
-RECIPE_NEUTRAL = _resume.NEUTRAL_OPTIONS  # output, verbosity, resume and evaluation do not change the result
-RECIPE_CHECKS = ("calibration_sha256", "model_sha256")
-_RECIPE_META = ("secateur_recipe", "check", "made_with")
-
-
-def recipe_of(opts: PruneOptions, report: dict) -> dict:
-    """``secateur-recipe.yaml`` of a run: :meth:`PruneOptions.recipe`, the digests a replay is checked against
-    (calibration tokens, a GGUF input's file) and the versions that made it."""
-    check = {}
-    if report.get("calibration"):
-        check["calibration_sha256"] = report["calibration"]["sha256"]
-    if (report.get("model_source") or {}).get("sha256"):
-        check["model_sha256"] = report["model_source"]["sha256"]
-    made = {k: str(v) for k, v in (report.get("versions") or {}).items() if k in ("secateur", "torch", "transformers")}
-    return json.loads(json.dumps(opts.recipe() | {"check": check, "made_with": made}))  # plain values only
-
-
-def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
-    """The options of a recipe (a ``secateur-recipe.yaml`` path or its dict), ``overrides`` (keywords of
-    :func:`prune`, e.g. ``out``) replacing its values. An unknown key or a newer schema is refused in one line.
-    The recipe's digests are checked by the run unless an override changes what they cover."""
-    from secateur.methods.registry import knob_names
-
-    data, name = read_recipe(recipe)
-    known = (_COMMON - {"tokenizer", "recipe_check"} - set(RECIPE_NEUTRAL)) | knob_names() | set(_RECIPE_META)
-    for k in data:
-        if k not in known:
-            raise SecateurError(f"{name}: unknown key {k!r}; a recipe holds the options of secateur prune "
-                                "(as it writes them in secateur-recipe.yaml)")
-    check = data.get("check") or {}
-    if not isinstance(check, dict):
-        raise SecateurError(f"{name}: check is not a mapping; it holds {', '.join(RECIPE_CHECKS)}")
-    for k in check:
-        if k not in RECIPE_CHECKS:
-            raise SecateurError(f"{name}: unknown key 'check.{k}'; check holds {', '.join(RECIPE_CHECKS)}")
-    values = {k: v for k, v in data.items() if k not in _RECIPE_META}
-    values |= {k: v for k, v in overrides.items()}
-    opts = PruneOptions.from_kwargs(**values)
-    check = dict(check)
-    if set(overrides) & {"calib", "nsamples", "seqlen", "seed"}:
-        check.pop("calibration_sha256", None)
-    if "model" in overrides:
-        check.pop("model_sha256", None)
-    opts.recipe_check = check or None
-    return opts
-
-
-def _check_recipe_model(opts: PruneOptions) -> None:
-    want = (opts.recipe_check or {}).get("model_sha256")
-    if want and not opts.in_memory:
-        got = (model_source(opts.model, opts.dtype) or {}).get("sha256")
-        if got != want:
-            raise SecateurError(f"model {opts.model} is not the recipe's (sha256 {str(got)[:12]}..., recipe "
-                                f"{want[:12]}...); pass the recipe's model, or --model to prune another one")
-
-
-def _check_recipe_calibration(opts: PruneOptions, manifest) -> None:
-    want = (opts.recipe_check or {}).get("calibration_sha256")
-    if want and manifest is not None and manifest.sha256 != want:
-        raise SecateurError(f"calibration tokens differ from the recipe's (sha256 {manifest.sha256[:12]}..., recipe "
-                            f"{want[:12]}...): the {opts.calib} text or the tokenizer is not the same; point "
-                            "--data-dir at the recipe's data, or remove its check: to run anyway")
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -308,7 +65,7 @@ def prune(**kwargs) -> dict:
     opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
     _check_eval(opts)
-    _check_recipe_model(opts)
+    check_recipe_model(opts)
     method = METHODS[opts.method]
     needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
@@ -325,7 +82,7 @@ def prune(**kwargs) -> dict:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
-        _check_recipe_calibration(opts, manifest)
+        check_recipe_calibration(opts, manifest)
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
@@ -379,7 +136,7 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
     if needs_calibration:
         with timer("calibration_data"):
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
-        _check_recipe_calibration(opts, manifest)
+        check_recipe_calibration(opts, manifest)
     with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
         with timer("prune"):
             result = _run_streamed(method, stream, adapter, ids, opts, tmp, specs)
@@ -582,17 +339,12 @@ def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume
     return _resume.Checkpoint.open(opts.out, fp, opts.resume)
 
 
-def _check_tokenizer(model, tokenizer) -> None:
-    if not isinstance(model, str) and tokenizer is None:
-        raise SecateurError("an in-memory model needs its tokenizer")
-
-
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
     """A spec/folder is loaded; an in-memory model needs its tokenizer. Returns (model, tokenizer, name)."""
     if isinstance(model, str):
         loaded, tok = load_model(model, dtype, device)
         return loaded, tok, model
-    _check_tokenizer(model, tokenizer)
+    check_tokenizer(model, tokenizer)
     return model, tokenizer, getattr(model.config, "_name_or_path", "in-memory")
 
 
@@ -605,7 +357,7 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
     memory plan printed and checked first; :mod:`secateur.eval.ppl_stream`)."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
-    _check_tokenizer(model, tokenizer)
+    check_tokenizer(model, tokenizer)
     check_ppl_args(seqlen, stride, max_windows)  # numbers, data, device, context: before the model is loaded
     text = eval_text(dataset, data_dir)
     if stream and not isinstance(model, str):
