@@ -33,3 +33,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def save_run(model, path, sel=None, reps=None) -> Path:
+    """A run folder as secateur writes it (GGUF export and llama.cpp tests): the tiny model, sliced by the
+    Selection ``sel`` (with compensation replacements ``reps``) if given, and a byte-level BPE tokenizer."""
+    from secateur.export.sliced import save_pruned
+    from secateur.models.adapters import get_adapter
+    from secateur.structured.slicing import apply_selection
+    from secateur.testing import tiny_bpe_tokenizer
+
+    tok = tiny_bpe_tokenizer(model.config.vocab_size)
+    if sel is not None:
+        apply_selection(model, get_adapter(model), sel, reps)
+        save_pruned(model, path, tok)
+    else:
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return Path(path)

@@ -10,33 +10,21 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import save_run
 from safetensors.torch import load_file
 
 from secateur.cli import main
 from secateur.errors import SecateurError
 from secateur.export import gguf as gx
-from secateur.export.sliced import save_pruned
 from secateur.models.adapters import get_adapter
 from secateur.structured.selection import LayerKeep, Selection
-from secateur.structured.slicing import Replacement, apply_selection
+from secateur.structured.slicing import Replacement
 from secateur.testing import tiny_bpe_tokenizer, tiny_model
 
 ARCH = {"llama": "llama", "qwen2": "qwen2"}
 _ROLES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-
-
-def save_run(model, path, uneven: Selection | None = None, reps=None) -> str:
-    """A run folder as secateur writes it: the tiny model (sliced by ``uneven`` if given) + a byte-level BPE."""
-    tok = tiny_bpe_tokenizer(model.config.vocab_size)
-    if uneven is not None:
-        apply_selection(model, get_adapter(model), uneven, reps)
-        save_pruned(model, path, tok)
-    else:
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-    return str(path)
 
 
 def hf_tensors(run) -> dict[str, np.ndarray]:
@@ -313,15 +301,15 @@ def test_atomic_write_overwrite_rules_and_cli(tmp_path, monkeypatch, capsys):
         gx.export_gguf(run, out, "f32")
     assert not (tmp_path / "o").exists()  # no file, no temporary, not even the folder it created
     monkeypatch.setattr(gx, "_encode", real)
-    assert main(["export", "gguf", run, "--out", str(out), "--type", "f32"]) == 0
+    assert main(["export", "gguf", str(run), "--out", str(out), "--type", "f32"]) == 0
     assert "llama, f32" in capsys.readouterr().out
-    assert main(["export", "gguf", run, "--out", str(out)]) == 2
+    assert main(["export", "gguf", str(run), "--out", str(out)]) == 2
     assert "already exists (pass --overwrite" in capsys.readouterr().err
-    assert main(["export", "gguf", run, "--out", str(out), "--overwrite"]) == 0
+    assert main(["export", "gguf", str(run), "--out", str(out), "--overwrite"]) == 0
     assert read_back(out)[0]["general.file_type"] == 1 and sorted(p.name for p in out.parent.iterdir()) == ["m.gguf"]
     mine = tmp_path / "notes.gguf"
     mine.write_text("not a model")
-    assert main(["export", "gguf", run, "--out", str(mine), "--overwrite"]) == 2
+    assert main(["export", "gguf", str(run), "--out", str(mine), "--overwrite"]) == 2
     assert "is not a GGUF file secateur wrote" in capsys.readouterr().err and mine.read_text() == "not a model"
 
 

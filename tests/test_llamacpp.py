@@ -47,15 +47,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import save_run
 from safetensors.torch import load_file
 
 from secateur.budgets.select import select_units
 from secateur.export import gguf as gx
-from secateur.export.sliced import save_pruned
 from secateur.models.adapters import get_adapter
 from secateur.structured.selection import LayerKeep, Selection
-from secateur.structured.slicing import Replacement, apply_selection
-from secateur.testing import random_ids, tiny_bpe_tokenizer, tiny_model
+from secateur.structured.slicing import Replacement
+from secateur.testing import random_ids, tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -71,17 +71,6 @@ def gamma(n: int) -> float:
 
 
 # --- runs ------------------------------------------------------------------------------------------------
-
-
-def save_run(model, path: Path, sel: Selection | None = None, reps=None) -> Path:
-    tok = tiny_bpe_tokenizer(model.config.vocab_size)
-    if sel is not None:
-        apply_selection(model, get_adapter(model), sel, reps)
-        save_pruned(model, path, tok)
-    else:
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-    return path
 
 
 def _uneven_llama():
