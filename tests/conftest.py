@@ -51,3 +51,22 @@ def save_run(model, path, sel=None, reps=None) -> Path:
         model.save_pretrained(path)
         tok.save_pretrained(path)
     return Path(path)
+
+
+def save_sharded_tiny(path: Path, family: str, layers: int) -> str:
+    """A tiny random model of ``family`` saved as a sharded folder with an index (the streaming tests), and its
+    character-level tokenizer."""
+    from secateur.testing import tiny_model, tiny_tokenizer
+
+    tiny_model(family, vocab=100, layers=layers).save_pretrained(path, max_shard_size="20KB")
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def random_calib_text(path: Path) -> str:
+    """4000 seeded random 8-character words from a 13-letter alphabet: calibration text for the tiny tokenizer."""
+    import random
+
+    rng = random.Random(0)
+    path.write_text(" ".join("".join(rng.choice("abcdefghij ,.") for _ in range(8)) for _ in range(4000)))
+    return str(path)

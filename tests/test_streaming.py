@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import random_calib_text, save_sharded_tiny
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -38,20 +39,11 @@ LAYERS = 3
 COMMON = dict(sparsity=0.5, nsamples=4, seqlen=32, chunk_size=2, quiet=True)
 
 
-def _save(path: Path, family: str) -> str:
-    model = tiny_model(family, vocab=100, layers=LAYERS)
-    model.save_pretrained(path, max_shard_size="20KB")  # a sharded folder with an index
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream")
-    random.seed(0)
-    text = root / "calib.txt"
-    text.write_text(" ".join("".join(random.choice("abcdefghij ,.") for _ in range(8)) for _ in range(4000)))
-    return {"llama": _save(root / "llama", "llama"), "gpt2": _save(root / "gpt2", "gpt2"), "text": str(text)}
+    text = random_calib_text(root / "calib.txt")
+    return {f: save_sharded_tiny(root / f, f, LAYERS) for f in ("llama", "gpt2")} | {"text": text}
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ then compensate, slice and write), the output folder equal to the in-memory run'
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import random_calib_text, save_sharded_tiny
 from safetensors.torch import load_file
 
 import secateur.export.shards as shards
@@ -25,7 +25,6 @@ from secateur import api
 from secateur.calib import engine
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.testing import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = 3
@@ -34,21 +33,12 @@ COMMON = dict(sparsity=0.3, nsamples=4, seqlen=32, chunk_size=2, quiet=True)
 VOLATILE = ("timings", "peak_rss_mb", "options", "memory_plan", "machine", "details", "versions")
 
 
-def _save(path: Path, family: str) -> str:
-    model = tiny_model(family, vocab=100, layers=LAYERS)
-    model.save_pretrained(path, max_shard_size="20KB")
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream-sp")
-    random.seed(0)
-    text = root / "calib.txt"
-    text.write_text(" ".join("".join(random.choice("abcdefghij ,.") for _ in range(8)) for _ in range(4000)))
-    out = {f: _save(root / f, f) for f in ("llama", "qwen2", "gemma3_text", "gpt2", "opt")}
-    return out | {"text": str(text)}
+    text = random_calib_text(root / "calib.txt")
+    out = {f: save_sharded_tiny(root / f, f, LAYERS) for f in ("llama", "qwen2", "gemma3_text", "gpt2", "opt")}
+    return out | {"text": text}
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
