@@ -339,26 +339,11 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
 
 
 def write_file_atomic(path: str | Path, text: str) -> Path:
-    """Write a small text file (eval ``--json``) through a temporary sibling: never a partial file."""
-    path = Path(path)
-    created = _missing_parents(path.parent)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.secateur-tmp-{os.getpid()}-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException as e:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        _remove_empty(created)
-        if isinstance(e, OSError):
-            what = "disk full" if _disk_full(e) else (e.strerror or str(e))
-            raise SecateurError(f"could not write {path}: {what}") from e
-        raise
-    return path
+    """Write a small text file (eval ``--json``) through :func:`atomic_file`: never a partial file, an existing
+    file replaced (a folder or a link at ``path`` is refused)."""
+    with atomic_file(path, overwrite=True, kind="file") as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def _file_temps(path: Path) -> list[Path]:
