@@ -90,6 +90,11 @@ def test_registry_method_runs_through_api(tmp_path):
         data = (tmp_path / "o" / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == d["hashes"][name]
     loaded, tok = load_model(str(tmp_path / "o"))
+    # the report's realized sparsity is the selection's, and the parameters the export really lost (was 0: masks={})
+    rs, dense = rep["realized_sparsity"], tiny_model("llama", layers=16, vocab=128)
+    n_dense, n_kept = (sum(p.numel() for p in m.parameters()) for m in (dense, loaded))
+    assert rs["targeted"] == d["realized"] and rs["pruned_weights"] == n_dense - n_kept > 0
+    assert rs["of_all_parameters"] == (n_dense - n_kept) / n_dense
     ids = random_ids(1, 16, seed=9)
     assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
     with pytest.raises(SecateurError, match=r"^cocurve-diag holds out the last 2 calibration sequences for the lambda "

@@ -291,6 +291,7 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, 
                             f"pass --nsamples > {cfg.heldout} (the paper: {128 + cfg.heldout})")
     graph_ids, held = calib_ids[:n - cfg.heldout], calib_ids[n - cfg.heldout:]
     compensate = ccfg.compensation != "none"
+    n_before = sum(p.numel() for p in model.parameters())
     rep = prune(model, adapter, graph_ids, held, opts.sparsity, cfg, diagonal=name == "cocurve-diag",
                 materialize="none" if compensate else "slice")
     result = rep.pop("_result")
@@ -300,6 +301,11 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, 
     if compensate:
         fields, comp_timings = _compensate(model, adapter, result.selection, ccfg, graph_ids, opts)
         rep.update(fields)
+    removed = n_before - sum(p.numel() for p in model.parameters())  # sliced in place (tied weights once)
+    info = result.selection.info
+    rep["realized_sparsity"] = {"targeted": rep["realized"], "of_all_parameters": removed / n_before,
+                                "pruned_weights": removed, "targeted_weights": info.get("total_removable"),
+                                "per_module": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()}}
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":
