@@ -184,14 +184,17 @@ def f16_matrices(path: Path) -> int:
                if len(t.shape) == 2 and t.tensor_type == gguf.GGMLQuantizationType.F16)
 
 
-def measure(repeats: int, only: list[str] | None = None) -> None:
+def measure(repeats: int, only: list[str] | None = None, types: tuple[str, ...] = TYPES) -> None:
     """``only``: measure these rows (dense is measured beside them in every round for the ratios, and its JSONL
     row is kept unless it is named); a row that finished later is measured without redoing the others."""
     import llama_cpp
 
+    from secateur.runinfo import machine
+
+
     wins, scored, protocol = windows()
     rows = [r for r in ROWS if only is None or r in only or r == "dense"]
-    todo = [(r, t) for r in rows for t in TYPES if gguf_path(r, t).exists()]
+    todo = [(r, t) for r in rows for t in types if gguf_path(r, t).exists()]
     blob = WORK / "llamacpp-windows.json"
     blob.write_text(json.dumps({"wins": wins, "scored": scored}))
     rounds: list[dict] = []
@@ -221,7 +224,7 @@ def measure(repeats: int, only: list[str] | None = None) -> None:
             "repeats": repeats, "threads": THREADS, "flash_attn": FLASH_ATTN, "arch": arch_of(gguf_path(row, typ)),
             "f16_matrices": f16_matrices(gguf_path(row, typ)) if typ != "f16" else None,
             "llama_cpp_python": llama_cpp.__version__,
-            "loadavg_1m": os.getloadavg()[0],
+            "loadavg_1m": os.getloadavg()[0], "cpu": machine()["cpu"],
         }, unique_key=True)
 
 
@@ -252,7 +255,22 @@ def render() -> None:
               + "; the perplexity columns are deterministic. "
               "`q8_0 (n f16)`: n matrices stay f16 because their rows "
               "(pruned FFN widths) are not a multiple of q8_0's block of 32."]
+        cpus = {r.get("cpu") or "AMD EPYC (2 cores)" for r in rows}
+        if len(cpus) > 1:  # rows measured on other machines: their ratios come from a dense run on the same machine
+            L += ["", "Machines: " + "; ".join(
+                f"{', '.join(r['row'] + ' ' + r['type'] for r in rows if (r.get('cpu') or 'AMD EPYC (2 cores)') == c)}"
+                f" on {c}" for c in sorted(cpus)) + ". Tokens/s compare only within a machine; each `x dense` is "
+                "against dense measured in the same rounds on that machine (dense f16 on the Xeon: "
+                f"{_dense_on_row_machine(rows)}). llama-cpp-python built on that Xeon (AVX-512, AMX) dies with "
+                "SIGSEGV on any q8_0 file (llama.cpp's AMX int8 matmul: ggml-org/llama.cpp#20824, open, machine-"
+                "dependent), so no q8_0 row was measured there."]
     MD.write_text("\n".join(L) + "\n")
+
+
+def _dense_on_row_machine(rows: list[dict]) -> str:
+    """Dense prefill/decode tok/s on the machine of the rows that name their CPU, from their own ratios."""
+    r = next(r for r in rows if r.get("cpu"))
+    return f"{r['prefill_tok_s'] / r['prefill_vs_dense']:.0f} / {r['decode_tok_s'] / r['decode_vs_dense']:.1f} tok/s"
 
 
 def main() -> None:
@@ -260,6 +278,8 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    # llama-cpp-python 0.3.36 built on an AMX Xeon (Sapphire Rapids) dies with SIGSEGV loading any q8_0 file here
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated GGUF types to measure")
     ap.add_argument("--rows", default=None, help="comma-separated rows to prepare or measure (default: all)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -271,7 +291,7 @@ def main() -> None:
     if a.prepare:
         prepare(a.rows.split(",") if a.rows else None)
     if a.measure:
-        measure(a.repeats, a.rows.split(",") if a.rows else None)
+        measure(a.repeats, a.rows.split(",") if a.rows else None, tuple(a.types.split(",")))
     render()
 
 
