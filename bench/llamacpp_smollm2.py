@@ -4,6 +4,10 @@
     nice -n 5 python bench/llamacpp_smollm2.py --prepare             # prune + export GGUF for every row
     python bench/llamacpp_smollm2.py --measure --repeats 3           # ppl + speed, each model in its own process
     python bench/llamacpp_smollm2.py --render                        # results/llamacpp-smollm2.md
+    python bench/llamacpp_smollm2.py --measure --rows cocurve-30 --types f16   # one row, dense beside it
+
+On an AMX Xeon where llama.cpp's AMX int8 matmul crashes (ggml-org/llama.cpp#20824), measure q8_0 with
+``SECATEUR_LLAMACPP_NO_EXTRA_BUFTS=1`` (weights in plain CPU buffers; recorded in each row as ``extra_bufts``).
 
 Rows: dense, Wanda-sp 30% (uniform widths: the family's own ``llama`` architecture), FLAP 20% with global
 allocation (uneven widths: ``deci``), CoCurve 30% (uneven: ``deci``), each exported as f16 and q8_0 by
@@ -115,6 +119,22 @@ def windows() -> tuple[list[list[int]], list[int], str]:
     return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(SEQLEN, None, rule)
 
 
+def _no_extra_bufts() -> None:
+    """Load models with ``use_extra_bufts = False`` (llama-cpp-python has no keyword for it): the weights stay in
+    plain CPU buffers, so llama.cpp's AMX int8 matmul, which crashes on some Xeons (ggml-org/llama.cpp#20824), is
+    never used."""
+    import llama_cpp.llama_cpp as lc
+
+    default = lc.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lc.llama_model_default_params = params
+
+
 def measure_one(path: Path, wins: list[list[int]], scored: list[int], with_ppl: bool = True) -> dict:
     """In this (fresh) process: llama.cpp's perplexity on the windows (``logits_all``), then prefill and decode
     tokens/s on a second context without ``logits_all`` (only the last position's logits, as a server computes
@@ -122,6 +142,8 @@ def measure_one(path: Path, wins: list[list[int]], scored: list[int], with_ppl: 
     import llama_cpp
     import numpy as np
 
+    if os.environ.get("SECATEUR_LLAMACPP_NO_EXTRA_BUFTS") == "1":  # no AMX / repacked weight buffers (#20824)
+        _no_extra_bufts()
     common = dict(model_path=str(path), n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     out = {}
     if with_ppl:
@@ -225,6 +247,7 @@ def measure(repeats: int, only: list[str] | None = None, types: tuple[str, ...] 
             "f16_matrices": f16_matrices(gguf_path(row, typ)) if typ != "f16" else None,
             "llama_cpp_python": llama_cpp.__version__,
             "loadavg_1m": os.getloadavg()[0], "cpu": machine()["cpu"],
+            "extra_bufts": os.environ.get("SECATEUR_LLAMACPP_NO_EXTRA_BUFTS") != "1",
         }, unique_key=True)
 
 
@@ -260,17 +283,12 @@ def render() -> None:
             L += ["", "Machines: " + "; ".join(
                 f"{', '.join(r['row'] + ' ' + r['type'] for r in rows if (r.get('cpu') or 'AMD EPYC (2 cores)') == c)}"
                 f" on {c}" for c in sorted(cpus)) + ". Tokens/s compare only within a machine; each `x dense` is "
-                "against dense measured in the same rounds on that machine (dense f16 on the Xeon: "
-                f"{_dense_on_row_machine(rows)}). llama-cpp-python built on that Xeon (AVX-512, AMX) dies with "
-                "SIGSEGV on any q8_0 file (llama.cpp's AMX int8 matmul: ggml-org/llama.cpp#20824, open, machine-"
-                "dependent), so no q8_0 row was measured there."]
+                "against dense measured in the same rounds on that machine. llama-cpp-python built on that Xeon "
+                "(AVX-512, AMX) dies with SIGSEGV on any q8_0 file, dense included (llama.cpp's AMX int8 matmul: "
+                "ggml-org/llama.cpp#20824, open, machine-dependent); its q8_0 rows (dense beside them) were measured "
+                "with the model's `use_extra_bufts` off (`SECATEUR_LLAMACPP_NO_EXTRA_BUFTS=1`: weights in plain CPU "
+                "buffers, no AMX)."]
     MD.write_text("\n".join(L) + "\n")
-
-
-def _dense_on_row_machine(rows: list[dict]) -> str:
-    """Dense prefill/decode tok/s on the machine of the rows that name their CPU, from their own ratios."""
-    r = next(r for r in rows if r.get("cpu"))
-    return f"{r['prefill_tok_s'] / r['prefill_vs_dense']:.0f} / {r['decode_tok_s'] / r['decode_vs_dense']:.1f} tok/s"
 
 
 def main() -> None:
