@@ -162,7 +162,7 @@ def test_memory_plan_and_refusal(folders, tmp_path, monkeypatch, capsys):
     lines = [ln for ln in err.splitlines() if ln.startswith("secateur: error:")]
     assert len(lines) == 1 and "not enough memory for the streamed structured prune" in lines[0]
     assert "memory plan (streamed structured prune): peak about" in err
-    assert "8 (d_att^2 32^2 + F^2 64^2)" in err and "4 x 8 max(d_att, F)^2 (coec)" in err
+    assert "8 (d_att^2 32^2 + F^2 64^2)" in err and "6 x 8 max(d_att, F)^2 (coec)" in err
     assert not out.exists() and not list(tmp_path.glob(".o.*"))
 
 
@@ -175,8 +175,9 @@ def test_memory_plan_terms(folders):
     s = open_streamed(folders["llama"])
     shape = shape_of(s.model, get_adapter(s.model), s)
     d, f, a = shape.hidden, shape.ffn, shape.attn
+    # coec: 4 solver matrices + the eigh workspace (about 2 n^2), k = 6
     plan = structured_prune_plan(shape, StructuredConfig(score="rcpu", compensation="coec"), 8, 64, 4)
-    assert plan.terms["grams"][0] == 8 * (a * a + f * f) + 8 * d * (a + f) + 4 * 8 * max(a, f) ** 2
+    assert plan.terms["grams"][0] == 8 * (a * a + f * f) + 8 * d * (a + f) + 6 * 8 * max(a, f) ** 2
     assert plan.terms["activations"][0] == 8 * 64 * (3 * d + f) * 4
     assert plan.total == sum(b for b, _ in plan.terms.values())
     none = structured_prune_plan(shape, StructuredConfig(score="magnitude", compensation="none"), 0, 64, 4)

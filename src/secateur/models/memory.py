@@ -24,8 +24,8 @@ resident + block + activations + workspace as above (without calibration data: n
                  scores that read them) + the unit scores 8 L (H + F)
   + grams        with --compensation: one block's float64 Grams 8 (d_att^2 + F^2) (o_proj and down_proj inputs)
                  + its compensated projections 8 d (d_att + F) + the solver on the widest input
-                 k 8 max(d_att, F)^2 (k = 4 for coec, whose tempered copy C^alpha is one of them; 2 for ls, rcpu,
-                 corp; 0 for bias)
+                 k 8 max(d_att, F)^2 (k = 6 for coec: four matrices, its tempered copy C^alpha one of them, and
+                 LAPACK's eigh workspace of about 2 n^2; 2 for ls, rcpu, corp; 0 for bias)
 
 and a streamed evaluation: resident + block + 2 W T d b (every window's hidden states, the block's inputs and
 outputs) + T (3 F + 4 d) b + H T^2 b (one window through a block) + 2 x 512 x V x 4 (float32 logits of one
@@ -156,7 +156,9 @@ def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mo
 
 
 #: solver matrices of the widest input a compensator holds at once (the structured plan's ``grams`` term)
-_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 2, "rcpu": 2, "corp": 2, "coec": 4}
+# coec: 4 matrices + the eigh's LAPACK workspace (syevd: 1 + 6n + 2n^2 doubles), measured at 7B widths
+# (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj)
+_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 2, "rcpu": 2, "corp": 2, "coec": 6}
 
 
 def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int) -> MemoryPlan:
@@ -173,7 +175,7 @@ def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int)
               f"c {c} x T {t} x ((3 F + 4 d) x {b} + H {s.heads} x T x {b} + max(d, F) x 8)")
     sel = 24 * L * (a + f) if cfg.score in ("wanda_sp", "flap", "rcpu", "corp") else 0
     p.add("statistics", sel + 8 * L * (s.heads + f), f"{'24 L (d_att + F) + ' if sel else ''}8 L {L} (H + F)")
-    k = _SOLVER_MATS.get(cfg.compensation, 4)
+    k = _SOLVER_MATS.get(cfg.compensation, 6)
     if cfg.compensation != "none":
         p.add("grams", 8 * (a * a + f * f) + 8 * d * (a + f) + k * 8 * max(a, f) ** 2,
               f"8 (d_att^2 {a}^2 + F^2 {f}^2) + 8 d (d_att + F) + {k} x 8 max(d_att, F)^2 ({cfg.compensation})")
