@@ -318,8 +318,13 @@ def render() -> None:
           "streamed run's peak is one block's, so it shows the 32-block model's per-block memory (Grams of one "
           "block: 1.10 GB, against 35 GB for all 32 layers at once); its prune seconds include about 7 minutes "
           "when it was paused (SIGSTOP) while llama.cpp speed was measured. The full 7B-shaped Wanda-sp + LS run "
-          "(plan 5.70 GiB) was stopped in its second pass for lack of session time; COEC at 7B widths costs minutes "
-          "of eigendecomposition per 11008-wide down_proj (hours for 32 layers here) and is not run yet. The Qwen "
+          "(plan 5.70 GiB) was stopped in its second pass for lack of session time (about 300 s per block at these "
+          "widths on 2 idle cores, 2.5-3 hours for 32 blocks; not rerun). COEC at 7B widths (`rcpu-coec-r1-stream`, "
+          "one alternation round) peaked at 9.31 GiB against a plan of 7.27 GiB: the plan then counted 4 solver "
+          "matrices of the widest input and missed LAPACK's eigh workspace (about 2 n^2 doubles, 1.8 GiB at "
+          "n = 11008); the plan now counts 6 (9.08 GiB for this run). Its prune seconds include about 17 minutes "
+          "paused (SIGSTOP) for llama.cpp timings, and the eigendecompositions of two 11008-wide down_proj inputs "
+          "dominate the rest. The Qwen "
           "streamed Wanda row was rerun after the untied-head change (the head, 0.55 GB in float32, is no longer "
           "held): 2.68 GiB before, under a load average of 6-13."]
     MD.write_text("\n".join(L) + "\n")
