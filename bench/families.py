@@ -156,10 +156,13 @@ def render() -> None:
                      f"{fmt(qk, 4) if isinstance(qk, float) else '-'} | {fmt(r.get('prune_seconds'), 0)} | "
                      f"{fmt(r.get('peak_rss_mb'), 0)} |")
         L += [""] + _claims(mine) + [""]
-    L.append("Machine: AMD EPYC, 2 cores (shared with other work while these ran: prune seconds are indicative), "
+    L.append("Machines: 2 cores, AMD EPYC for the rows of 2026-12-01/02 up to Qwen's magnitude-50, an Intel Xeon "
+             "(AVX-512) for the rest (both shared with other work while these ran: prune seconds are indicative), "
              "torch 2.13.0+cpu, transformers 5.24.0. A row whose cell names an error is the CLI's own one-line "
-             "refusal. Rows not listed for a model were not run yet: `python bench/families.py` resumes and adds "
-             "them.")
+             "refusal. CoCurve rows: its quick preset (4 graph + 4 held-out windows of 256). A `-` in the realized "
+             "columns of a CoCurve row: not recorded (CoCurve's report said 0 before a fix; the row's note says so). "
+             "Rows not listed for a model were not run yet (Qwen2.5-0.5B: cocurve-30, about 40 CPU-minutes here, and "
+             "sparsegpt-50-n32): `python bench/families.py` resumes and adds them.")
     MD.write_text("\n".join(L) + "\n")
 
 
@@ -176,7 +179,8 @@ def _claims(rows: list[dict]) -> list[str]:
     pp = {k: (by.get(k, {}).get("wikitext2") or {}).get("ppl") for k in ("rcpu-30", "rcpu-30-coec-r5")}
     if all(isinstance(v, float) for v in pp.values()):
         out.append(f"- RCPU 30% with COEC (5 rounds): WikiText-2 {pp['rcpu-30-coec-r5']:.2f} vs native "
-                   f"{pp['rcpu-30']:.2f}: COEC below native "
+                   f"{pp['rcpu-30']:.2f} ({100 * (pp['rcpu-30-coec-r5'] / pp['rcpu-30'] - 1):+.1f}%): COEC below "
+                   "native "
                    f"{'holds' if pp['rcpu-30-coec-r5'] < pp['rcpu-30'] else 'does not hold'}.")
     sg = {k: (by.get(k, {}).get("wikitext2") or {}).get("ppl")
           for k in ("wanda-50", "sparsegpt-50", "sparsegpt-50-n32")}
