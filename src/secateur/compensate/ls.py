@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from secateur.calib.stats import Gram
-from secateur.compensate.base import Compensation, InputStats, finish, prepare
+from secateur.compensate.base import Compensation, InputStats, ReconError, finish, prepare
 from secateur.errors import SecateurError
 from secateur.linalg import solve_spd
 
@@ -36,28 +36,28 @@ def ls_refit(w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Se
     """
     st, k = prepare(w0, stats, kept, bias)
     c = st.second_moment
-    w = w0.to(torch.float64)
-    cxx = c[k][:, k]
-    gyx = w @ c[:, k]
+    recon = ReconError(w0, st)  # W0 C: G_yx is its kept columns, and the diagnostics reuse it
+    w = recon.w
+    gyx = recon.w0c[:, k]
+    n = k.numel()
+    if intercept and st.mean is None:
+        raise SecateurError("ls_refit(intercept=True) needs the input mean in the statistics")
+    a = torch.zeros(n + int(intercept), n + int(intercept), dtype=c.dtype, device=c.device)
+    a[:n, :n] = c[k[:, None], k]  # G_xx, built in place (no d x k intermediate, no identity)
     if lam is None:
-        lam = lam_rel * float(cxx.diagonal().mean())
+        lam = lam_rel * float(a.diagonal()[:n].mean())
     if lam < 0:
         raise SecateurError(f"ridge lambda must be >= 0, got {lam}")
-    n = k.numel()
+    a.diagonal()[:n] += lam
     diag: dict = {"method": "ls" if lam == 0 else "ridge", "lambda": float(lam), "intercept": intercept}
     if not intercept:
-        a = cxx + lam * torch.eye(n, dtype=c.dtype, device=c.device)
         w_new = solve_spd(a, gyx, info=diag)
-        return finish(w0, st, k, w_new, None, bias, diag)
-    if st.mean is None:
-        raise SecateurError("ls_refit(intercept=True) needs the input mean in the statistics")
+        return finish(w0, st, k, w_new, None, bias, diag, recon=recon)
     mu = st.mean.to(c)
-    a = torch.zeros(n + 1, n + 1, dtype=c.dtype, device=c.device)
-    a[:n, :n] = cxx + lam * torch.eye(n, dtype=c.dtype, device=c.device)
     a[:n, n] = mu[k]
     a[n, :n] = mu[k]
     a[n, n] = 1.0
     rhs = torch.cat([gyx, (w @ mu)[:, None]], dim=1)
     x = solve_spd(a, rhs, info=diag)
     base = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if bias is None else bias.to(w)
-    return finish(w0, st, k, x[:, :n], base + x[:, n], bias, diag)
+    return finish(w0, st, k, x[:, :n], base + x[:, n], bias, diag, recon=recon)

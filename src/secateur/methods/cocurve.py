@@ -301,11 +301,8 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, 
     if compensate:
         fields, comp_timings = _compensate(model, adapter, result.selection, ccfg, graph_ids, opts)
         rep.update(fields)
-    removed = n_before - sum(p.numel() for p in model.parameters())  # sliced in place (tied weights once)
-    info = result.selection.info
-    rep["realized_sparsity"] = {"targeted": rep["realized"], "of_all_parameters": removed / n_before,
-                                "pruned_weights": removed, "targeted_weights": info.get("total_removable"),
-                                "per_module": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()}}
+    n_after = sum(p.numel() for p in model.parameters())  # sliced in place (tied weights once)
+    rep["realized_sparsity"] = result.selection.realized_sparsity(n_before, n_after)
     cfg_out, route = export_config(model)
     model.config = cfg_out
     if route == "hetero":

@@ -176,7 +176,8 @@ def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st
     """One compensator call on projection ``(i, group)``. COEC with ``alpha != 1`` runs as ``alpha = 1`` on the
     tempered Gram ``G^alpha`` (the same computation: ``G^alpha`` is taken before slicing, COEC Alg. 1 l. 1),
     taken here and freed when the call returns: never cached across projections (memory, module docstring)."""
-    from secateur.compensate import InputStats, compensate, relative_recon_error
+    from secateur.compensate import InputStats, compensate
+    from secateur.compensate.base import ReconError
     from secateur.linalg import psd_power
 
     fn = COMPENSATIONS[cfg.compensation]
@@ -188,14 +189,14 @@ def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st
     opts["options"] = dataclasses.replace(opts["options"], alpha=1.0)
     comp = compensate(fn, w0, InputStats(g_alpha, st.mean, st.n), kept, bias=bias, **opts)
     del g_alpha
-    comp.diagnostics.update(alpha=alpha, recon_before=relative_recon_error(w0, st, kept, w0[:, kept]),
-                            recon_after=relative_recon_error(w0, st, kept, comp.weight))
-    return comp
+    recon = ReconError(w0, st)  # the untempered metric: what the guard and the record compare
+    comp.diagnostics.update(alpha=alpha, recon_before=recon.before(kept), recon_after=recon.relative(kept, comp.weight))
+    return dataclasses.replace(comp, recon=recon)
 
 
 def _guarded(cfg: CompensationConfig, comp, rec: dict, w0, st, kept, bias):
     """Apply the no-worse guard to ``comp`` and record the error of what is actually written."""
-    from secateur.compensate import relative_recon_error
+    from secateur.compensate.base import ReconError
 
     d = comp.diagnostics
     if cfg.no_worse and d["recon_after"] > d["recon_before"]:
@@ -205,7 +206,8 @@ def _guarded(cfg: CompensationConfig, comp, rec: dict, w0, st, kept, bias):
     # the weights are cast to the model dtype: report the error of what is actually written
     db = None if comp.bias is None else comp.bias.double() - (
         torch.zeros_like(comp.bias, dtype=torch.float64) if bias is None else bias.double())
-    rec["recon_after"] = relative_recon_error(w0, st, kept, comp.weight, db)
+    recon = comp.recon if comp.recon is not None else ReconError(w0, st)
+    rec["recon_after"] = recon.relative(kept, comp.weight, db)
     return comp
 
 
@@ -226,7 +228,7 @@ def _compensate_one(cfg: CompensationConfig, adapter: Adapter, i: int, group: st
     rec.update({k: _summary(comp.diagnostics[k]) for k in _KEEP_DIAG if k in comp.diagnostics}, seconds=dt)
     comp = _guarded(cfg, comp, rec, w0, st, kept, bias)
     # only what slicing reads is kept until the end of the stage (diagnostics may hold solver tensors)
-    return dataclasses.replace(comp, diagnostics={}), rec
+    return dataclasses.replace(comp, diagnostics={}, recon=None), rec
 
 
 def _to_compensate(adapter: Adapter, sel):

@@ -324,9 +324,7 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
 def method_result(name: str, res: StructuredResult) -> MethodResult:
     """The registry's result of a structured prune; the selection travels as ``secateur_selection.json``."""
     d = res.details
-    details = {"method": name, **d, "realized_sparsity": {
-        "targeted": d["realized"], "of_all_parameters": d["params_removed_fraction"],
-        "pruned_weights": d["params_before"] - d["params_after"], "targeted_weights": res.selection.info.get(
-            "total_removable"), "per_module": d["per_layer_realized"]}}
+    details = {"method": name, **d,
+               "realized_sparsity": res.selection.realized_sparsity(d["params_before"], d["params_after"])}
     files = {"secateur_selection.json": json.dumps(res.selection.to_dict(), indent=1).encode()}
     return MethodResult(masks={}, timings=res.timings, details=details, extra_files=files)

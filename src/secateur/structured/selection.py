@@ -86,6 +86,16 @@ class Selection:
             return None if k.channels is None else torch.tensor(k.channels, dtype=torch.long)
         raise SecateurError(f"group must be attn_out or mlp_out, not {group!r}")
 
+    def realized_sparsity(self, params_before: int, params_after: int) -> dict:
+        """The report's ``realized_sparsity`` of this selection once materialized: the fraction of the targeted
+        units removed (``info['realized']``), of all parameters (the model's counts before and after slicing,
+        tied weights once), and per layer."""
+        info = self.info
+        return {"targeted": info.get("realized"),
+                "of_all_parameters": 1 - params_after / params_before if params_before else 0.0,
+                "pruned_weights": params_before - params_after, "targeted_weights": info.get("total_removable"),
+                "per_module": {str(k): v["realized"] for k, v in (info.get("per_layer") or {}).items()}}
+
     # --- serialization ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"head_dim": self.head_dim, "n_layers": self.n_layers,
