@@ -996,7 +996,7 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
             L.append(f"| {r['rho']:.0%} | {r['method']} | " + " | ".join(
                 f"{r['ppl_full'][c]['ppl']:.2f} ({r['ppl_full'][c]['windows']})" for c in CORPORA) + " |")
     if preset == "quick":  # the efficiency bench measures the quick rows' exported models
-        from efficiency_smollm2 import table as efficiency_table  # fresh process per model, quiet machine
+        from efficiency_table import table as efficiency_table  # fresh process per model, quiet machine
 
         eff = efficiency_table("cocurve")
         # the rows' own in-process numbers (2 cores shared by other jobs, load 10-16) are not reported

@@ -329,7 +329,7 @@ def render() -> None:
                 f"{r['params_removed_fraction']:.1%} | {r['realized']:.1%} | "
                 f"{kv.get('removed_units', '-')}/{kv.get('units', '-')} | "
                 f"{ch.get('removed_units', '-')}/{ch.get('units', '-')} | {fmt(r.get('prune_s'), 1)} |")
-    from efficiency_smollm2 import table as efficiency_table  # measured in fresh processes, quiet machine
+    from efficiency_table import table as efficiency_table  # measured in fresh processes, quiet machine
 
     lines += efficiency_table()
     lines += full_section(rows, FULL_DATASETS)
