@@ -350,6 +350,13 @@ def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = No
 
 
 @pinned
+def _plus_diag(a: torch.Tensor, j: float) -> torch.Tensor:
+    """``A + j I`` without an identity matrix (one n x n copy, not two)."""
+    out = a.clone()
+    out.diagonal().add_(j)
+    return out
+
+
 def solve_spd(a: torch.Tensor, rhs: torch.Tensor, *, side: str = "right", max_jitter_tries: int = 6,
               info: dict[str, Any] | None = None) -> torch.Tensor:
     """Solve with a symmetric positive (semi)definite ``A``: ``X A = rhs`` (``side='right'``, rhs is
@@ -370,11 +377,10 @@ def solve_spd(a: torch.Tensor, rhs: torch.Tensor, *, side: str = "right", max_ji
         x = torch.zeros_like(b64)
         return (x.mT if side == "right" else x).to(rhs.dtype)
     scale = float(a64.diagonal().abs().mean()) or 1.0
-    eye = torch.eye(n, dtype=a64.dtype, device=a64.device)
     method, jitter, x = None, 0.0, None
     for t in range(-1, max_jitter_tries):
         jitter = 0.0 if t < 0 else 1e-12 * scale * (100.0 ** t)
-        chol, err = torch.linalg.cholesky_ex(a64 + jitter * eye if jitter else a64)
+        chol, err = torch.linalg.cholesky_ex(_plus_diag(a64, jitter) if jitter else a64)
         if int(err) == 0 and _finite(chol):
             x = torch.cholesky_solve(b64, chol)
             if _finite(x):
