@@ -425,6 +425,45 @@ def _gcv_values(sig: torch.Tensor, rho: torch.Tensor, e: torch.Tensor, s_star: f
 
 
 @dataclass
+class _StiefelObjective:
+    """``F(R)`` of :func:`reduced_stiefel_solve` (its docstring) and its Euclidean gradient. ``a_sq``: the
+    diagonal of ``A^T A`` when A has orthogonal columns, else ``ata`` = ``A^T A``; ``align`` None = no alignment
+    term."""
+
+    atg: torch.Tensor
+    gxx: torch.Tensor
+    a_sq: torch.Tensor | None
+    ata: torch.Tensor | None
+    ynorm: float
+    y_c: float
+    update_scale: bool
+    align: Alignment | None
+    lam_a: float
+    frame: torch.Tensor | None
+
+    def apply_ata(self, r: torch.Tensor) -> torch.Tensor:
+        return self.a_sq[:, None] * r if self.a_sq is not None else self.ata @ r
+
+    def terms(self, r: torch.Tensor, s_prev: float) -> tuple[float, float, torch.Tensor]:
+        """``(F(R), s(R), R G_xx)``; ``s`` stays ``s_prev`` when the quadratic term is not positive."""
+        rg = _gmul(r, self.gxx)
+        quad = float(det_sum(self.apply_ata(r) * rg))
+        lin = float(det_sum(self.atg * r))
+        s = (lin / quad if quad > 0 else s_prev) if self.update_scale else 1.0
+        f = (self.y_c - 2 * s * lin + s * s * quad) / self.ynorm
+        if self.align is not None:
+            f += self.lam_a * self.align.value(self.frame @ r)
+        return f, s, rg
+
+    def egrad(self, r: torch.Tensor, rg: torch.Tensor, s: float) -> torch.Tensor:
+        """``(-2 s A^T G_yx + 2 s^2 A^T A R G_xx) / ||Y||^2 + lambda_a frame^T dA/dR_1``."""
+        g = (-2 * s * self.atg + 2 * s * s * self.apply_ata(rg)) / self.ynorm
+        if self.align is not None:
+            g = g + self.lam_a * self.frame.mT @ self.align.grad(self.frame @ r)
+        return g
+
+
+@dataclass
 class StiefelResult:
     r: torch.Tensor
     s: float
@@ -461,8 +500,6 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     """
     b, k = r0.shape
     ata = None if a_sq is not None else a.mT @ a
-    atg = a.mT @ gyx if atg is None else atg
-    y_c = ynorm if y_const is None else y_const
     with one_thread():  # LAPACK's last bits depend on the thread count; eta scales every step
         lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
         if lmax_gxx is None:
@@ -471,20 +508,10 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     use_align = align is not None and lam_a > 0
     if use_align and frame is None:
         frame = torch.eye(b, dtype=a.dtype, device=a.device)[: min(align.r, b)]
-
-    def apply_ata(r: torch.Tensor) -> torch.Tensor:
-        return a_sq[:, None] * r if a_sq is not None else ata @ r
-
-    def terms(r: torch.Tensor, s_prev: float) -> tuple[float, float, torch.Tensor]:
-        rg = _gmul(r, gxx)
-        quad = float(det_sum(apply_ata(r) * rg))
-        lin = float(det_sum(atg * r))
-        s = (lin / quad if quad > 0 else s_prev) if update_scale else 1.0
-        f = (y_c - 2 * s * lin + s * s * quad) / ynorm
-        if use_align:
-            f += lam_a * align.value(frame @ r)
-        return f, s, rg
-
+    obj = _StiefelObjective(atg=a.mT @ gyx if atg is None else atg, gxx=gxx, a_sq=a_sq, ata=ata, ynorm=ynorm,
+                            y_c=ynorm if y_const is None else y_const, update_scale=update_scale,
+                            align=align if use_align else None, lam_a=lam_a, frame=frame)
+    terms = obj.terms
     square = b == k
     use_cayley = retraction == "cayley" or (retraction == "auto" and square)
     r = r0
@@ -496,9 +523,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     drift_known: float | None = None
     rinfo: dict[str, Any] = {}
     for it in range(1, max_iter + 1):  # noqa: B007
-        egrad = (-2 * s * atg + 2 * s * s * apply_ata(rg)) / ynorm
-        if use_align:
-            egrad = egrad + lam_a * frame.mT @ align.grad(frame @ r)
+        egrad = obj.egrad(r, rg, s)
         gam = egrad - sym(egrad @ r.mT) @ r
         gn = float(det_norm(gam))
         if gn == 0 or not math.isfinite(gn):
@@ -524,15 +549,22 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         if step < delta:
             stop = "delta"
             break
-    # re-orthonormalize when Cayley/Newton-Schulz round-off has accumulated; keep only if not worse
+    r, s, f = _reorthonormalized(obj, r, s, f, drift_known)
+    return StiefelResult(r=r, s=s, objective_before=f0, objective_after=f, iters=it, stop=stop)
+
+
+def _reorthonormalized(obj: _StiefelObjective, r: torch.Tensor, s: float, f: float, drift_known: float | None
+                       ) -> tuple[torch.Tensor, float, float]:
+    """``(R, s, F)`` re-orthonormalized when Cayley/Newton-Schulz round-off has accumulated (``||R R^T - I||_F``
+    above ``sqrt(eps)``; ``drift_known`` when the last polar retraction measured it), kept only if not worse."""
     drift = drift_known if drift_known is not None else float(
-        det_norm(r @ r.mT - torch.eye(b, dtype=r.dtype, device=r.device)))
+        det_norm(r @ r.mT - torch.eye(r.shape[0], dtype=r.dtype, device=r.device)))
     if drift > math.sqrt(eps_of(r.dtype)):
         r_c = newton_schulz_polar(r, prescaled=True)
-        f_c, s_c, _ = terms(r_c, s)
+        f_c, s_c, _ = obj.terms(r_c, s)
         if f_c <= f:
-            r, s, f = r_c, s_c, f_c
-    return StiefelResult(r=r, s=s, objective_before=f0, objective_after=f, iters=it, stop=stop)
+            return r_c, s_c, f_c
+    return r, s, f
 
 
 def _right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COECOptions,
