@@ -161,8 +161,8 @@ def render() -> None:
              "torch 2.13.0+cpu, transformers 5.24.0. A row whose cell names an error is the CLI's own one-line "
              "refusal. CoCurve rows: its quick preset (4 graph + 4 held-out windows of 256). A `-` in the realized "
              "columns of a CoCurve row: not recorded (CoCurve's report said 0 before a fix; the row's note says so). "
-             "Rows not listed for a model were not run yet (Qwen2.5-0.5B: cocurve-30, about 40 CPU-minutes here): "
-             "`python bench/families.py` resumes and adds them.")
+             "Qwen's CoCurve 30% row (25 minutes of pruning, 2026-12-03) ran after the compensation-diagnostic "
+             "change, with CoCurve's default compensation (none). `python bench/families.py` resumes a partial run.")
     MD.write_text("\n".join(L) + "\n")
 
 

@@ -158,7 +158,9 @@ def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mo
 #: solver matrices of the widest input a compensator holds at once (the structured plan's ``grams`` term)
 # coec: 4 matrices + the eigh's LAPACK workspace (syevd: 1 + 6n + 2n^2 doubles), measured at 7B widths
 # (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj)
-_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 2, "rcpu": 2, "corp": 2, "coec": 6}
+# ls: G_xx + ridge, its symmetrized copy and Cholesky factor, and the error diagnostic (W0 C, W0 and C_KK in
+# float64, compensate.base.ReconError): a plan with 2 fell 1.54 GiB short at 7B widths (results/scale.md)
+_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 4, "rcpu": 2, "corp": 2, "coec": 6}
 
 
 def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int) -> MemoryPlan:
