@@ -81,7 +81,7 @@ def main() -> None:
           f"({a.d_out} x {a.d}, {int(kept.numel())} inputs kept), the three errors a compensated projection "
           "reports (slice, ridge refit, refit cast to bfloat16), both forms alternated "
           f"{a.repeats} times in one process, {row['threads']} torch threads, 1-minute load average "
-          f"{row['loadavg_1m_before']:.2f} before (other jobs: see the note).", "",
+          f"{row['loadavg_1m_before']:.2f} before (above the core count: other jobs shared the cores).", "",
           "| form | seconds (median) | per error |", "|---|---:|---:|",
           f"| direct `tr(D C D^T) / tr(W0 C W0^T)` | {m['direct']:.1f} | {m['direct'] / 3:.1f} |",
           f"| `ReconError` (W0 C once) | {m['recon_error']:.1f} | {m['recon_error'] / 3:.1f} |", "",
