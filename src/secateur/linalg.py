@@ -349,7 +349,6 @@ def psd_power(g: torch.Tensor, alpha: float, *, info: dict[str, Any] | None = No
     return sym((e * mu) @ e.mT)
 
 
-@pinned
 def _plus_diag(a: torch.Tensor, j: float) -> torch.Tensor:
     """``A + j I`` without an identity matrix (one n x n copy, not two)."""
     out = a.clone()
@@ -357,6 +356,7 @@ def _plus_diag(a: torch.Tensor, j: float) -> torch.Tensor:
     return out
 
 
+@pinned
 def solve_spd(a: torch.Tensor, rhs: torch.Tensor, *, side: str = "right", max_jitter_tries: int = 6,
               info: dict[str, Any] | None = None) -> torch.Tensor:
     """Solve with a symmetric positive (semi)definite ``A``: ``X A = rhs`` (``side='right'``, rhs is
