@@ -168,7 +168,8 @@ class ReconError:
     the expansion of ``tr(D C D^T) - 2 db^T D mu + ||db||^2`` with ``D = W0 - W~ P_K`` (module docstring).
     ``W0 C`` (one ``d_out x d x d`` product) is formed once and shared by every candidate, each of which then
     costs one ``d_out x k x k`` product; the direct form costs ``d_out x d x d`` per candidate, plus as much
-    again for ``Y`` (at 7B widths: 6 of those per down_proj took 60 s of a 150 s LS block). The slice-only
+    again for ``Y`` (at 7B widths the direct form took 146 of 271 s of a 2-block Wanda-sp + LS prune,
+    cProfile; results/scale.md). The slice-only
     error is taken directly from the pruned columns: ``tr(W0_P C_PP W0_P^T)``.
     Rounding: each inner product is a sum of float64 products in :func:`secateur.linalg.det_sum`'s fixed order
     (the result does not depend on the thread count); the expansion cancels terms of size <= about ``Y`` when
@@ -176,11 +177,11 @@ class ReconError:
     (``eps`` = 2.2e-16), far below any difference a decision (the no-worse guard) is made on.
     """
 
-    def __init__(self, w0: torch.Tensor, stats: InputStats, w0c: torch.Tensor | None = None) -> None:
+    def __init__(self, w0: torch.Tensor, stats: InputStats) -> None:
         self.c = stats.second_moment.to(w0.device, torch.float64)
         self.mean = None if stats.mean is None else stats.mean.to(w0.device, torch.float64)
         self.w = w0.to(torch.float64)
-        self.w0c = self.w @ self.c if w0c is None else w0c  # W0 C: [d_out, d]
+        self.w0c = self.w @ self.c  # W0 C: [d_out, d]
         self.energy = float(det_sum(self.w0c * self.w))
 
     def before(self, kept: torch.Tensor) -> float:
