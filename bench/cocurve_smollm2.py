@@ -84,10 +84,14 @@ PRESETS = {
     # issue 18 §2: 16 x 512 graph / 16 x 512 held-out (lambda) / 16 x 512 test (KL column), positions scaled
     # with the length at the paper's stride (128 per 2048 -> 32 per 512), top-r 256 kept (a support size);
     # perplexity on the first 32 windows, every window for dense + CoCurve 30% (the paper's 2048/512 protocol)
-    "medium": {"n_graph": 16, "n_heldout": 16, "seqlen": 512, "positions": 32, "top_r": 256, "ppl_windows": 32,
-               "unit_batch": 8, "n_test": 16, "rhos": [0.2, 0.3],
+    # issue 26 re-sized its evaluation: nonoverlap-2048 on the first 16 windows of each corpus; every WikiText-2
+    # window for the 30% CoCurve row only (dense is measured there already: 21.61); zero-shot for four 30% rows
+    "medium": {"n_graph": 16, "n_heldout": 16, "seqlen": 512, "positions": 32, "top_r": 256, "ppl_windows": 16,
+               "ppl_seqlen": 2048, "ppl_stride": None, "unit_batch": 8, "n_test": 16, "rhos": [0.2, 0.3],
                "methods": ["cocurve", "cocurve-diag", "wanda_sp", "flap", "random"],
-               "coec_methods": ["cocurve+coec", "wanda_sp+coec"], "full_ppl": ["dense", "cocurve@0.3"]},
+               "coec_methods": ["cocurve+coec", "wanda_sp+coec"], "full_ppl": ["cocurve@0.3"],
+               "full_ppl_corpora": ["wikitext2"],
+               "zs": ["cocurve@0.3", "cocurve-diag@0.3", "wanda_sp@0.3", "cocurve+coec@0.3"], "efficiency": False},
     "smoke": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 64, "ppl_windows": 1,
               "unit_batch": 8},
     # the CPU exercise of bench/device_cocurve_full.sh (TINY=1): a random 16-layer Llama, random token ids
@@ -253,7 +257,28 @@ def config(p: dict):
 
 # --- stage 1: the graph (torch.distributed over --ranks processes) --------------------------------------
 
-def _graph_worker(rank: int, world: int, preset: str, n_seqs: int | None = None) -> None:
+def _graph_checkpoint(rank: int, world: int, preset: str, g_ids: torch.Tensor, resume_it: bool):
+    """The sweep's per-block checkpoint beside the graph file (``.graph-<preset>.npz.secateur-ckpt``): opened (or
+    refused on a fingerprint mismatch) by rank 0, then joined by the other ranks. Its fingerprint is what fixes
+    the blocks' contents: model, preset, sweep config, graph tokens, library versions (not the world size: H
+    does not depend on it)."""
+    import torch.distributed as tdist
+
+    from secateur.calib import resume
+    from secateur.data.windows import token_sha256
+    from secateur.runinfo import versions
+
+    fp = json.loads(json.dumps({"model": MODEL, "device": DEVICE, "preset": PRESETS[preset],
+                                "sweep": config(PRESETS[preset]).to_dict(), "graph_sha256": token_sha256(g_ids),
+                                "versions": versions()}, default=str))
+    ck = resume.Checkpoint.open(graph_path(preset), fp, resume_it) if rank == 0 else None
+    if world > 1:
+        tdist.barrier()
+    return ck or resume.Checkpoint(resume.checkpoint_dir(graph_path(preset)))
+
+
+def _graph_worker(rank: int, world: int, preset: str, n_seqs: int | None = None, resume_it: bool = False) -> None:
+    from secateur.calib import resume
     from secateur.methods.cocurve import build_graph, cocurve_inventory
     from secateur.models.adapters import get_adapter
 
@@ -262,8 +287,10 @@ def _graph_worker(rank: int, world: int, preset: str, n_seqs: int | None = None)
     adapter = get_adapter(model)
     g_ids, _, man = data(tok, p)
     cfg = config(p)
+    ck = _graph_checkpoint(rank, world, preset, g_ids, resume_it) if n_seqs is None else None
     t = time.perf_counter()
-    graph = build_graph(model, adapter, g_ids[:n_seqs], cfg, cocurve_inventory(adapter))
+    with resume.active(ck):
+        graph = build_graph(model, adapter, g_ids[:n_seqs], cfg, cocurve_inventory(adapter))
     if n_seqs is not None:  # --stage probe: the first n_seqs sequences, timed and extrapolated, nothing saved
         _probe_report(preset, graph.meta, time.perf_counter() - t, n_seqs, p["n_graph"])
         return
@@ -274,6 +301,7 @@ def _graph_worker(rank: int, world: int, preset: str, n_seqs: int | None = None)
         graph.meta["device"] = DEVICE
         graph.meta["float32_matmul_precision"] = torch.get_float32_matmul_precision()
         info = graph.save(graph_path(preset))
+        ck.remove()  # the graph holds everything the blocks did
         print(json.dumps({k: graph.meta[k] for k in ("timings", "wall_s", "n_ablated", "lambda_min")}
                          | info, default=str), flush=True)
 
@@ -291,16 +319,18 @@ def _probe_report(preset: str, meta: dict, wall: float, n_seqs: int, n_graph: in
     print("probe", json.dumps(out), flush=True)
 
 
-def stage_graph(preset: str, ranks: int) -> None:
+def stage_graph(preset: str, ranks: int, resume_it: bool = False) -> None:
+    """H over ``ranks`` processes, checkpointed per block of sequences; ``resume_it``: continue a killed run
+    (bit-identical H: ``tests/test_cocurve_resume.py``)."""
     if ranks > 1:
         if DEVICE != "cpu":
             raise SystemExit("--ranks > 1 is the CPU's gloo split; on an accelerator use --ranks 1")
         from secateur.calib.dist import spawn_gloo
 
-        spawn_gloo(_graph_worker, ranks, (preset,), threads=1)
+        spawn_gloo(_graph_worker, ranks, (preset, None, resume_it), threads=1)
     else:
         torch.set_num_threads(1)
-        _graph_worker(0, 1, preset)
+        _graph_worker(0, 1, preset, None, resume_it)
 
 
 def stage_tiny_setup(work: Path) -> tuple[Path, Path]:
@@ -344,25 +374,34 @@ def _alloc(inv, removed) -> dict:
             "attn_units": a[0]["attn_units"], "ffn_units": a[0]["ffn_units"]}
 
 
-def _ppl(model, corpora_ids: dict, windows, p: dict | None = None) -> dict:
-    """Sliding-window perplexity (2048/512 unless the preset says otherwise), the first ``windows`` windows
-    (None: every window, the paper's protocol)."""
+def _ppl(model, corpora_ids: dict, windows, p: dict | None = None, only: list[str] | None = None) -> dict:
+    """Perplexity at the preset's protocol (sliding 2048/512 unless it names ``ppl_seqlen`` / ``ppl_stride``;
+    stride None: non-overlapping windows), the first ``windows`` windows (None: every window); ``only``: these
+    corpora."""
     from secateur.eval.ppl import perplexity
 
     p = p or {}
     out = {}
     for name, ids in corpora_ids.items():
+        if only is not None and name not in only:
+            continue
         r = perplexity(model, ids, seqlen=p.get("ppl_seqlen", 2048), stride=p.get("ppl_stride", 512),
                        max_windows=windows, progress=False)
-        out[name] = {"ppl": r["ppl"], "windows": r["windows"], "scored": r["scored_tokens"], "s": r["seconds"]}
+        out[name] = {"ppl": r["ppl"], "windows": r["windows"], "scored": r["scored_tokens"], "s": r["seconds"],
+                     "protocol": r.get("protocol")}
     return out
+
+
+def _wants(p: dict, key: str, method: str, rho: float) -> bool:
+    """Whether the preset's list ``key`` ("method" or "method@rho" entries) names this row."""
+    return any(x == method if "@" not in x else x == f"{method}@{rho:g}" for x in p.get(key, ()))
 
 
 def _wants_full_ppl(p: dict, method: str, rho: float) -> bool:
     """Rows the preset measures on every perplexity window too (``full_ppl``: "dense", "method@rho")."""
     if p["ppl_windows"] is None:  # its ppl column is already every window
         return False
-    return any(x == method if "@" not in x else x == f"{method}@{rho:g}" for x in p.get("full_ppl", ()))
+    return _wants(p, "full_ppl", method, rho)
 
 
 def _baseline_removed(method: str, inv, adapter, stats, rho: float, guard) -> tuple[torch.Tensor, bool]:
@@ -413,7 +452,10 @@ def zs_cells(model, tok, adapter, inv, cfg, stats, preset: str, rho: float, meth
     from secateur.structured.selection import Selection
     from secateur.structured.slicing import apply_selection
 
+    p = PRESETS[preset]
     for m in methods:
+        if "zs" in p and not _wants(p, "zs", m, rho):  # the preset names its zero-shot rows
+            continue
         row = next((r for r in read_rows(OUT_JSON) if r.get("preset") == preset and r["method"] == m
                     and r["rho"] == rho and "coec_rounds" not in r), None)
         if row is None or row.get("zeroshot"):
@@ -485,7 +527,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
         if tester is not None:
             row["test_kl"], row["test_se"] = tester.evaluate()["kl"], 0.0
         if _wants_full_ppl(p, "dense", 0.0):
-            row["ppl_full"] = _ppl(model, corpora, None, p)
+            row["ppl_full"] = _ppl(model, corpora, None, p, p.get("full_ppl_corpora"))
         if eff:
             row["efficiency"] = measure_efficiency(model, **eff_kw)
         row["eval_s"] = time.perf_counter() - t
@@ -543,7 +585,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
                    "mask_sha256": array_sha256(removed), "params": count_params(pruned), **extra}
             row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"], p)
             if _wants_full_ppl(p, method, rho):
-                row["ppl_full"] = _ppl(pruned, corpora, None, p)
+                row["ppl_full"] = _ppl(pruned, corpora, None, p, p.get("full_ppl_corpora"))
             if method.startswith("cocurve"):
                 out = out_dir(preset, method, rho)
                 saved = save_pruned(pruned, out, tok, overwrite=True,
@@ -667,7 +709,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
             if tester is not None:
                 et = tester.evaluate(pruned)
                 row["test_kl"], row["test_se"] = et["kl"], et["se"]
-            if zs:
+            if zs and ("zs" not in p or _wants(p, "zs", method, rho)):
                 row["zeroshot"] = zeroshot_cell(pruned, tok)
             append_row(OUT_JSON, row)
             print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
@@ -785,6 +827,8 @@ def claim_check(rows: list[dict], has_test: bool) -> list[str]:
             if col not in cc or col not in dg:
                 continue
             for c in CORPORA:
+                if c not in cc[col] or c not in dg[col]:
+                    continue
                 x, y = cc[col][c]["ppl"], dg[col][c]["ppl"]
                 w = cc[col][c]["windows"]
                 ok = x < y
@@ -989,12 +1033,14 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
                      f"`{Path(r['export']['mask_file']).parent.name}` | `{r.get('mask_sha256', '-')[:16]}…` |")
     full = [r for r in rows if "ppl_full" in r]
     if full:
-        L.append("\n## Perplexity on every window (sliding 2048/512, the paper's protocol)\n")
+        proto = next(iter(full[0]["ppl_full"].values())).get("protocol") or "sliding-2048-512"
+        L.append(f"\n## Perplexity on every window ({proto})\n")
         L.append("| rho | method | " + " | ".join(f"{c} (windows)" for c in CORPORA) + " |")
         L.append("|---|---|" + "---|" * len(CORPORA))
         for r in sorted(full, key=lambda x: (x["rho"], x["method"])):
+            f = r["ppl_full"]
             L.append(f"| {r['rho']:.0%} | {r['method']} | " + " | ".join(
-                f"{r['ppl_full'][c]['ppl']:.2f} ({r['ppl_full'][c]['windows']})" for c in CORPORA) + " |")
+                f"{f[c]['ppl']:.2f} ({f[c]['windows']})" if c in f else "-" for c in CORPORA) + " |")
     if preset == "quick":  # the efficiency bench measures the quick rows' exported models
         from efficiency_table import table as efficiency_table  # fresh process per model, quiet machine
 
@@ -1027,9 +1073,31 @@ def _eligible_units(cfg) -> tuple[int, int]:
     return len(inv), sum(int(li) not in prot for li in inv.layer_of.tolist())
 
 
-def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: list[str]) -> dict:
-    """The plan of a preset's run, and its cost in dense forward-tokens (one token through the whole dense model),
-    without running anything: token counts, ablations, and an hours figure at this machine's measured rate."""
+def _measure_dense(T: int, ppl_len: int) -> dict:
+    """Seconds per token of one dense forward on this machine now, 1 thread (what each stage's process uses),
+    at the sweep's length ``T`` and the perplexity window ``ppl_len``; with the load average it ran under."""
+    torch.set_num_threads(1)
+    model, _ = load()
+    vocab = model.config.vocab_size
+    out = {"threads": 1, "load_before": round(os.getloadavg()[0], 2)}
+    with torch.no_grad():
+        for n in (T, ppl_len):
+            ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0))
+            model(ids[:, :64])  # warm-up
+            ts = []
+            for _ in range(2):
+                t = time.perf_counter()
+                model(ids)
+                ts.append(time.perf_counter() - t)
+            out[f"s_per_token_at_{n}"] = min(ts) / n
+    out["load_after"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: list[str], ranks: int = 2) -> dict:
+    """The plan of a preset's run and its cost in dense forward-tokens (one token through the whole dense model),
+    without running it: token counts, ablations, and a wall-time estimate from a dense forward measured here
+    at the start (1 thread per process, the load named; the sweep split over ``ranks`` processes)."""
     from secateur.budgets.greedy import DEFAULT_LAMBDAS
     from secateur.eval.ppl import window_plan
 
@@ -1039,7 +1107,6 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
     n_units, n_abl_units = _eligible_units(cfg)
     cost = json.loads((RESULTS / "cocurve-sweep-cost.json").read_text())
     ratio = cost["median"]["new"]["ratio"]  # one ablation / one dense forward of the same tokens (0.415)
-    s_per_tok = cost["dense_forward_s_median"] / 256  # this machine, 1 thread, SmolLM2, 256-token forward
     pl, ps = p.get("ppl_seqlen", 2048), p.get("ppl_stride", 512)
     if INPUTS:
         sizes = {k: int(v.numel()) for k, v in torch.load(INPUTS)["corpora"].items()}
@@ -1048,11 +1115,12 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
         sizes = {k: int(v.numel()) for k, v in corpora_ids(tok).items()}
     total_w = {c: len(window_plan(n, pl, ps)) for c, n in sizes.items()}
     first_w = {c: total_w[c] if p["ppl_windows"] is None else min(p["ppl_windows"], total_w[c]) for c in sizes}
+    full_c = p.get("full_ppl_corpora") or list(sizes)
     ppl_row = sum(first_w.values()) * pl
-    ppl_full = sum(total_w.values()) * pl
+    ppl_full = sum(total_w[c] for c in full_c) * pl
     n_abl = n_abl_units * ng  # one block per sequence (seqs_per_block 1)
-    parts = {"sweep_dense": ng * T, "sweep_ablations": n_abl * ratio * T,
-             "teachers": (nh + nt) * T}
+    sweep = {"sweep_dense": ng * T, "sweep_ablations": n_abl * ratio * T}
+    parts: dict[str, float] = {"teachers": (nh + nt) * T}
     n_lam = len(DEFAULT_LAMBDAS)
     rows = [("dense", 0.0)] + [(m, r) for r in rhos for m in methods]
     sel = ev = ppl = 0.0
@@ -1065,13 +1133,28 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
         ppl += ppl_row + (ppl_full if _wants_full_ppl(p, m, r) else 0)
     if {"wanda_sp", "flap"} & set(methods):
         parts["baseline_statistics"] = ng * T
-    parts |= {"selection_heldout_kl": sel, "test_kl": ev, "perplexity": ppl}
+    parts |= {"selection_heldout_kl": sel, "test_kl": ev}
+    ppl_parts = {"perplexity": ppl}
     if coec_methods:
         c = COMP_CALIB
         n_coec = len(rhos) * len(coec_methods)
         parts["coec_grams"] = c["nsamples"] * c["seqlen"] + ng * T
-        parts["coec_rows_eval"] = n_coec * ((nh + nt) * T + ppl_row)
-    total = sum(parts.values())
+        parts["coec_rows_eval"] = n_coec * (nh + nt) * T
+        ppl_parts["coec_rows_perplexity"] = n_coec * ppl_row
+    zs_rows = [x for x in p.get("zs", [])]
+    total = sum(sweep.values()) + sum(parts.values()) + sum(ppl_parts.values())
+    rate = _measure_dense(T, pl)
+    s_T, s_L = rate[f"s_per_token_at_{T}"], rate[f"s_per_token_at_{pl}"]
+    quick_zs = [r["zeroshot"]["seconds"] for r in read_rows(OUT_JSON) if r.get("zeroshot")]
+    zs_cell_s = sorted(quick_zs)[len(quick_zs) // 2] if quick_zs else 100.0
+    quick_coec = [r["compensation_s"] for r in read_rows(OUT_JSON) if "coec_rounds" in r and "compensation_s" in r]
+    coec_solve_s = sorted(quick_coec)[len(quick_coec) // 2] if quick_coec else 0.0
+    wall = {"sweep_s": sum(sweep.values()) * s_T / max(ranks, 1), "rows_and_kl_s": sum(parts.values()) * s_T,
+            "perplexity_s": sum(ppl_parts.values()) * s_L, "zeroshot_s": len(zs_rows) * zs_cell_s,
+            "coec_solves_s": len(rhos) * len(coec_methods) * coec_solve_s}
+    hours = sum(wall.values()) / 3600
+    # the rows stage split over two processes (one per rho, --no-dense on the second), the sweep as above
+    hours_2 = (wall["sweep_s"] + (sum(wall.values()) - wall["sweep_s"]) / 2) / 3600
     plan = {"preset": preset, "params": p, "rhos": rhos, "methods": methods, "coec_methods": coec_methods,
             "tokens": {"graph": f"{ng} x {T} = {ng * T}", "heldout_lambda": f"{nh} x {T} = {nh * T}",
                        "test": f"{nt} x {T} = {nt * T}",
@@ -1083,20 +1166,39 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
             "ablation_over_dense_forward": ratio,
             "perplexity_windows": {"first": first_w, "every_window": total_w, "context": pl, "stride": ps,
                                    "every_window_rows": [f"{m}@{r:g}" for m, r in rows
-                                                         if _wants_full_ppl(p, m, r)]},
+                                                         if _wants_full_ppl(p, m, r)],
+                                   "every_window_corpora": full_c},
+            "zeroshot_rows": zs_rows,
             "rows": len(rows) + (len(rhos) * len(coec_methods)),
-            "cost_dense_forward_tokens": {k: round(v) for k, v in parts.items()} | {"total": round(total)},
+            "cost_dense_forward_tokens": {k: round(v) for k, v in (sweep | parts | ppl_parts).items()}
+            | {"total": round(total)},
             "cost_dense_forwards_of_T": round(total / T, 1),
-            "estimate_cpu_hours_1_thread": round(total * s_per_tok / 3600, 1),
-            "estimate_basis": f"{s_per_tok * 1e3:.2f} ms per token: results/cocurve-sweep-cost.json's dense forward "
-                              "(256 tokens, 1 thread, load 10-13); 2048-token windows cost more per token "
-                              "(attention), COEC's solver time is not included"}
+            "measured_dense_forward": rate | {"cpu": _cpu_name()},
+            "estimate_wall_s": {k: round(v) for k, v in wall.items()},
+            "estimate_hours": round(hours, 2), "estimate_hours_rows_in_2_processes": round(hours_2, 2),
+            "estimate_basis": f"dense forward measured now, 1 thread: {s_T * 1e3:.2f} ms/token at {T}, "
+                              f"{s_L * 1e3:.2f} ms/token at {pl} (load {rate['load_before']} before); the sweep "
+                              f"split over {ranks} processes (one per core), every other stage one process of 1 "
+                              f"thread; zero-shot {zs_cell_s:.0f} s and a COEC solve {coec_solve_s:.0f} s per row "
+                              "(the committed quick rows' medians)"}
     print(json.dumps(plan, indent=1), flush=True)
+    (RESULTS_DIR / f"cocurve-smollm2-{preset}-plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     print(f"{preset}: {n_abl} ablations x {ratio:.3f} = {n_abl * ratio:.0f} dense forwards of {T} tokens for the "
           f"sweep; {len(rows)} rows + {plan['rows'] - len(rows)} COEC rows; total {total / 1e6:.2f} M dense "
-          f"forward-tokens = {total / T:.0f} forwards of {T} tokens, about {plan['estimate_cpu_hours_1_thread']} h "
-          "on one thread here", flush=True)
+          f"forward-tokens = {total / T:.0f} forwards of {T} tokens; about {hours:.1f} h here, {hours_2:.1f} h with "
+          f"the rows in 2 processes "
+          f"({s_T * 1e3:.2f} ms/token at {T} measured now on 1 thread, load {rate['load_before']})", flush=True)
     return plan
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def main() -> None:
@@ -1110,6 +1212,8 @@ def main() -> None:
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--zs", action="store_true", help="--stage coec: add the zero-shot column (first 100 docs/task)")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="--stage graph: continue a killed sweep from its per-block checkpoint (bit-identical H)")
     ap.add_argument("--dry-run", action="store_true", help="print the preset's plan and estimated cost; run nothing")
     ap.add_argument("--device", default=None, help="where the model runs (default cpu; $COCURVE_DEVICE)")
     ap.add_argument("--model", default=None, help="model spec (default the smollm2-135m alias; $COCURVE_MODEL)")
@@ -1137,7 +1241,7 @@ def main() -> None:
             else list(p.get("coec_methods", COEC_METHODS)))
     if args.dry_run:
         dry_run(args.preset, rhos, [m for m in methods if m in METHODS],
-                [m for m in coec if m in COEC_METHODS] if "coec_methods" in p or args.methods else [])
+                [m for m in coec if m in COEC_METHODS] if "coec_methods" in p or args.methods else [], args.ranks)
         return
     for stage in stages:
         if stage == "pack":
@@ -1154,7 +1258,7 @@ def main() -> None:
                           "stopping before the sweep", flush=True)
                     raise SystemExit(3)
         elif stage == "graph":
-            stage_graph(args.preset, args.ranks)
+            stage_graph(args.preset, args.ranks, args.resume)
         elif stage == "rows":
             stage_rows(args.preset, rhos, [m for m in methods if m in METHODS], not args.no_dense)
         elif stage == "coec":

@@ -78,9 +78,22 @@ def _locked(path: Path):
     return held()
 
 
+def git_commit() -> str:
+    """``git describe --always --dirty`` of this checkout ("unknown" outside a git checkout)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def append_row(path: Path, row: dict, unique_key: bool = False) -> bool:
     """Append ``row``; with ``unique_key``, only when no row with its ``key`` exists (checked under the lock,
-    so two lanes never both append one key). Returns whether it was written."""
+    so two lanes never both append one key). Returns whether it was written. Every row gets the commit it was
+    measured at and the machine's load average when it was written (unless it names them itself)."""
+    row = {"commit": git_commit(), "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()]} | row
     with _locked(path):
         if unique_key and any(r.get("key") == row["key"] for r in read_rows(path)):
             return False

@@ -57,6 +57,14 @@ descending sort of the dense log-probabilities (ties: smaller token id first).
 Blocks of ``seqs_per_block`` consecutive sequences are the unit of work and of reduction: block ``b``
 runs on rank ``b % world`` and ``H`` is the sum of the block Grams in block order, so the result does
 not depend on the number of processes (:mod:`secateur.calib.dist`).
+
+Resume: with a checkpoint active (:func:`secateur.calib.resume.current`: ``secateur prune --resume``, or
+the bench's graph stage), every finished block's Gram, KL sums and support mass are saved as one piece
+(``<stage>-block<b>.pt``, written atomically) and a resumed sweep loads the pieces it finds instead of
+recomputing them. The reduction then adds the very float64 tensors an uninterrupted run would have
+added, in the same block order, so ``H`` is bit-identical (``tests/test_cocurve_resume.py``: kill after a
+block, resume, compare ``H``'s sha256). Blocks are keyed by index; the checkpoint's fingerprint (tokens,
+options, model) is what makes an index mean the same block.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from secateur.calib import dist, engine
+from secateur.calib import dist, engine, resume
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory
@@ -386,12 +394,29 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     blocks = [(b, s, min(s + cfg.seqs_per_block, N)) for b, s in enumerate(range(0, N, cfg.seqs_per_block))]
     local: dict[str, dict[int, torch.Tensor]] = {"gram": {}, "kl": {}, "mass": {}}
     clock = {"dense": 0.0, "abl": 0.0, "gram": 0.0, "n_abl": 0}
+    ck = resume.current()
+    stage = ck.stage("sweep") if ck is not None else ""
+    resumed = 0
     with torch.no_grad():
         for b, s, e in (blk for blk in blocks if blk[0] % world == rank):
+            piece = f"{stage}-block{b}.pt"
+            if ck is not None and ck.has(piece):
+                saved = ck.load(piece)
+                local["gram"][b], local["kl"][b], local["mass"][b] = saved["gram"], saved["kl"], saved["mass"]
+                for k in clock:
+                    clock[k] += saved["clock"][k]
+                resumed += 1
+                continue
+            before = dict(clock)
             local["gram"][b], local["kl"][b], local["mass"][b] = _sweep_block(walker, plan, ids[s:e].to(device),
                                                                               cfg, clock)
+            if ck is not None:
+                ck.save(piece, {"gram": local["gram"][b], "kl": local["kl"][b], "mass": local["mass"][b],
+                                "clock": {k: clock[k] - before[k] for k in clock}})
             if cfg.progress:
                 print(f"[cocurve] rank {rank} block {b + 1}/{len(blocks)}: dense {clock['dense']:.1f}s "
                       f"ablations {clock['abl']:.1f}s", flush=True)
-    extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T}
+    n_resumed = int(dist.sum_floats([float(resumed)])[0])
+    extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T,
+             "resumed_blocks": n_resumed}
     return _reduce(local, plan, len(blocks), N * pos.numel(), clock, extra)
