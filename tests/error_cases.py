@@ -158,6 +158,8 @@ def check_stderr(case: Case, err: str) -> str | None:
         return "a traceback reached stderr"
     if not ONE_LINE.match(err):
         return f"stderr is not exactly one 'secateur: error:' line: {err!r}"
+    if ";" not in err:
+        return f"the message names no fix (no '; what to do' part): {err!r}"
     if not re.search(case.message, err):
         return f"stderr {err!r} does not match {case.message!r}"
     return None
@@ -302,14 +304,14 @@ CASES: list[Case] = [
          prune(lambda ws: ws.model(), "--structured", "--method", "wanda-sp", "--units", "kv_group",
                "--width-multiple", "8"), 2,
          r"--width-multiple 8 rounds the kept MLP width of channel units, and attention widths \(heads x head_dim\) "
-         r"are not rounded: add channel to --units, or drop --width-multiple"),
+         r"are not rounded; add channel to --units, or drop --width-multiple"),
     Case("structured-head-slot-mha", prune(lambda ws: ws.model("opt"), "--structured", "--method", "wanda-sp",
                                            "--units", "head_slot,channel"), 2,
          r"head_slot units remove one query head of every KV group, but layer 0 has one query head per KV head "
          r"\(4 of each, MHA\); use head units"),
     Case("structured-two-attention-units", prune(lambda ws: ws.model(), "--structured", "--method", "wanda-sp",
                                                  "--units", "kv_group,head_slot"), 2,
-         r"choose one attention unit: kv_group, head, head_slot"),
+         r"--units names two attention units; choose one of kv_group, head, head_slot"),
     Case("pattern-0-of-4", prune(lambda ws: ws.model(), "--pattern", "0:4"), 2, r"pattern '0:4' needs 0 < N < M"),
     Case("pattern-4-of-4", prune(lambda ws: ws.model(), "--pattern", "4:4"), 2, r"pattern '4:4' needs 0 < N < M"),
     Case("pattern-5-of-4", prune(lambda ws: ws.model(), "--pattern", "5:4"), 2, r"pattern '5:4' needs 0 < N < M"),

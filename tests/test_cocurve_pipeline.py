@@ -129,13 +129,15 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
     absent = str(tmp_path / "absent")  # no model there: each refusal must come before the model is read
     units = ("^--units only applies to the structured pipeline \\(--structured with wanda-sp, flap, rcpu, "
-             "magnitude-sp, random, shortgpt, corp\\); 'cocurve' is a structured method that selects its own units$")
+             "magnitude-sp, random, shortgpt, corp\\), and 'cocurve' is a structured method that selects its own units; "
+             "drop --units, or choose a method it applies to$")
     with pytest.raises(SecateurError, match=units):
         api.prune(model=absent, method="cocurve", sparsity=0.3, units="channel")
-    heldout = "^--heldout only applies to --method cocurve / cocurve-diag; 'wanda' is an unstructured method$"
+    heldout = ("^--heldout only applies to --method cocurve / cocurve-diag, and 'wanda' is an unstructured method; "
+               "drop --heldout, or choose a method it applies to$")
     with pytest.raises(SecateurError, match=heldout):
         api.prune(model=absent, method="wanda", sparsity=0.3, heldout=4)
-    with pytest.raises(SecateurError, match="^--heldout only applies to .*'wanda-sp' is a structured method$"):
+    with pytest.raises(SecateurError, match="^--heldout only applies to .*'wanda-sp' is a structured method; drop"):
         api.prune(model=absent, method="wanda-sp", sparsity=0.3, heldout=4)
     comp = "^unknown compensation 'nope'; choose from none, bias, ls, rcpu, coec, corp$"
     with pytest.raises(SecateurError, match=comp):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -74,9 +75,12 @@ def prune(**kwargs) -> dict:
     model, tok, adapter = _load(opts, needs_calibration, timer)
     if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
         method.check(adapter, opts)
-    if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share)
+    if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share), with
+        # the checkpoint beside --out, which holds every pruned block until the export is in place
         keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
-        check_free_space(opts.out, export_size(model, keep=keep))
+        ckpt_bytes = _resume.size_estimate(model, opts.nsamples, opts.seqlen) if needs_calibration else 0
+        check_free_space(opts.out, export_size(model, keep=keep) + ckpt_bytes,
+                         f" and its checkpoint about {ckpt_bytes / 2**20:.0f} MB" if ckpt_bytes else "")
     ids, manifest = None, None
     if needs_calibration:
         with timer("calibration_data"):
@@ -86,6 +90,13 @@ def prune(**kwargs) -> dict:
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
+    with _kept_on_interrupt(ckpt):  # the final save: an interruption names the checkpoint it leaves
+        return _finish(opts, method, model, tok, result, manifest, timer, ckpt)
+
+
+def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Timer, ckpt) -> dict:
+    """The report, ``--eval-ppl``, and the output folder of a pruned in-memory model; the checkpoint removed once
+    the output is in place."""
     report = _report(opts, method, model, result, manifest, timer)
     if opts.eval_ppl:
         with timer("eval_ppl"):
@@ -100,6 +111,7 @@ def prune(**kwargs) -> dict:
             else:
                 save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
         report["timings"]["phases"] = timer.phases
+    report["peak_rss_mb"] = peak_rss_mb()  # after the save, which can be the run's peak (the file has the earlier)
     if ckpt is not None:  # the output is in place: the checkpoint has served
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
@@ -309,6 +321,21 @@ def _check_whole_memory(opts: PruneOptions, cfg: dict, needs_calibration: bool) 
         raise
 
 
+@contextlib.contextmanager
+def _kept_on_interrupt(ckpt: _resume.Checkpoint | None):
+    """Ctrl-C / SIGTERM after the prune (evaluation, the final save): the checkpoint holds the whole prune, so it is
+    kept and named with its size and both ways out (resume, or delete it)."""
+    try:
+        yield
+    except BaseException as e:
+        if ckpt is not None and ckpt.path.exists():
+            if isinstance(e, SecateurError):
+                ckpt.remove()  # a fixable problem with the output: fixing it changes nothing the prune did
+            else:
+                print(f"secateur: {ckpt.describe()}", file=sys.stderr)
+        raise
+
+
 def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):
     """``method.run`` with its checkpoint active: kept for ``--resume`` when interrupted, removed when the
     input was at fault (fixing it changes the run, so the checkpoint could never be resumed)."""
@@ -321,8 +348,7 @@ def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _re
             raise
         except BaseException:  # interrupted (or a crash): keep what is done for --resume
             if ckpt is not None and ckpt.saved:
-                print(f"secateur: progress kept in {ckpt.path}; run the same command with --resume to continue",
-                      file=sys.stderr)
+                print(f"secateur: {ckpt.describe()}", file=sys.stderr)
             elif ckpt is not None:  # nothing checkpointed yet: leave no empty folder behind
                 ckpt.remove()
             raise

@@ -26,6 +26,14 @@ EPILOG = textwrap.dedent("""\
     """)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error shape: ``secateur: error: <what>; <what to do>`` and exit 2 (argparse's
+    own prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"secateur: error: {message}; see '{self.prog} --help'\n")
+
+
 def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smollm2-135m") -> None:
     p.add_argument("--model", default=default_model, required=default_model is None,
                    help="HF id or folder, .gguf file, or alias smollm2-135m (default: %(default)s)")
@@ -163,7 +171,7 @@ def _cmd_prune(args) -> int:
 
 def _explicit_prune_args(argv: list[str]) -> dict:
     """The ``secateur prune`` options given on the command line ``argv``, each by its dest (defaults left out)."""
-    top = argparse.ArgumentParser(add_help=False)
+    top = _Parser(add_help=False)
     prune = _prune_parser(top.add_subparsers(dest="command"))
     for action in prune._actions:
         action.default = argparse.SUPPRESS
@@ -270,7 +278,7 @@ def _cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _Parser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Training-free pruning of large language models.", epilog=EPILOG)
     sub = p.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
@@ -310,17 +318,17 @@ def _sigterm_as_interrupt():
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    if getattr(args, "quiet", False):
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
     try:
-        with _sigterm_as_interrupt():
+        with _sigterm_as_interrupt():  # from the first import on: Ctrl-C during start-up is exit 130 too
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            args.argv = argv
+            if getattr(args, "quiet", False):
+                import transformers
+
+                transformers.utils.logging.set_verbosity_error()
+                transformers.utils.logging.disable_progress_bar()
             return int(args.func(args) or 0)
     except SecateurError as e:
         print(f"secateur: error: {e}", file=sys.stderr)

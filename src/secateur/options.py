@@ -8,6 +8,7 @@ options that determine its result plus the digests a replay is checked against (
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 
 from secateur.calib import resume as _resume
 from secateur.data.sources import read_text_file, resolve_data_dir
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.export.card import RECIPE_SCHEMA, read_recipe
 from secateur.export.folder import check_output_dir, model_paths
 from secateur.methods.knobs import MethodOptions, flag_of
@@ -23,6 +24,7 @@ from secateur.methods.registry import METHODS, method_options, resolve
 from secateur.methods.structured_stream import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.loading import check_device, model_source
+from secateur.schemas.api import check_common, plain_paths
 
 
 @dataclass
@@ -69,8 +71,11 @@ class PruneOptions:
         if "extra" in kwargs:
             raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
                                 "coec_rounds=2, ...)")
-        common = {k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON}
+        common = plain_paths({k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON})
+        if isinstance(common.get("model"), os.PathLike):
+            common["model"] = os.fspath(common["model"])
         opts = cls(**common)
+        check_common({f.name: getattr(opts, f.name) for f in fields(opts)})
         opts.structured = bool(opts.structured)
         opts.method_options = method_options(resolve(opts.method, opts.structured), kwargs)
         return opts
@@ -144,6 +149,10 @@ class PruneOptions:
 
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
+        check_common({f.name: getattr(self, f.name) for f in fields(self)})
+        if not isinstance(self.model, (str, torch.nn.Module)):
+            raise SecateurError(f"prune options: model: {type(self.model).__name__} {self.model!r} is not a model; "
+                                "pass a Hugging Face id, a folder, a .gguf path, or a loaded torch model")
         method = resolve(self.method, bool(self.structured))
         self.method = method.name
         if self.method_options is None:
@@ -154,14 +163,15 @@ class PruneOptions:
         self.method_options.validate()
         if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
             method.config(self)
-        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
-            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if self.pattern is None:
+            check_fraction(self.sparsity)
         parse_pattern(self.pattern)
         parse_targets(self.targets)
         if self.nsamples < 1 or self.seqlen < 2:
-            raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2")
+            raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2; pass e.g. --nsamples 128 --seqlen 2048")
         if self.chunk_size < 1:
-            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}")
+            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}; "
+                                "pass e.g. 8")
         check_device(self.device)
         resolve_data_dir(self.data_dir)
         if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded

@@ -45,7 +45,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 import torch
 
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.structured.units import Inventory
 
 _EPS = 1e-9
@@ -55,8 +55,7 @@ def keep_count(n: int, rho: float, rounding: str = "ceil") -> int:
     """Units kept out of ``n`` at ratio ``rho``: ``ceil((1 - rho) n)`` by default (COEC; = ``n - floor(rho
     n)``, FLAP/mag-sp), ``floor`` or ``round`` (half up). Evaluated exactly in decimal on ``repr(rho)`` as
     :mod:`secateur.budgets.masks` does (``(1 - 0.7) * 10`` is 3.0000000000000004 in floats: keeps 3, not 4)."""
-    if isinstance(rho, bool) or not 0.0 <= float(rho) <= 1.0:
-        raise SecateurError(f"sparsity must be in [0, 1], got {rho!r}")
+    check_fraction(rho, closed=True, unit="parameters")
     x = (1 - Decimal(repr(float(rho)))) * int(n)
     if rounding == "ceil":
         k = int(x.to_integral_value(rounding=ROUND_CEILING))
@@ -73,11 +72,12 @@ def check_width_multiple(kinds, multiple) -> int:
     """``multiple`` checked (an integer >= 1) against the unit ``kinds`` it would round; returns it. A multiple
     above 1 needs ``channel`` units (the MLP width is their count) and refuses ``ffn_group`` and ``block``."""
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
-        raise SecateurError(f"--width-multiple must be an integer >= 1, not {multiple!r}")
+        raise SecateurError(f"--width-multiple must be an integer >= 1, not {multiple!r}; pass e.g. 32 (q8_0) or 256 "
+                            "(k-quants), or omit it")
     if multiple > 1 and "channel" not in kinds:
         why = ("ffn_group units have uneven channel counts" if "ffn_group" in kinds else "whole blocks have no width"
                if "block" in kinds else "attention widths (heads x head_dim) are not rounded")
-        raise SecateurError(f"--width-multiple {multiple} rounds the kept MLP width of channel units, and {why}: "
+        raise SecateurError(f"--width-multiple {multiple} rounds the kept MLP width of channel units, and {why}; "
                             f"add channel to --units, or drop --width-multiple")
     return multiple
 

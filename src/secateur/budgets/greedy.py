@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from secateur.budgets.allocate import Guard
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.scoring.cocurve_graph import CoPruningGraph
 
 _EPS = 1e-9  # the shared solver's relative tolerance (allocate.allocate_global)
@@ -54,8 +54,7 @@ class GreedyResult:
 
 def conditional_greedy(graph: CoPruningGraph, rho: float, lam: float, guard: Guard | None = None) -> GreedyResult:
     """Run the conditional greedy on ``graph`` for budget ``rho`` and edge weight ``lam`` (see module)."""
-    if not 0.0 <= rho <= 1.0:
-        raise SecateurError(f"sparsity must be in [0, 1], got {rho}")
+    check_fraction(rho, closed=True, unit="parameters")
     H = graph.H.to(torch.float64).numpy()
     M = H.shape[0]
     costs = graph.costs.to(torch.long).numpy()

@@ -27,29 +27,15 @@ selection for given per-pool counts (QK-Wanda's progressive re-scoring).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 import torch
 
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 
 BUDGETS = ("row", "matrix", "separate", "shared")
 ROUNDINGS = ("ceil", "floor")
-
-
-def check_fraction(rho: float) -> float:
-    """``rho`` as a float in ``[0, 1)``, or a SecateurError."""
-    if isinstance(rho, bool):
-        raise SecateurError(f"sparsity must be a number in [0, 1), got {rho!r}")
-    try:
-        r = float(rho)
-    except (TypeError, ValueError):
-        raise SecateurError(f"sparsity must be a number in [0, 1), got {rho!r}") from None
-    if not (0.0 <= r < 1.0) or math.isnan(r):
-        raise SecateurError(f"sparsity must be in [0, 1), got {rho!r}")
-    return r
 
 
 def deletion_count(n: int, rho: float, rounding: str = "ceil") -> int:

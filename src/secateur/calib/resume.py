@@ -174,10 +174,34 @@ class Checkpoint:
         os.replace(tmp, self.path / name)
 
     def save(self, name: str, obj: Any) -> None:
+        """Write one piece atomically; a full disk is one line naming the checkpoint (the partial temporary
+        removed, the finished pieces kept for ``--resume`` once there is space)."""
+        from secateur.export.folder import _disk_full
+
         tmp = self.path / f".{name}.tmp"
-        torch.save(_pack(obj), tmp)
-        os.replace(tmp, self.path / name)
+        try:
+            torch.save(_pack(obj), tmp)
+            os.replace(tmp, self.path / name)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, Exception) and _disk_full(e):
+                raise CheckpointError(f"disk full while writing the checkpoint {self.path} "
+                                      f"({_mb(self.size())} so far); free space and run the same command with "
+                                      "--resume, or delete it") from None
+            raise
         self.saved = True
+
+    def size(self) -> int:
+        """Bytes the checkpoint folder holds now."""
+        try:
+            return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        except OSError:
+            return 0
+
+    def describe(self) -> str:
+        """The line an interrupted run prints: where its progress is, how big, and the two ways out."""
+        return (f"progress kept in {self.path} ({_mb(self.size())}); run the same command with --resume to "
+                f"continue, or delete that folder")
 
     def has(self, name: str) -> bool:
         return (self.path / name).exists()
@@ -191,6 +215,21 @@ class Checkpoint:
 
     def delete(self, name: str) -> None:
         (self.path / name).unlink(missing_ok=True)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def size_estimate(model: torch.nn.Module, nsamples: int, seqlen: int) -> int:
+    """Disk a prune's checkpoint can hold at its largest, about: every block's parameters (the model's bytes, an
+    upper bound), the hidden states feeding the next block twice (the file and its replacement being written)
+    and 1/8 of a byte per weight for bit-packed masks. Counted by the free-space check before the prune."""
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    n_weights = sum(p.numel() for p in model.parameters())
+    hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
+    elem = next(model.parameters()).element_size()
+    return n_bytes + 2 * nsamples * seqlen * hidden * elem + n_weights // 8
 
 
 def _pack(obj: Any) -> Any:

@@ -297,7 +297,8 @@ def _cmd_efficiency(args) -> int:
     from secateur.models.loading import load_model
 
     if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
-        raise SecateurError("--prompt-len, --new-tokens, --repeats and --batch-size must be >= 1, --warmup >= 0")
+        raise SecateurError("--prompt-len, --new-tokens, --repeats and --batch-size must be >= 1, --warmup >= 0; "
+                            "pass positive counts")
     if args.json is not None:  # an unwritable --json fails before the models are loaded
         check_writable_output(args.json, folder=False)
     specs = [("dense", args.dense)] if args.dense else []

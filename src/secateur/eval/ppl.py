@@ -54,12 +54,13 @@ def nll_from_hidden(head: nn.Module, h: torch.Tensor, ids: torch.Tensor, n_score
 def check_ppl_args(seqlen: int, stride: int | None, max_windows: int | None) -> None:
     """The protocol's numbers (a zero stride would never advance; one larger than the window skips tokens)."""
     if seqlen < 2:
-        raise SecateurError(f"--seqlen must be >= 2 (a window scores its seqlen - 1 next tokens), got {seqlen}")
+        raise SecateurError(f"--seqlen must be >= 2 (a window scores its seqlen - 1 next tokens), got {seqlen}; "
+                            "pass e.g. --seqlen 2048")
     if stride is not None and not 1 <= stride <= seqlen:
         raise SecateurError(f"--stride must be in [1, --seqlen {seqlen}] (each window advances by stride tokens; "
                             f"omit it for non-overlapping windows), got {stride}")
     if max_windows is not None and max_windows < 1:
-        raise SecateurError(f"--max-windows must be >= 1, got {max_windows}")
+        raise SecateurError(f"--max-windows must be >= 1, got {max_windows}; omit it to evaluate every window")
 
 
 def window_plan(n_tok: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:

@@ -419,7 +419,7 @@ def cli_qk_error(args) -> int:
     if "qk" not in stages or set(stages) - set(STAGES):
         raise SecateurError(f"--stages must include qk and come from {', '.join(STAGES)}")
     if args.n < 1 or args.seqlen < 2 or args.chunk_size < 1:
-        raise SecateurError("--n and --chunk-size must be >= 1 and --seqlen >= 2")
+        raise SecateurError("--n and --chunk-size must be >= 1 and --seqlen >= 2; pass positive counts")
     if args.json is not None:  # an unwritable --json fails before the models are loaded
         check_writable_output(args.json, folder=False)
     masks = load_masks(_masks_path(args.masks)) if args.masks else None

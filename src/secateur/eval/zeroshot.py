@@ -441,7 +441,7 @@ def cli_zeroshot(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise SecateurError(f"--limit must be >= 1 (documents per task; omit it for all), got {args.limit}")
     if args.batch_size < 1 or (args.threads is not None and args.threads < 1):
-        raise SecateurError("--batch-size and --threads must be >= 1")
+        raise SecateurError("--batch-size and --threads must be >= 1; pass positive counts or omit them")
     if args.json is not None:  # the output first, as for prune: its message does not depend on the data
         from secateur.export.folder import check_writable_output
 

@@ -137,7 +137,7 @@ def check_writable_output(path: str | Path, folder: bool = True) -> None:
         raise SecateurError(f"output file {path} is a folder; name a file")
     where = _existing_ancestor(path.parent)
     if not where.is_dir():
-        raise SecateurError(f"cannot write {path}: {where} is not a folder")
+        raise SecateurError(f"cannot write {path}: {where} is not a folder; choose an output path inside a folder")
     try:
         fd, probe = tempfile.mkstemp(prefix=".secateur-probe-", dir=where)
     except OSError as e:
@@ -153,7 +153,7 @@ def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
     (:func:`check_replaceable`), writable (:func:`check_writable_output`). A killed run's temporary
     folders for ``out`` are removed first (:func:`remove_stale_temps`: only secateur's own)."""
     if out is None or str(out).strip() == "":
-        raise SecateurError("output path is empty: name the output folder (--out DIR)")
+        raise SecateurError("output path is empty; name the output folder (--out DIR)")
     out = Path(out)
     real = out.resolve()
     places = _protected(protect)
@@ -172,12 +172,14 @@ def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
     return out
 
 
-def check_free_space(out: str | Path, need: int) -> None:
-    """Refuse before writing when the filesystem of ``out`` has less than ``need`` bytes free."""
+def check_free_space(out: str | Path, need: int, including: str = "") -> None:
+    """Refuse before writing when the filesystem of ``out`` has less than ``need`` bytes free (``including``: what
+    ``need`` counts besides the export, named in the message)."""
     where = _existing_ancestor(Path(out).parent)
     free = shutil.disk_usage(where).free
     if free < need:
-        raise SecateurError(f"not enough disk space for {out}: the export needs about {_mb(need)}, "
+        verb = "need" if including else "needs"
+        raise SecateurError(f"not enough disk space for {out}: the export{including} {verb} about {_mb(need)}, "
                             f"{_mb(free)} free on {where}; free some space or choose another --out")
 
 
@@ -363,7 +365,7 @@ def check_output_file(path: str | Path, overwrite: bool, is_ours=None, kind: str
     or a link, replaceable only with ``overwrite`` and only when ``is_ours(path)`` says secateur wrote it,
     writable. A killed export's temporary siblings are removed first."""
     if path is None or str(path).strip() == "":
-        raise SecateurError("output path is empty: name the output file (--out FILE)")
+        raise SecateurError("output path is empty; name the output file (--out FILE)")
     path = Path(path)
     how = "--overwrite only replaces a previous secateur output"
     for p in _file_temps(path):

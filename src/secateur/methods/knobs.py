@@ -84,15 +84,27 @@ class MethodOptions:
 
 
 def _coerce(f: dataclasses.Field, v: Any) -> Any:
+    """A knob's value from the API or argparse, by its type: a flag takes only a bool; a bool is not a number; a
+    whole-number knob does not take a fraction (``int(2.5)`` would silently be 2)."""
     typ = f.metadata.get("type")
+    name = flag_of(f) or f.name
     if f.metadata.get("action") is not None:  # a flag: a bool from the API, True/False from argparse
-        return bool(v)
-    if typ is None or isinstance(v, bool) and typ in (int, float):
+        if not isinstance(v, bool):
+            raise SecateurError(f"{name}: {v!r} is not True or False; pass a bool")
         return v
+    if isinstance(v, bool) and typ in (int, float):
+        raise SecateurError(f"{name}: {v!r} is a bool, not a number; pass a {typ.__name__}")
+    if typ is int and isinstance(v, float) and not v.is_integer():
+        raise SecateurError(f"{name}: {v!r} is not a whole number; pass an int")
+    if typ is None:
+        return v
+    if isinstance(v, (list, tuple, dict, set)) and typ in (int, float, str):
+        raise SecateurError(f"{name}: {v!r} is a {type(v).__name__}; pass a single {typ.__name__}"
+                            + (" (comma-separated for several)" if typ is str else ""))
     try:
         return typ(v)
     except (TypeError, ValueError) as e:
-        raise SecateurError(f"{flag_of(f) or f.name}: {v!r} is not a valid value ({e})") from None
+        raise SecateurError(f"{name}: {v!r} is not a valid value ({e}); see secateur prune --help") from None
 
 
 def _check_choice(f: dataclasses.Field, v: Any) -> None:

@@ -53,7 +53,7 @@ from secateur.budgets.masks import allocation_summary, budget_counts, lowest_k_m
 from secateur.calib import engine
 from secateur.calib.qk import ProjectedQKStats
 from secateur.calib.stats import Accumulator, InputChunks, SumSq
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import knob
 from secateur.methods.result import MethodResult
 from secateur.methods.unstructured import (  # noqa: F401 (segment_calibration: re-exported)
@@ -92,8 +92,7 @@ class QKWandaConfig:
             raise SecateurError(f"QK-Wanda scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.rounding not in ("ceil", "floor"):
             raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
-        if not 0.0 <= float(self.sparsity) < 1.0:
-            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        check_fraction(self.sparsity)
         if self.segment_len is not None and self.segment_len < 1:
             raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
         if not isinstance(self.progressive, int) or self.progressive < 1:

@@ -140,6 +140,18 @@ def _owners_text(knob: str) -> str:
     return "--method " + " / ".join(m.name for m in owners)
 
 
+def _instead(knob: str, value: Any, method: Method, same: list[str]) -> str:
+    """What to do when ``method`` is given a knob of another method: the equivalent option where there is one."""
+    if knob == "scope" and method.kind == "unstructured" and "targets" in _COMMON_FLAGS:
+        if value == "qk":
+            return "the same projections with this method: --targets q,k (or --method qk-wanda for QK-Wanda)"
+        return "this method prunes every projection by default (--targets narrows it); or use --method qk-wanda"
+    return f"drop {_flags(same)}, or choose a method it applies to"
+
+
+_COMMON_FLAGS = ("targets",)  # options every method takes (PruneOptions), named by _instead's equivalents
+
+
 def method_options(method: Method, knobs: dict[str, Any]) -> MethodOptions:
     """``method``'s typed options from flat keywords (``None`` = unset); a knob of another method is refused."""
     given = [k for k, v in knobs.items() if v is not None]
@@ -155,6 +167,6 @@ def method_options(method: Method, knobs: dict[str, Any]) -> MethodOptions:
         tail = " that selects its own units" if own else ""
         verb = "applies" if len(same) == 1 else "apply"
         article = "an" if method.kind[0] in "aeiou" else "a"
-        raise SecateurError(f"{_flags(same)} only {verb} to {where}; {method.name!r} is {article} {method.kind} "
-                            f"method{tail}")
+        raise SecateurError(f"{_flags(same)} only {verb} to {where}, and {method.name!r} is {article} "
+                            f"{method.kind} method{tail}; {_instead(bad[0], knobs[bad[0]], method, same)}")
     return method.options.from_kwargs(knobs)

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from secateur.calib.collect import SCORE_STATS, StructuredStats, block_influence, collect_stats
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.methods.compensation import (
     CompensationConfig,
     CompensationOptions,
@@ -102,13 +102,12 @@ class StructuredConfig(CompensationConfig):
         if self.allocation not in STRUCTURED_ALLOCATIONS:
             raise SecateurError(f"allocation must be one of {', '.join(STRUCTURED_ALLOCATIONS)}, "
                                 f"not {self.allocation!r}")
-        if not 0.0 <= float(self.sparsity) < 1.0:
-            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        check_fraction(self.sparsity, unit="parameters")
         bad = [u for u in self.units if u not in UNIT_CHOICES]
         if bad or not self.units:
             raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}")
         if sum(u in ATTN_UNITS for u in self.units) > 1:
-            raise SecateurError(f"choose one attention unit: {', '.join(ATTN_UNITS)}")
+            raise SecateurError(f"--units names two attention units; choose one of {', '.join(ATTN_UNITS)}")
         if self.allocation == "flap-global" and self.score != "flap":
             raise SecateurError("--allocation flap-global is FLAP's AL-AM allocation; use it with --method flap")
         if self.score == "shortgpt" and self.compensation != "none":

@@ -22,7 +22,7 @@ from secateur.budgets.masks import prune_mask
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import MethodOptions, knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
@@ -39,9 +39,9 @@ def parse_pattern(pattern: str | None) -> tuple[int, int] | None:
     try:
         n, m = (int(x) for x in pattern.split(":"))
     except ValueError:
-        raise SecateurError(f"pattern {pattern!r} is not N:M (e.g. 2:4)") from None
+        raise SecateurError(f"pattern {pattern!r} is not N:M; write it as N:M, e.g. 2:4 (keep 2 of every 4)") from None
     if not 0 < n < m:
-        raise SecateurError(f"pattern {pattern!r} needs 0 < N < M")
+        raise SecateurError(f"pattern {pattern!r} needs 0 < N < M; keep N of every M weights, e.g. 2:4")
     return n, m
 
 
@@ -75,8 +75,8 @@ class UnstructuredConfig:
     def validate(self) -> None:
         if self.method not in METHODS:
             raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        if self.pattern is None and not 0.0 <= self.sparsity < 1.0:
-            raise SecateurError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if self.pattern is None:
+            check_fraction(self.sparsity)
         if self.budget not in (None, "row", "matrix"):
             raise SecateurError(f"budget must be row or matrix, got {self.budget!r}")
         if self.rounding not in ("ceil", "floor"):

@@ -15,6 +15,7 @@ This package is on the ground floor: it imports nothing of secateur but :mod:`se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -62,13 +63,15 @@ def describe(err: dict) -> tuple[str, str]:
     return loc, msg
 
 
-def parse(schema: type[M], data: Any, source: str, fix: str) -> M:
-    """``data`` validated against ``schema``, or one line: ``<source>: <field>: <what is wrong>; <fix>``."""
+def parse(schema: type[M], data: Any, source: str, fix: str | Callable[[str], str]) -> M:
+    """``data`` validated against ``schema``, or one line: ``<source>: <field>: <what is wrong>; <fix>``.
+    ``fix``: the same advice for every field, or a function of the failing field's path."""
     try:
         return schema.model_validate(data)
     except ValidationError as e:
         loc, what = describe(e.errors()[0])
-        raise SecateurError(f"{source}: {loc}: {what}; {fix}") from None
+        advice = fix(loc) if callable(fix) else fix
+        raise SecateurError(f"{source}: {loc}: {what}; {advice}") from None
 
 
 __all__ = ["Fraction", "NonNegInt", "Open", "PositiveInt", "Sha256", "Strict", "describe", "parse"]
