@@ -81,7 +81,7 @@ def test_card_and_recipe_replay_bit_identical(base, tmp_path, run):
     rep = api.prune(model=base["model"], calib=base["text"], out=str(first), **COMMON, **RUNS[run])
     card = (first / CARD_NAME).read_text()
     meta = front_matter(card)
-    assert meta["base_model"] == base["model"] and meta["library_name"] == "transformers"
+    assert meta["base_model"] == Path(base["model"]).name and meta["library_name"] == "transformers"
     assert meta["tags"] == ["secateur", "pruned", rep["method"]] and meta["license"] == "apache-2.0"
     assert "base_model_relation" not in meta  # the Hub knows adapter/merge/quantized/finetune only
     assert rep["calibration"]["sha256"] in card and f"{rep['target_sparsity']:.4f}" in card
@@ -100,8 +100,13 @@ def test_card_and_recipe_replay_bit_identical(base, tmp_path, run):
     assert recipe["secateur_recipe"] == RECIPE_SCHEMA and recipe["method"] == rep["method"]
     assert recipe["check"]["calibration_sha256"] == rep["calibration"]["sha256"]
     assert not {"out", "overwrite", "quiet", "resume"} & set(recipe)
-    assert {k: v for k, v in recipe.items() if k not in ("secateur_recipe", "check", "made_with")} == \
-        {k: v for k, v in rep["options"].items() if k not in ("out", "overwrite", "quiet", "resume")}
+    assert {k: v for k, v in recipe.items() if k not in ("secateur_recipe", "check", "made_with", "calib")} == \
+        {k: v for k, v in rep["options"].items() if k not in ("out", "overwrite", "quiet", "resume", "calib")}
+    # published portably: the model by name (its digest in check:), the report's paths by their last component;
+    # the calibration text keeps the path given (its tokens' digest is checked on replay)
+    assert recipe["model"] == Path(base["model"]).name and len(recipe["check"]["model_sha256"]) == 64
+    assert recipe["calib"] == base["text"] and rep["options"]["calib"] == Path(base["text"]).name
+    assert str(tmp_path) not in card and str(tmp_path) not in (first / "secateur-report.json").read_text()
 
     # replay through the CLI (only --out given) and the API (a path and a dict)
     cli = tmp_path / "cli"
@@ -124,7 +129,7 @@ def test_explicit_flags_override_the_recipe(base, tmp_path):
                  "--quiet"]) == 0
     rep = json.loads((tmp_path / "b" / "secateur-report.json").read_text())
     assert rep["options"]["sparsity"] == 0.6 and rep["options"]["seed"] == 3 and rep["options"]["nsamples"] == 2
-    assert rep["options"]["model"] == base["model"]  # --model's CLI default does not replace the recipe's
+    assert rep["options"]["model"] == Path(base["model"]).name  # --model's CLI default does not replace the recipe's
 
 
 def _write_recipe(folder: Path, **edit) -> Path:
@@ -137,11 +142,13 @@ def _write_recipe(folder: Path, **edit) -> Path:
 def test_bad_recipes_are_refused_in_one_line(base, tmp_path, capsys):
     first = tmp_path / "a"
     api.prune(model=base["model"], calib=base["text"], method="wanda", sparsity=0.4, out=str(first), **COMMON)
+    model_sha = yaml.safe_load((first / RECIPE_NAME).read_text())["check"]["model_sha256"]
     cases = [(_write_recipe(first, sparsty=0.5), "unknown key 'sparsty'"),
              (_write_recipe(first, secateur_recipe=RECIPE_SCHEMA + 1), "newer than this secateur reads"),
              (_write_recipe(first, check={"calibration_sha256": "0" * 64, "tokens": 1}), "unknown key 'check.tokens'"),
-             (_write_recipe(first, check={"calibration_sha256": "0" * 64}), "calibration tokens differ from the "
-                                                                            "recipe's")]
+             (_write_recipe(first, check={"calibration_sha256": "0" * 64, "model_sha256": model_sha}),
+              "calibration tokens differ from the recipe's")]
+    capsys.readouterr()  # the first prune's progress bars
     for path, msg in cases:
         out = tmp_path / "o"
         assert main(["prune", "--recipe", str(path), "--out", str(out), "--quiet"]) == 2
@@ -165,7 +172,7 @@ def test_stream_run_has_card_and_recipe_with_its_perplexity(base, tmp_path):
                  "--eval-windows", "2"]) == 0
     card = (out / CARD_NAME).read_text()
     meta = front_matter(card)
-    assert meta["base_model"] == str(src) and "license" not in meta and "license: see the base model" in card
+    assert meta["base_model"] == src.name and "license" not in meta and "license: see the base model" in card
     rep = json.loads((out / "secateur-report.json").read_text())
     (ppl,) = rep["perplexity"]
     assert ppl["protocol"] == "nonoverlap-16" and ppl["windows"] == 2 and f"{ppl['ppl']:.4f}" in card

@@ -141,7 +141,8 @@ def test_prune_unstructured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, 
     assert torch.equal(_logits(_reload(out), ids), _logits(report["_model"], ids))
     src = json.loads((out / "secateur-report.json").read_text())["model_source"]
     assert src["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert src["gguf"] == str(path.resolve()) and Path(src["cache"]).is_dir()
+    # published portably: the file by name and digest, the cache folder by its name under $SECATEUR_CACHE
+    assert src["gguf"] == path.name and src["cache"] == "$SECATEUR_CACHE/" + Path(resolve(str(path))[0]).name
 
 
 def test_prune_structured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, tmp_path):
@@ -152,7 +153,7 @@ def test_prune_structured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, tm
     ids = random_ids(2, 12)
     reloaded, _ = load_model(str(out))
     assert torch.equal(_logits(reloaded, ids), _logits(report["_model"], ids))
-    assert report["model_source"]["cache"] == resolve(str(path))[0]
+    assert report["model_source"]["cache"] == "$SECATEUR_CACHE/" + Path(resolve(str(path))[0]).name
 
 
 def test_cli_prune_and_eval_ppl_on_gguf(tiny_gguf, calib_txt, tmp_path, capsys):
@@ -241,7 +242,7 @@ def test_smollm2_gguf_by_path_prunes_exports_and_reloads(tmp_path, monkeypatch):
     fresh = subprocess.run([sys.executable, "-c", code, str(out), str(DATA_DIR), str(torch.get_num_threads())],
                            capture_output=True, text=True, check=True)
     assert json.loads(fresh.stdout.strip().splitlines()[-1]) == here
-    cached = Path(report["model_source"]["cache"])
+    cached = Path(resolve("smollm2-135m")[0]).parent / Path(report["model_source"]["cache"]).name
     assert cached == Path(resolve("smollm2-135m")[0])  # the alias is the same file: the same entry
     legacy = Path.home() / ".cache" / "secateur" / "smollm2-135m-instruct"
     if (legacy / "model.safetensors").exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 
 import torch
@@ -19,13 +20,13 @@ from secateur.data.sources import eval_text
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
-from secateur.export.card import card_files
+from secateur.export.card import base_license, card_files
 from secateur.export.folder import (
-    REPORT_NAME,
     check_free_space,
     check_writable_output,
     export_size,
     write_file_atomic,
+    write_report,
 )
 from secateur.export.hf import save_run
 from secateur.export.sliced import save_structured
@@ -38,7 +39,7 @@ from secateur.options import PruneOptions as PruneOptions
 from secateur.options import check_recipe_calibration, check_recipe_model, check_tokenizer
 from secateur.options import options_from_recipe as options_from_recipe
 from secateur.options import recipe_of as recipe_of
-from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, versions
+from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, portable, portable_source, versions
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -65,8 +66,8 @@ def prune(**kwargs) -> dict:
         opts = options_from_recipe(recipe, **kwargs)
     opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
+    check_recipe_model(opts)  # before anything reads the model spec: a portable name may resolve to a local path
     _check_eval(opts)
-    check_recipe_model(opts)
     method = METHODS[opts.method]
     needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
@@ -111,7 +112,7 @@ def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Tim
             else:
                 save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
         report["timings"]["phases"] = timer.phases
-    report["peak_rss_mb"] = peak_rss_mb()  # after the save, which can be the run's peak (the file has the earlier)
+    report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
     if ckpt is not None:  # the output is in place: the checkpoint has served
         ckpt.remove()
     report["_model"], report["_tokenizer"] = model, tok
@@ -178,7 +179,7 @@ def _eval_streamed_folder(opts: PruneOptions, tmp, report: dict, timer: Timer) -
     report["perplexity"] = [_eval_entry(res)]
     for name, data in _card_files(opts, report).items():
         (tmp / name).write_bytes(data)
-    (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    write_report(tmp, report)
 
 
 def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter):
@@ -226,23 +227,43 @@ def _run_streamed(method, stream, adapter, ids, opts: PruneOptions, tmp, specs):
 def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -> dict:
     """The run's report (``secateur-report.json``); adds the method's figures to ``result.extra_files``."""
     result.extra_files |= _figures(result.details)
+    calibration = manifest.to_dict() if manifest else None
+    if calibration:
+        calibration["tokenizer"] = portable(calibration.get("tokenizer"))
+        calibration["source"] = portable(calibration.get("source"))
+    options = opts.to_dict()
+    for k in ("model", "out", "data_dir", "calib"):  # published: no absolute path of this machine
+        options[k] = portable(options.get(k))
     return {
-        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind, "model": opts.model_name,
-        # GGUF input: file, sha256, cached folder; else None
-        "model_source": None if opts.in_memory else model_source(opts.model, opts.dtype),
+        "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind,
+        "model": portable(opts.model_name),
+        "base_license": base_license(opts.model_name),  # read from the model's own folder (its card, config)
+        # GGUF input: file (by name), sha256, cached folder (by name); else None
+        "model_source": None if opts.in_memory else portable_source(model_source(opts.model, opts.dtype)),
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
-        "options": opts.to_dict(),
+        "options": options,
         "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
-        "calibration": manifest.to_dict() if manifest else None,
+        "calibration": calibration,
         "timings": {"phases": timer.phases, "engine": result.timings},
         "peak_rss_mb": peak_rss_mb(), "versions": versions(), "machine": machine(), "details": result.details,
     }
 
 
 def _card_files(opts: PruneOptions, report: dict) -> dict[str, bytes]:
-    """The folder's model card and recipe (:mod:`secateur.export.card`)."""
-    return card_files(report, recipe_of(opts, report), opts.command_line())
+    """The folder's model card and recipe (:mod:`secateur.export.card`), naming files portably: an absolute path
+    of this machine by its last component. The recipe's model is tied to its content by ``check.model_sha256``
+    (a replay here finds it again by that digest; elsewhere it takes ``--model``); a calibration text or data
+    folder keeps the path the user gave in the recipe (the calibration tokens' digest checks what it holds)."""
+    recipe = recipe_of(opts, report)
+    command = opts.command_line()
+    for k in ("model", "calib", "data_dir", "out"):
+        v = opts.model_name if k == "model" else getattr(opts, k)
+        if isinstance(v, str) and portable(v) != v:
+            if k == "model" and recipe.get("check", {}).get("model_sha256"):
+                recipe[k] = portable(v)
+            command = command.replace(shlex.quote(v), shlex.quote(portable(v)))
+    return card_files(report, recipe, command)
 
 
 def _eval_seqlen(opts: PruneOptions) -> int:

@@ -23,7 +23,8 @@ from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import METHODS, method_options, resolve
 from secateur.methods.structured_stream import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
-from secateur.models.loading import check_device, model_source
+from secateur.models.digest import known_model, local_digest
+from secateur.models.loading import check_device
 from secateur.schemas.api import check_common, plain_paths
 
 
@@ -226,6 +227,8 @@ def recipe_of(opts: PruneOptions, report: dict) -> dict:
         check["calibration_sha256"] = report["calibration"]["sha256"]
     if (report.get("model_source") or {}).get("sha256"):
         check["model_sha256"] = report["model_source"]["sha256"]
+    elif not opts.in_memory and (digest := local_digest(opts.model)):  # a local folder: its weights' digest
+        check["model_sha256"] = digest
     made = {k: str(v) for k, v in (report.get("versions") or {}).items() if k in ("secateur", "torch", "transformers")}
     return json.loads(json.dumps(opts.recipe() | {"check": check, "made_with": made}))  # plain values only
 
@@ -234,20 +237,28 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
     """The options of a recipe (a ``secateur-recipe.yaml`` path or its dict), ``overrides`` (keywords of
     :func:`prune`, e.g. ``out``) replacing its values. An unknown key or a newer schema is refused in one line.
     The recipe's digests are checked by the run unless an override changes what they cover."""
-    from secateur.methods.registry import knob_names
+    from secateur.methods.registry import all_options, knob_names
+    from secateur.schemas import parse
+    from secateur.schemas.recipe import recipe_schema
 
     data, name = read_recipe(recipe)
-    known = (_COMMON - {"tokenizer", "recipe_check"} - set(RECIPE_NEUTRAL)) | knob_names() | set(_RECIPE_META)
+    common = _COMMON - {"tokenizer", "recipe_check"} - set(RECIPE_NEUTRAL)
+    known = common | knob_names() | set(_RECIPE_META)
     for k in data:
         if k not in known:
             raise SecateurError(f"{name}: unknown key {k!r}; a recipe holds the options of secateur prune "
                                 "(as it writes them in secateur-recipe.yaml)")
     check = data.get("check") or {}
     if not isinstance(check, dict):
-        raise SecateurError(f"{name}: check is not a mapping; it holds {', '.join(RECIPE_CHECKS)}")
+        raise SecateurError(f"{name}: check is not a mapping; it holds {', '.join(RECIPE_CHECKS)} (key: digest "
+                            "per line), or delete it")
     for k in check:
         if k not in RECIPE_CHECKS:
             raise SecateurError(f"{name}: unknown key 'check.{k}'; check holds {', '.join(RECIPE_CHECKS)}")
+    schema, fix = recipe_schema(common, all_options(), RECIPE_CHECKS)
+    # every value of the file by its type: one line naming the key, never a TypeError (``1e-3`` read as a number)
+    data = parse(schema, data, name, fix).model_dump(exclude_unset=True)
+    check = data.get("check") or {}
     values = {k: v for k, v in data.items() if k not in _RECIPE_META}
     values |= {k: v for k, v in overrides.items()}
     opts = PruneOptions.from_kwargs(**values)
@@ -261,9 +272,17 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
 
 
 def check_recipe_model(opts: PruneOptions) -> None:
+    """A replayed recipe reaches the weights it was made from or none: its ``model_sha256`` (a GGUF file's or a
+    local folder's content digest) must match, and a recipe made from a local model never falls through to the
+    Hub (a relative path replayed from another directory is not a Hub id)."""
     want = (opts.recipe_check or {}).get("model_sha256")
     if want and not opts.in_memory:
-        got = (model_source(opts.model, opts.dtype) or {}).get("sha256")
+        got = local_digest(opts.model)
+        if got is None and (found := known_model(want)) is not None:  # named portably, hashed here before: the
+            opts.model, got = str(found), want  # same content, so the same run (the report names it portably)
+        if got is None:
+            raise SecateurError(f"the recipe's model {opts.model!r} (a local model, sha256 {want[:12]}...) is not "
+                                "there from this directory; pass --model with the path to the same weights")
         if got != want:
             raise SecateurError(f"model {opts.model} is not the recipe's (sha256 {str(got)[:12]}..., recipe "
                                 f"{want[:12]}...); pass the recipe's model, or --model to prune another one")

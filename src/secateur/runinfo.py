@@ -26,6 +26,27 @@ def versions() -> dict[str, str]:
             "python": sys.version.split()[0]}
 
 
+def portable(value):
+    """What a published file (report, card) says for a path: an absolute path becomes its last component, so an
+    output pushed to a hub does not carry this machine's folders; ids, aliases and relative paths are kept."""
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.basename(value.rstrip("/")) or value
+    return value
+
+
+def portable_source(src: dict | None) -> dict | None:
+    """A GGUF input's ``model_source`` for publishing: the file by name and digest, the cache folder by its name
+    under ``$SECATEUR_CACHE`` (the run's own machine finds it again by the digest)."""
+    if not src:
+        return src
+    out = dict(src)
+    if out.get("gguf"):
+        out["gguf"] = portable(out["gguf"])
+    if out.get("cache"):
+        out["cache"] = "$SECATEUR_CACHE/" + portable(out["cache"])
+    return out
+
+
 def machine() -> dict[str, object]:
     cpu = platform.processor() or platform.machine()
     try:

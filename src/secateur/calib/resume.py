@@ -61,15 +61,43 @@ def checkpoint_dir(out: str | Path) -> Path:
 
 
 def _is_ours(path: Path) -> bool:
-    """A folder with our name pattern whose manifest carries the marker."""
+    """A folder with our name pattern whose manifest (a JSON object) carries the marker."""
     if not path.name.endswith(SUFFIX) or not path.is_dir():
         return False
     if {p.name for p in path.iterdir()} == {f".{MANIFEST}.tmp"}:
         return True  # killed while writing its manifest
+    data, _ = _read_manifest(path)
+    return isinstance(data, dict) and MARKER in data
+
+
+def _read_manifest(path: Path) -> tuple[Any, str | None]:
+    """The JSON of the checkpoint ``path``'s manifest, or (None, why it cannot be read)."""
     try:
-        return MARKER in json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, "is missing"
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError:
+        return None, "is not UTF-8 text"
+    except json.JSONDecodeError as e:
+        return None, f"is not valid JSON (line {e.lineno}: {e.msg})"
+    except (ValueError, RecursionError):
+        return None, "is not valid JSON"
+
+
+def _old_fingerprint(path: Path) -> dict:
+    """The fingerprint recorded in the checkpoint ``path`` (ours: its manifest is a JSON object with the marker),
+    its types checked: a damaged manifest is one line saying how to get past it."""
+    from secateur.schemas import parse
+    from secateur.schemas.checkpoint import CheckpointManifest
+
+    data, _ = _read_manifest(path)
+    fix = f"remove the checkpoint folder {path}, or drop --resume to start over"
+    try:
+        return parse(CheckpointManifest, data, str(path / MANIFEST), fix).model_dump()["fingerprint"]
+    except SecateurError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _file_stats(path: Path) -> list[list]:
@@ -136,10 +164,16 @@ class Checkpoint:
         if path.is_dir() and not any(path.iterdir()):
             path.rmdir()  # killed between mkdir and the manifest: nothing in it
         if path.exists() and not _is_ours(path):
-            raise CheckpointError(f"{path} exists but is not a secateur checkpoint; move it away to prune to {out}")
+            why = _read_manifest(path)[1] if path.is_dir() else None
+            raise CheckpointError(f"{path} exists but is not a secateur checkpoint"
+                                  + (f" (its {MANIFEST} {why})" if why else "")
+                                  + f"; move it away (or delete it, if it is a damaged checkpoint) to prune to {out}")
+        if path.exists() and not (path / MANIFEST).exists():  # killed while writing its manifest: nothing in it
+            log(f"removing the checkpoint {path}: it was interrupted before it held anything")
+            cls(path).remove()
         if path.exists():
-            old = json.loads((path / MANIFEST).read_text()).get("fingerprint", {})
             if resume:
+                old = _old_fingerprint(path)
                 diff = _differences(old, fp)
                 if diff:
                     raise CheckpointError(f"the checkpoint {path} was made by a different run (differs in: "

@@ -163,6 +163,10 @@ def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
     for place, what in places:
         if real in place.parents:
             raise SecateurError(f"output {out} contains {what}; choose a new folder")
+    for p in protect:  # inside the model's folder: the output (and its checkpoint) would mix with the model's files
+        model = Path(p).resolve()
+        if model.is_dir() and model in real.parents:
+            raise SecateurError(f"output {out} is inside the --model folder {p}; choose a folder outside it")
     remove_stale_temps(out)
     if os.path.lexists(out):
         if not overwrite:
@@ -324,6 +328,7 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
         tmp = _make_temp(out, "tmp")
         yield tmp
         (tmp / TEMP_MARKER).unlink()
+        usual_permissions(tmp)  # mkdtemp's 0700 / a writer's 0600 would hide the output from other accounts
         if os.path.lexists(out):  # move the old folder aside first, so there is never a moment without either
             check_replaceable(out, kind)
             trash = _make_temp(out, "old")
@@ -402,6 +407,7 @@ def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: i
         os.close(fd)
         tmp = Path(name)
         yield tmp
+        usual_permissions(tmp)
         if os.path.lexists(path):
             check_output_file(path, overwrite, is_ours, kind)
         os.replace(tmp, path)
@@ -413,3 +419,25 @@ def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: i
         _remove_empty(created)
         _raise_write_error(e, path, need)
         raise
+
+
+def write_report(folder: Path, report: dict) -> None:
+    """``secateur-report.json`` into ``folder`` (a run's temporary folder; written last, it marks a complete
+    output), its ``peak_rss_mb`` read now: after the weights were written, which is often the run's peak."""
+    from secateur.runinfo import peak_rss_mb
+
+    report["peak_rss_mb"] = peak_rss_mb()
+    (Path(folder) / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+
+
+def usual_permissions(path: Path) -> None:
+    """The user's usual modes (0777 / 0666 less the umask) on ``path`` and everything under it: what a plain
+    ``mkdir`` / ``open`` would have made, so a serving account or a colleague can read a finished output."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    items = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in items:
+        if p.is_symlink():
+            continue
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)

@@ -3,13 +3,12 @@ and the bit-packed masks (``secateur-masks.npz``), written through :func:`secate
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from secateur.export.folder import MASKS_NAME, REPORT_NAME, atomic_dir, export_size
+from secateur.export.folder import MASKS_NAME, atomic_dir, export_size, write_report
 
 
 def pack_masks(masks: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -54,4 +53,4 @@ def write_run_files(folder: Path, tokenizer, report: dict, masks=None, extra_fil
         np.savez_compressed(folder / MASKS_NAME, **pack_masks(masks))
     for name, data in (extra_files or {}).items():
         (folder / name).write_bytes(data)
-    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    write_report(folder, report)

@@ -30,7 +30,13 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
-from secateur.export.folder import EXPORT_MARKER, REPORT_NAME, atomic_dir, check_output_dir, export_size
+from secateur.export.folder import (
+    EXPORT_MARKER,
+    atomic_dir,
+    check_output_dir,
+    export_size,
+    write_report,
+)
 from secateur.models import hetero
 from secateur.models.families import ADAPTERS, family_of, layout_of
 
@@ -150,7 +156,7 @@ def save_structured(model: nn.Module, tokenizer, out, report: dict, extra_files:
                 continue  # the exporter already wrote the current copy
             (tmp / name).write_bytes(data)
         report["export_route"] = info["route"]
-        (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+        write_report(tmp, report)
     return {"path": str(out), "route": info["route"]}
 
 
@@ -178,5 +184,5 @@ def finish_structured_export(folder: str | os.PathLike, model: nn.Module, tokeni
             continue
         (folder / name).write_bytes(data)
     report["export_route"] = route
-    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str))
+    write_report(folder, report)
     return route
