@@ -3,8 +3,8 @@
 For every input a generator makes (``tests/test_fuzz_*.py``), a command ends in one of two ways:
 
 * exit 0, with the output it was asked for (the caller checks the output itself), or
-* exit 2, with exactly one ``secateur: error:`` line on stderr that names what is wrong and what to do
-  (a ``;`` separates the two), and nothing new on disk;
+* exit 2, with exactly one ``secateur: error:`` line on stderr, its last, that names what is wrong and what to
+  do (a ``;`` separates the two), and nothing new on disk (notes such as a memory plan may precede it);
 
 never a traceback, never exit 1 or an uncaught exception, never a file of the user's changed, never debris
 (a hidden temporary, a checkpoint, a cache entry) beyond what the command was asked to write.
@@ -21,11 +21,9 @@ import hashlib
 import io
 import json
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
-ONE_LINE = re.compile(r"^secateur: error: [^\n]+\n$")
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -71,9 +69,10 @@ def problem(code: int, err: str, before: dict, after: dict, allowed_new: Iterabl
         return f"a traceback reached stderr: ...{err[-600:]!r}"
     if code not in (0, 2):
         return f"exit {code} (the promise: 0 or 2); stderr {err[-400:]!r}"
-    if code == 2:
-        if not ONE_LINE.match(err):
-            return f"stderr is not exactly one 'secateur: error:' line: {err[-600:]!r}"
+    if code == 2:  # notes and progress may come first (a memory plan, a long step announced); one error, last
+        errors = [ln for ln in err.splitlines() if ln.startswith("secateur: error:")]
+        if len(errors) != 1 or not err.rstrip("\n").splitlines()[-1].startswith("secateur: error:"):
+            return f"stderr does not end in exactly one 'secateur: error:' line: {err[-600:]!r}"
         if fix_hint and ";" not in err:
             return f"the message names no fix (no '; what to do' part): {err!r}"
     changed = sorted(k for k in before if k in after and after[k] != before[k] and after[k][0] != -1)

@@ -129,7 +129,8 @@ def test_memory_refusal_exit_2_nothing_written(folders, tmp_path, monkeypatch, c
     lines = [ln for ln in err.splitlines() if ln.startswith("secateur: error:")]
     assert len(lines) == 1 and "not enough memory for the streamed prune" in lines[0]
     assert "10.2 KiB is available" in lines[0] and "--nsamples" in lines[0]
-    assert "memory plan (streamed prune): peak about" in err and "N 4 x T 32 x (3 x d 32 + F 64)" in err
+    assert "memory plan (streamed prune): this process holds" in err and "adds about" in err
+    assert "N 4 x T 32 x (3 x d 32 + F 64)" in err
     assert not out.exists() and not list(tmp_path.glob(".o.*"))
 
 

@@ -161,7 +161,7 @@ def test_memory_plan_and_refusal(folders, tmp_path, monkeypatch, capsys):
     assert rc == 2
     lines = [ln for ln in err.splitlines() if ln.startswith("secateur: error:")]
     assert len(lines) == 1 and "not enough memory for the streamed structured prune" in lines[0]
-    assert "memory plan (streamed structured prune): peak about" in err
+    assert "memory plan (streamed structured prune): this process holds" in err and "adds about" in err
     assert "8 (d_att^2 32^2 + F^2 64^2)" in err and "6 x 8 max(d_att, F)^2 (coec)" in err
     assert not out.exists() and not list(tmp_path.glob(".o.*"))
 

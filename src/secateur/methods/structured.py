@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -315,7 +316,12 @@ def check_reachable(name: str, adapter: Adapter, opts) -> None:
 
 def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
     """Registry runner: prune in place; the selection travels as ``secateur_selection.json``."""
-    res = prune_structured(model, adapter, calib_ids, structured_config(name, opts), chunk_size=opts.chunk_size,
+    cfg = structured_config(name, opts)
+    if cfg.needs_gram and calib_ids is not None:  # said up front: the compensation's passes are most of the run
+        print(f"secateur: note: --compensation {cfg.compensation} takes the calibration set through the model again "
+              f"after the statistics pass, block by block, for the Grams of the kept inputs (about 3-4 forwards of "
+              f"{calib_ids.shape[0]} x {calib_ids.shape[1]} tokens in all)", file=sys.stderr)
+    res = prune_structured(model, adapter, calib_ids, cfg, chunk_size=opts.chunk_size,
                            device=opts.device, progress=not opts.quiet)
     return method_result(name, res)
 

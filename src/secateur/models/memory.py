@@ -99,8 +99,9 @@ class MemoryPlan:
         parts = " + ".join(f"{k} {_gb(b)} [{how}]" for k, (b, how) in self.terms.items())
         avail = "unknown" if available is None else _gb(available)
         own = current_rss()
-        base = f" on top of this process's {_gb(own)}" if own else ""
-        return f"memory plan ({self.what}): peak about {_gb(self.total)}{base} = {parts}; available {avail}"
+        now = f"this process holds {_gb(own)} now; " if own else ""
+        return (f"memory plan ({self.what}): {now}the {self.what} adds about {_gb(self.total)} more at its peak "
+                f"= {parts}; {avail} more is available")
 
     def check(self, available: int | None = None) -> None:
         """Refuse (one line) when the plan does not fit in ``available`` (default: :func:`available_bytes`)."""
