@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from secateur import stall
 from secateur.calib import resume as _resume
 from secateur.data.sources import eval_text
 from secateur.data.windows import calibration_set, eval_ids, token_sha256
@@ -88,6 +89,7 @@ def prune(**kwargs) -> dict:
             ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
                                             opts.data_dir, model=model)
         check_recipe_calibration(opts, manifest)
+        stall.point("calibration")
     ckpt = _checkpoint(opts, model, manifest)
     with timer("prune"):
         result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
@@ -106,6 +108,7 @@ def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Tim
                                                          tokenizer=tok, progress=not opts.quiet))]
     if opts.out:
         result.extra_files |= _card_files(opts, report)
+        stall.point("save")
         with timer("save"):
             if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
                 save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)

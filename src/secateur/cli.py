@@ -9,6 +9,7 @@ import signal
 import sys
 import textwrap
 
+from secateur import stall
 from secateur.errors import SecateurError
 
 EPILOG = textwrap.dedent("""\
@@ -321,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         with _sigterm_as_interrupt():  # from the first import on: Ctrl-C during start-up is exit 130 too
+            stall.point("startup")
             parser = build_parser()
             args = parser.parse_args(argv)
             args.argv = argv

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from secateur import stall
 from secateur.errors import SecateurError
 
 SUFFIX = ".secateur-ckpt"
@@ -215,6 +216,7 @@ class Checkpoint:
         tmp = self.path / f".{name}.tmp"
         try:
             torch.save(_pack(obj), tmp)
+            stall.point("checkpoint-write")
             os.replace(tmp, self.path / name)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
