@@ -304,7 +304,7 @@ def test_atomic_write_overwrite_rules_and_cli(tmp_path, monkeypatch, capsys):
     assert main(["export", "gguf", str(run), "--out", str(out), "--type", "f32"]) == 0
     assert "llama, f32" in capsys.readouterr().out
     assert main(["export", "gguf", str(run), "--out", str(out)]) == 2
-    assert "already exists (pass --overwrite" in capsys.readouterr().err
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert main(["export", "gguf", str(run), "--out", str(out), "--overwrite"]) == 0
     assert read_back(out)[0]["general.file_type"] == 1 and sorted(p.name for p in out.parent.iterdir()) == ["m.gguf"]
     mine = tmp_path / "notes.gguf"

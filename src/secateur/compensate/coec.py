@@ -154,7 +154,8 @@ class COECOptions:
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
-            raise SecateurError(f"COEC alpha must be in (0, 1], got {self.alpha}")
+            raise SecateurError(f"COEC alpha must be in (0, 1], got {self.alpha}; "
+                                "pass e.g. --coec-alpha 0.5, or omit it")
         if self.rescale not in ("gcv", "global", "none"):
             raise SecateurError(f"unknown COEC rescale {self.rescale!r}")
         if self.right_solver not in ("reduced", "full", "none"):
@@ -166,7 +167,8 @@ class COECOptions:
         if self.kappa < 1:
             raise SecateurError(f"COEC kappa must be >= 1, got {self.kappa}")
         if self.max_rounds < 0 or self.max_inner < 0 or self.r_p < 1 or self.lambda_align < 0:
-            raise SecateurError("COEC max_rounds/max_inner must be >= 0, r_p >= 1, lambda_align >= 0")
+            raise SecateurError("COEC max_rounds/max_inner must be >= 0, r_p >= 1, lambda_align >= 0; "
+                                "pass non-negative counts, or omit them")
         if self.slice_rows is not None and self.slice_rows < 1:
             raise SecateurError("COEC slice_rows must be a positive int or None")
 

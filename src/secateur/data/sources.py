@@ -14,6 +14,7 @@ pool, documents [1500, 2000) the held-out perplexity set, so the two never overl
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from secateur.errors import SecateurError
@@ -40,22 +41,69 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
         return default_data_dir()
     p = Path(data_dir)
     if not p.is_dir():
-        raise SecateurError(f"data directory {data_dir} does not exist")
+        raise SecateurError(f"data directory {data_dir} does not exist; "
+                            "pass --data-dir a folder laid out like ../shared/data")
     return p
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
+
+
+def regular_file(path: str | Path, what: str, fix: str) -> Path:
+    """``path`` when it is a regular file (or a link to one); a FIFO, a device, a socket or a folder is refused
+    with one line (``<what> <path> is not a regular file (a FIFO); <fix>``) before anything opens it: reading a
+    FIFO waits for a writer that never comes, ``/dev/zero`` never ends."""
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise SecateurError(f"{what} {p} does not exist; {fix}") from None
+    except OSError as e:
+        raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
+    if not stat.S_ISREG(mode):
+        raise SecateurError(f"{what} {p} is not a regular file ({_kind(mode)}); {fix}")
+    return p
+
+
+def read_regular_bytes(path: str | Path, what: str, fix: str) -> bytes:
+    """The bytes of a regular file (see :func:`regular_file`), opened without blocking and checked again on the
+    open descriptor, so a path swapped for a FIFO between the check and the read cannot hang the run either."""
+    p = regular_file(path, what, fix)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise SecateurError(f"{what} {p} is not a regular file ({_kind(mode)}); {fix}")
+        try:
+            return f.read()
+        except OSError as e:
+            raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
 
 
 def _need(path: Path) -> Path:
     if not path.exists():
-        raise SecateurError(f"missing data file {path}")
-    return path
+        raise SecateurError(f"missing data file {path}; check --data-dir / SECATEUR_DATA (laid out like "
+                            "shared/data: wikitext2-raw/, c4-validation-2k/, ptb-mikolov/)")
+    return regular_file(path, "data file", "the data directory must hold the corpus files themselves")
 
 
 def read_text_file(path: str | Path) -> str:
-    """A user's ``.txt`` corpus: a UTF-8 text file with something in it, or a one-line error naming it."""
+    """A user's ``.txt`` corpus: a UTF-8 text file with something in it, or a one-line error naming it (a FIFO,
+    a device or a socket is refused before it is opened: never a hang)."""
     p = Path(path)
     if p.is_dir():
         raise SecateurError(f"text file {p} is a directory; pass a UTF-8 .txt file")
-    raw = _need(p).read_bytes()
+    if not os.path.lexists(p):
+        raise SecateurError(f"missing data file {p}; check the path of the .txt file")
+    raw = read_regular_bytes(p, "text file", "pass a UTF-8 .txt file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

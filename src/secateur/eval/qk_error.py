@@ -388,7 +388,7 @@ def _masks_path(spec: str) -> Path:
     if p.is_dir():
         p = p / MASKS_NAME
     if not p.is_file():
-        raise SecateurError(f"mask file {p} does not exist")
+        raise SecateurError(f"mask file {p} does not exist; pass the secateur-masks.npz of a prune output")
     return p
 
 

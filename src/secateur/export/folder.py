@@ -141,7 +141,8 @@ def check_writable_output(path: str | Path, folder: bool = True) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".secateur-probe-", dir=where)
     except OSError as e:
-        raise SecateurError(f"cannot write {path}: {where} is not writable ({e.strerror or e})") from None
+        raise SecateurError(f"cannot write {path}: {where} is not writable ({e.strerror or e}); "
+                            "choose a folder you can write to") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -170,7 +171,7 @@ def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
     remove_stale_temps(out)
     if os.path.lexists(out):
         if not overwrite:
-            raise SecateurError(f"output {out} already exists (pass --overwrite to replace it)")
+            raise SecateurError(f"output {out} already exists; pass --overwrite to replace it")
         check_replaceable(out, kind)
     check_writable_output(out)
     return out
@@ -306,7 +307,8 @@ def _raise_write_error(e: BaseException, target: Path, need: int | None) -> None
         raise SecateurError(f"disk full while writing {target}: {needs}{_mb(shutil.disk_usage(where).free)} "
                             f"free on {where}; nothing was written") from e
     if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
-        raise SecateurError(f"could not write {target}: {getattr(e, 'strerror', None) or e}") from e
+        raise SecateurError(f"could not write {target}: {getattr(e, 'strerror', None) or e}; check the "
+                            "folder's permissions and free space") from e
 
 
 @contextlib.contextmanager
@@ -382,7 +384,7 @@ def check_output_file(path: str | Path, overwrite: bool, is_ours=None, kind: str
         raise SecateurError(f"output {path} is a folder; name a {kind} (--out FILE)")
     if os.path.lexists(path):
         if not overwrite:
-            raise SecateurError(f"output {path} already exists (pass --overwrite to replace it)")
+            raise SecateurError(f"output {path} already exists; pass --overwrite to replace it")
         if is_ours is not None and not is_ours(path):
             raise SecateurError(f"output {path} is not a {kind} secateur wrote; {how}: choose another path")
     check_writable_output(path, folder=False)

@@ -53,7 +53,8 @@ class CorpQKConfig:
 
     def validate(self) -> None:
         if not 0.0 <= float(self.sparsity) < 1.0:
-            raise SecateurError(f"sparsity (the fraction of q/k dims removed) must be in [0, 1), got {self.sparsity}")
+            raise SecateurError(f"sparsity (the fraction of q/k dims removed) must be in [0, 1), got {self.sparsity}; "
+                                "pass e.g. 0.25")
 
 
 def check_supported(adapter: Adapter) -> None:
@@ -170,8 +171,8 @@ class CorpQKOptions(MethodOptions):
 def corp_qk_config(opts) -> CorpQKConfig:
     """The validated :class:`CorpQKConfig` from ``PruneOptions``."""
     if opts.pattern or opts.targets or opts.budget:
-        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget: --sparsity is the "
-                            "fraction of every head's query/key dims removed")
+        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget (--sparsity is the "
+                            "fraction of every head's query/key dims removed); drop them")
     cfg = CorpQKConfig(sparsity=opts.sparsity)
     cfg.validate()
     return cfg

@@ -96,14 +96,18 @@ def _coerce(f: dataclasses.Field, v: Any) -> Any:
         raise SecateurError(f"{name}: {v!r} is a bool, not a number; pass a {typ.__name__}")
     if typ is int and isinstance(v, float) and not v.is_integer():
         raise SecateurError(f"{name}: {v!r} is not a whole number; pass an int")
-    if typ is None:
+    if typ is None:  # a text knob (or a comma list, which the API may also give as a tuple/list of names)
+        many = "tuple" in str(f.type)
+        if not (isinstance(v, str) or many and isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
+            raise SecateurError(f"{name}: {v!r} is a {type(v).__name__}; pass a string"
+                                + (" (comma-separated for several)" if many else ""))
         return v
     if isinstance(v, (list, tuple, dict, set)) and typ in (int, float, str):
         raise SecateurError(f"{name}: {v!r} is a {type(v).__name__}; pass a single {typ.__name__}"
                             + (" (comma-separated for several)" if typ is str else ""))
     try:
         return typ(v)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:  # a parser of the flag's text given another type
         raise SecateurError(f"{name}: {v!r} is not a valid value ({e}); see secateur prune --help") from None
 
 

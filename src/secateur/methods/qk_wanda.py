@@ -87,16 +87,19 @@ class QKWandaConfig:
         if self.budget == "matrix":  # Wanda's name for the separate pools
             self.budget = "separate"
         if self.budget not in QK_BUDGETS:
-            raise SecateurError(f"QK-Wanda budget must be one of {', '.join(QK_BUDGETS)}, got {self.budget!r}")
+            raise SecateurError(f"QK-Wanda budget must be one of {', '.join(QK_BUDGETS)}, got {self.budget!r}; "
+                                "pass one of those")
         if self.scope not in SCOPES:
             raise SecateurError(f"QK-Wanda scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.rounding not in ("ceil", "floor"):
-            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
+            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}; pass --rounding ceil or floor")
         check_fraction(self.sparsity)
         if self.segment_len is not None and self.segment_len < 1:
-            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
+            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}; "
+                                "pass e.g. 64")
         if not isinstance(self.progressive, int) or self.progressive < 1:
-            raise SecateurError(f"--progressive must be a positive number of steps, got {self.progressive!r}")
+            raise SecateurError(f"--progressive must be a positive number of steps, got {self.progressive!r}; "
+                                "pass e.g. 4, or omit it")
         self.variant = QKVariant.parse(self.variant).code
 
     def to_dict(self) -> dict:

@@ -106,7 +106,8 @@ class StructuredConfig(CompensationConfig):
         check_fraction(self.sparsity, unit="parameters")
         bad = [u for u in self.units if u not in UNIT_CHOICES]
         if bad or not self.units:
-            raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}")
+            raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}; "
+                                "pass e.g. kv_group,channel")
         if sum(u in ATTN_UNITS for u in self.units) > 1:
             raise SecateurError(f"--units names two attention units; choose one of {', '.join(ATTN_UNITS)}")
         if self.allocation == "flap-global" and self.score != "flap":
@@ -281,7 +282,8 @@ def structured_config(name: str, opts) -> StructuredConfig:
     fields and its :class:`StructuredOptions`); no ``--compensation``: the method as its paper ships it
     (FLAP's bias, RCPU's rotation, CORP's ridge)."""
     if opts.pattern:
-        raise SecateurError("structured pruning takes no --pattern (N:M is unstructured)")
+        raise SecateurError("structured pruning takes no --pattern (N:M is unstructured); "
+                            "drop --pattern, or drop --structured")
     if opts.targets:
         raise SecateurError("structured pruning takes no --targets; choose units with --units")
     o: StructuredOptions = opts.method_options

@@ -78,9 +78,10 @@ class UnstructuredConfig:
         if self.pattern is None:
             check_fraction(self.sparsity)
         if self.budget not in (None, "row", "matrix"):
-            raise SecateurError(f"budget must be row or matrix, got {self.budget!r}")
+            raise SecateurError(f"budget must be row or matrix, got {self.budget!r}; "
+                                "pass --budget row or matrix, or omit it")
         if self.rounding not in ("ceil", "floor"):
-            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}")
+            raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}; pass --rounding ceil or floor")
 
     @property
     def resolved_budget(self) -> str:
@@ -198,7 +199,8 @@ class UnstructuredOptions(MethodOptions):
     def validate(self) -> None:
         super().validate()
         if self.segment_len is not None and self.segment_len < 1:
-            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}")
+            raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}; "
+                                "pass e.g. 64")
 
 
 def unstructured_config(name: str, opts) -> UnstructuredConfig:
