@@ -6,7 +6,9 @@ Inputs, each written by its own committed command:
 - ``results/resume-check.json``: ``python bench/resume_check.py`` (SmolLM2 killed with SIGKILL after a block, then
   ``--resume``; sha256 of every tensor);
 - ``results/thread-check.json``: ``python bench/thread_check.py`` (SparseGPT on SmolLM2 with 1 and 2 torch threads);
-- ``results/fresh-clone.json``: ``bench/fresh_clone_check.sh`` (``make test`` in a fresh clone of main).
+- ``results/fresh-clone.json``: ``bench/fresh_clone_check.sh`` (``make test`` in a fresh clone of main);
+- ``results/reliability-fuzz.json``: ``python bench/reliability_fuzz.py`` (the generated-input tests run longer,
+  cases counted by class, and the signal matrix).
 
 Usage: ``python bench/reliability_report.py`` (missing inputs are named in the output, not invented).
 """
@@ -102,10 +104,61 @@ def fresh_section(f: dict | None) -> list[str]:
                   f"{f['rc']}, {f['seconds']} s in all, on {f['cpu']} ({f['cores']} cores), {f['date']}.", ""]
 
 
+CLASS_TEXT = {
+    "api-arguments": "`api.prune` keywords of random types (common options and every knob)",
+    "cli-flags": "`secateur prune` with 1-3 flags from the parser and awkward values",
+    "paths": "`--model`/`--out`/`--calib`/`--recipe`/`--data-dir` at files, folders, links, devices, the model",
+    "recipe": "recipes with values of other types, keys deleted/added, broken YAML, decimal digests",
+    "run-report": "run folders with a damaged or mistyped report, config or safetensors (`export gguf`)",
+    "report-json": "`secateur report` over result JSON/JSONL with wrong types",
+    "checkpoint-manifest": "checkpoint manifests with wrong types, unreadable JSON (`--resume`)",
+    "task-file": "zero-shot task files with bad lines, missing keys, no documents",
+    "model-config": "model folders whose config.json disagrees with their weights (every family)",
+    "gguf-cache": "GGUF cache entries altered, truncated, with a broken manifest; the cache path unusable",
+}
+
+
+def fuzz_section(f: dict | None) -> list[str]:
+    out = ["## 0. Generated inputs and signals (issue 25)", ""]
+    if not f:
+        return out + ["(missing: run `python bench/reliability_fuzz.py`)", ""]
+    total = sum(c["cases"] for c in f["classes"].values())
+    broken = sum(c["broken"] for c in f["classes"].values())
+    out += [f"`{f['command']}` at `{f['commit']}`, {f['date']}, load {f['load_before'][0]} before / "
+            f"{f['load_after'][0]} after, {f['seconds']} s: the generated-input tests "
+            f"({', '.join(f'`{x}`' for x in f['files'])}) with hypothesis's `long` profile and a seed of their "
+            f"own (CI runs the same tests derandomized, about 20 cases each): **{total} cases, {broken} broken "
+            f"promises, {f['tracebacks']} tracebacks** (pytest: {f['pytest_summary']}). A case keeps the promise "
+            "of `tests/contract.py`: exit 0 with its output, or exit 2 with one `secateur: error: ...; fix` line, "
+            "no traceback, nothing new on disk, no user file changed.", "",
+            "| class | what the generator varies | cases | exit 0 | exit 2 | other exits | broken |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for k, c in f["classes"].items():
+        e = c["exit"]
+        other = sum(v for x, v in e.items() if x not in ("0", "2"))
+        out.append(f"| {k} | {CLASS_TEXT.get(k, '')} | {c['cases']} | {e.get('0', 0)} | {e.get('2', 0)} | {other} | "
+                   f"{c['broken']} |")
+    for k, c in f["classes"].items():
+        for p in c["problems"]:
+            out.append(f"\n* {k}: {_cell(p)}")
+    sig = f.get("signals")
+    if sig:
+        ok = sum(c["ok"] for c in sig["cases"])
+        out += ["", f"Signals (`tests/test_signals.py`, real `python -m secateur.cli prune` processes; SIGINT and "
+                f"SIGTERM held at start-up, calibration, a checkpoint write and the final save with "
+                f"`SECATEUR_STALL`, plus seeded random times): **{ok}/{len(sig['cases'])} cases keep the promise** "
+                "(exit 130/143, no traceback, nothing on disk but the checkpoint, named on stderr with its size; "
+                "the kept checkpoint resumes to the bit-identical output).", "",
+                "| case | ok |", "|---|---|"]
+        out += [f"| {c['case']} | {'yes' if c['ok'] else 'NO'} |" for c in sig["cases"]]
+    return out + [""]
+
+
 def main() -> None:
     lines = ["# Reliability: bad input, interruptions, threads, a fresh machine", "",
              "Produced by `python bench/reliability_report.py` from the records below; each section names the "
              "committed command that made its record.", ""]
+    lines += fuzz_section(_load("reliability-fuzz.json"))
     lines += table_section(_load("reliability-table.jsonl"))
     lines += resume_section(_load("resume-check.json"))
     lines += thread_section(_load("thread-check.json"))
