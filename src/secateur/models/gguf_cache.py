@@ -12,6 +12,16 @@ exactly those ``from_pretrained(dir, gguf_file=name, dtype=...)`` produces: the 
 q/k un-permutation, the same cast, through transformers' per-architecture tensor processor (``gemma3``: llama.cpp
 stores Gemma's RMSNorm weights as ``1 + w``, the processor subtracts the 1 from every ``*norm.weight``, q/k
 norms included; checked on Gemma-3-270M: its dense WikiText-2 perplexity matches).
+
+The cache verifies what it serves. Each entry holds a manifest, ``secateur-cache.json``
+(:class:`secateur.schemas.cache.CacheManifest`): the GGUF's digest and, for every file written, its size, mtime
+and sha256. At use, sizes and mtimes are compared with it (no byte read), and a file whose mtime changed is hashed
+again; an entry that no longer matches (a file altered in place, truncated, missing or added, a damaged manifest)
+is derived again from the GGUF, with one stderr line naming the entry, never used as it is. An entry written by
+an older secateur (no manifest) is checked for completeness and adopted: its manifest is written then. The cache
+folder itself (``$SECATEUR_CACHE``) must be a folder secateur can write to before anything is derived into it: a
+file there, or a read-only folder, is one line naming the variable and what to do. The first dequantization of a
+large GGUF says what it is doing, where, and how much it will write, before the long silent part.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import mmap
 import os
 import shutil
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +44,8 @@ import torch
 
 from secateur.errors import SecateurError
 from secateur.models.families import gguf_families
+from secateur.schemas import parse
+from secateur.schemas.cache import MANIFEST_SCHEMA, CacheManifest
 
 # GGUF ``general.architecture`` -> Hugging Face model_type, for the families whose adapter declares one
 # (llama.cpp writes Mistral as "llama"; transformers tells them apart by general.name, and so do we).
@@ -40,6 +53,9 @@ GGUF_FAMILIES = gguf_families()
 TMP_PREFIX = ".secateur-tmp-"  # unfinished cache entries: safe to delete when no secateur run is active
 SHARD_BYTES = 2 << 30  # bounds the memory of one write; smaller models get one model.safetensors
 _CHUNK = 1 << 20
+MANIFEST_NAME = "secateur-cache.json"  # an entry's manifest (secateur.schemas.cache.CacheManifest)
+ANNOUNCE_BYTES = 64 << 20  # a dequantization that writes more than this says so first (a tiny file is quick)
+CACHE_FIX = "set SECATEUR_CACHE to a writable folder (or unset it to use ~/.cache/secateur)"
 
 
 @dataclass
@@ -188,13 +204,52 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     known[key] = stamp | {"sha256": h.hexdigest()}
-    _write_json_atomic(book, known)
+    with contextlib.suppress(OSError):  # a read-only or misplaced cache only costs hashing again next time
+        _write_json_atomic(book, known)
     return h.hexdigest()
 
 
 def cache_dir() -> Path:
-    """secateur's cache: ``$SECATEUR_CACHE`` or ``~/.cache/secateur`` (``models.loading`` hands it on)."""
-    return Path(os.environ.get("SECATEUR_CACHE", Path.home() / ".cache" / "secateur"))
+    """secateur's cache: ``$SECATEUR_CACHE`` or ``~/.cache/secateur`` (``models.loading`` hands it on; an empty
+    ``SECATEUR_CACHE`` counts as unset, never as the working directory)."""
+    env = os.environ.get("SECATEUR_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "secateur"
+
+
+def _cache_label() -> str:
+    env = os.environ.get("SECATEUR_CACHE")
+    return f"SECATEUR_CACHE={env}" if env else f"the cache folder {cache_dir()} (SECATEUR_CACHE unset)"
+
+
+def check_cache_env() -> None:
+    """The cache is a folder, or can become one: a file in its place is one line naming SECATEUR_CACHE."""
+    for p in (cache_dir(), cache_root()):
+        if p.exists() and not p.is_dir():
+            where = "" if p == cache_dir() else f" ({p} is)"
+            raise SecateurError(f"{_cache_label()} is a file, not a folder{where}; {CACHE_FIX}")
+
+
+def writable_cache_root() -> Path:
+    """``cache_root()``, created if needed and proven writable by making (and removing) a file in it; else one
+    line naming SECATEUR_CACHE and what to do (root ignores permission bits, so only a real write can tell)."""
+    check_cache_env()
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f"{TMP_PREFIX}probe-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SecateurError(f"{_cache_label()} is not writable ({e.strerror or type(e).__name__}: "
+                            f"{e.filename or root}); {CACHE_FIX}") from None
+    return root
+
+
+def check_gguf_path(path: Path) -> Path:
+    """A GGUF path that is a regular file (a FIFO or a device would hang the reader), or one line."""
+    from secateur.data.sources import regular_file
+
+    return regular_file(path, "GGUF file", "check the path and pass a .gguf file")
 
 
 def cache_root() -> Path:
@@ -207,13 +262,122 @@ def cache_folder(path: Path, dtype: torch.dtype) -> Path:
 
 def cached_folder(path: Path, dtype: torch.dtype = torch.float32) -> Path:
     """The plain HF folder for a GGUF file in ``dtype``: reused when present, else dequantized once."""
-    path = Path(path)
-    if not path.is_file():
-        raise SecateurError(f"GGUF file {path} does not exist")
+    path = check_gguf_path(Path(path))
+    check_cache_env()
     target = cache_folder(path, dtype)
-    if (target / "config.json").exists():
+    if not os.path.lexists(target):
+        return gguf_to_folder(path, target, dtype)
+    why = entry_problem(target, path, dtype)
+    if why is None:
         return target
-    return gguf_to_folder(path, target, dtype)
+    print(f"secateur: the GGUF cache entry {target} does not match what secateur wrote ({why}); deriving it again "
+          f"from {path.name}", file=sys.stderr)
+    _retire(target)
+    return gguf_to_folder(path, target, dtype, announce=False)
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _entry_files(folder: Path) -> list[Path]:
+    """The files an entry serves: everything but its manifest and unfinished temporaries."""
+    return sorted(p for p in folder.iterdir() if p.name != MANIFEST_NAME and not p.name.startswith(TMP_PREFIX))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def write_manifest(folder: Path, gguf_sha256: str, dtype: torch.dtype) -> None:
+    """Record every file of ``folder`` (size, mtime, sha256) in its manifest."""
+    files = {}
+    for f in _entry_files(folder):
+        st = f.stat()
+        files[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _hash(f)}
+    _write_json_atomic(folder / MANIFEST_NAME, {"secateur_gguf_cache": MANIFEST_SCHEMA, "gguf_sha256": gguf_sha256,
+                                                "dtype": _dtype_name(dtype), "files": files})
+
+
+def _adoptable(folder: Path) -> str | None:
+    """Why an entry without a manifest (an older secateur's) cannot be adopted; None: it is complete."""
+    from secateur.models.loading import check_safetensors
+
+    if not (folder / "config.json").is_file():
+        return "no config.json and no manifest"
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "no weights and no manifest"
+    try:
+        for f in weights:
+            check_safetensors(f)
+    except SecateurError:
+        return f"{f.name} is truncated or corrupt"
+    return None
+
+
+def entry_problem(folder: Path, gguf: Path, dtype: torch.dtype) -> str | None:
+    """None when the cache entry ``folder`` serves as it is; else what is wrong with it (one clause).
+
+    Cheap at use: sizes and mtimes against the manifest; a file is hashed only when its mtime changed (and the
+    manifest then learns the new mtime, so the next run is cheap again)."""
+    if not folder.is_dir():
+        return "it is not a folder"
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        why = _adoptable(folder)
+        if why is None:  # written before manifests existed: complete, so adopted (its digests recorded now)
+            with contextlib.suppress(OSError):
+                write_manifest(folder, file_sha256(gguf), dtype)
+        return why
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"its manifest {MANIFEST_NAME} cannot be read ({type(e).__name__})"
+    try:
+        man = parse(CacheManifest, data, MANIFEST_NAME, "")
+    except SecateurError as e:
+        return f"its manifest is damaged: {str(e).rstrip('; ')}"
+    if man.gguf_sha256 != file_sha256(gguf) or man.dtype != _dtype_name(dtype):
+        return "its manifest names another GGUF file or dtype"
+    present = {p.name for p in _entry_files(folder)}
+    if missing := sorted(set(man.files) - present):
+        return f"{missing[0]} is missing"
+    if extra := sorted(present - set(man.files)):
+        return f"{extra[0]} was not written by secateur"
+    touched = {}
+    for name, rec in man.files.items():
+        st = (folder / name).stat()
+        if st.st_size != rec.size:
+            return f"{name} has {st.st_size} bytes, {rec.size} when written: truncated or altered"
+        if st.st_mtime_ns != rec.mtime_ns:
+            if _hash(folder / name) != rec.sha256:
+                return f"{name} was altered after it was written (its sha256 differs)"
+            touched[name] = rec.model_dump() | {"mtime_ns": st.st_mtime_ns}
+    if touched:  # same bytes, new mtime (a copy, a touch): remember it so the next check is cheap again
+        with contextlib.suppress(OSError):
+            _write_json_atomic(folder / MANIFEST_NAME, data | {"files": data["files"] | touched})
+    return None
+
+
+def _retire(folder: Path) -> None:
+    """Move a stale entry out of the way (renamed, then deleted), or one line saying how to remove it."""
+    root = writable_cache_root()
+    try:
+        if folder.is_dir() and not folder.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}stale-{folder.name}-", dir=root))
+            os.replace(folder, old / folder.name)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            folder.unlink()
+    except FileNotFoundError:  # a concurrent run moved it first
+        pass
+    except OSError as e:
+        raise SecateurError(f"the stale GGUF cache entry {folder} cannot be removed ({e.strerror or e}); delete it "
+                            "(rm -r) and run again") from None
 
 
 def _check_space(folder: Path, need: int, path: Path) -> None:
@@ -224,11 +388,16 @@ def _check_space(folder: Path, need: int, path: Path) -> None:
                             "larger disk")
 
 
-def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Dequantize a GGUF file into a plain HF folder ``out`` (atomic: a temp folder renamed into place)."""
+def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32, announce: bool = True) -> Path:
+    """Dequantize a GGUF file into a plain HF folder ``out`` (atomic: a temp folder renamed into place) with its
+    manifest; ``announce``: a large one says what it does first (one stderr line)."""
     info = inspect_gguf(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _check_space(out.parent, info.n_params * dtype.itemsize, path)
+    if out.parent == cache_root():
+        writable_cache_root()
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    need = info.n_params * dtype.itemsize
+    _check_space(out.parent, need, path)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     try:
@@ -240,6 +409,9 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = dtype
+    if announce and need >= ANNOUNCE_BYTES:
+        print(f"secateur: first use of {path.name}: dequantizing it to {_dtype_name(dtype)} into the cache folder "
+              f"{out} (about {need / 1e9:.1f} GB, written once; later runs reuse it)", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}-", dir=out.parent))
     try:
         tok.save_pretrained(tmp)
@@ -249,11 +421,13 @@ def gguf_to_folder(path: Path, out: Path, dtype: torch.dtype = torch.float32) ->
         if (gen := GenerationConfig.from_model_config(config)) is not None:
             gen.save_pretrained(tmp)
         _open_permissions(tmp)
+        write_manifest(tmp, file_sha256(path), dtype)  # what this entry holds, checked at every use
         try:
             os.replace(tmp, out)
-        except OSError:
-            if not (out / "config.json").exists():  # not a concurrent run that finished first
-                raise
+        except OSError as e:
+            if not (out / MANIFEST_NAME).exists():  # not a concurrent run that finished first
+                raise SecateurError(f"could not move the new GGUF cache entry into {out} ({e.strerror or e}); "
+                                    "delete it (rm -r) and run again") from None
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

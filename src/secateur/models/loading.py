@@ -96,11 +96,23 @@ def resolve(spec: str, dtype: str | torch.dtype = "float32") -> tuple[str, dict]
             raise SecateurError(f"model folder {spec} has no config.json")
         if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
             raise SecateurError(f"model folder {spec} has no weights (*.safetensors or *.bin)")
+        _check_regular_files(spec, p)
         return str(p), {}
     if spec.startswith((".", "/")) or spec.count("/") > 1:
         raise SecateurError(f"model {spec} not found (neither a folder, a .gguf file, nor an alias: "
                             f"{', '.join(ALIASES)})")
     return spec, {}  # a hub id: works for users who are online
+
+
+def _check_regular_files(spec: str, folder: Path) -> None:
+    """Every file of a model folder is a regular file (or a link to one): a FIFO or a device among them would
+    hang the loader that opens it (config, weights, tokenizer), so it is refused before anything is opened."""
+    from secateur.data.sources import regular_file
+
+    for f in sorted(folder.iterdir()):
+        if not f.is_dir():
+            regular_file(f, f"model folder {spec}: file", "replace it with the real file, or re-download or re-export "
+                         "the model")
 
 
 def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> tuple[nn.Module, object]:
@@ -117,8 +129,9 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     path, extra = resolve(spec, dtype)
     check_model(spec, path, extra)
     try:  # never run code shipped in a model folder (secateur's own classes are registered locally)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
-                                                     trust_remote_code=False, **extra)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
+                                                           trust_remote_code=False, output_loading_info=True,
+                                                           **extra)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, **extra)
     except OSError as e:
         raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]}") from e
@@ -126,8 +139,26 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
         if "custom code" in str(e):
             raise SecateurError(_remote_code_message(spec)) from e
         raise
+    except RuntimeError as e:  # sizes that disagree with the config (a *.bin folder: not checked from headers)
+        if "mismatched_sizes" not in str(e):
+            raise
+        raise SecateurError(f"model {spec}: tensor shapes disagree with config.json (transformers' load report); "
+                            "fix config.json or re-export the model") from None
+    _check_loading_info(spec, info)
     model.to(device).eval()
     return model, tok
+
+
+def _check_loading_info(spec: str, info: dict) -> None:
+    """The loader's own report, a second line of defence after :func:`check_model`: a parameter it had to
+    initialise at random (missing), one it dropped (unexpected) or one of another shape is refused."""
+    for key, what in (("missing_keys", "config.json implies {}, which the weights do not hold"),
+                      ("mismatched_keys", "tensor {} has another shape than config.json implies"),
+                      ("unexpected_keys", "the weights hold {}, which config.json does not imply")):
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in (info.get(key) or ()))
+        if names:
+            raise SecateurError(f"model {spec}: {what.format(names[0])} (transformers' load report); fix "
+                                "config.json or re-download / re-export the model")
 
 
 def _register_custom_classes() -> None:
@@ -165,8 +196,7 @@ def read_config(spec: str, path: str | None = None, extra: dict | None = None) -
     e.g. a hub id while offline; the loader then reports what went wrong)."""
     gguf = gguf_file(spec)
     if gguf is not None:
-        if not gguf.is_file():
-            raise SecateurError(f"GGUF file {spec} does not exist")
+        gguf_cache.check_gguf_path(gguf)
         return _gguf_config(gguf)
     if path is None:
         path, extra = resolve(spec)
@@ -244,6 +274,10 @@ def check_model(spec: str, path: str | None = None, extra: dict | None = None) -
     if Path(path).is_dir():
         for f in sorted(Path(path).glob("*.safetensors")):
             check_safetensors(f)
+        if cfg is not None:  # the weights against the config: every tensor it implies, with its shape
+            from secateur.models.folder_check import check_folder
+
+            check_folder(spec, path, cfg)
     return cfg
 
 

@@ -262,6 +262,12 @@ def local_folder(spec: str, dtype: str | torch.dtype) -> Path:
     return path
 
 
+def _folder_config(spec: str, folder: Path) -> dict:
+    from secateur.models.loading import read_config
+
+    return read_config(str(folder), str(folder), {}) or {}  # the folder's own config.json (a GGUF's: the cache's)
+
+
 def build_meta(folder: Path, dtype: torch.dtype) -> nn.Module:
     """The model of ``folder``'s config with every parameter on the meta device, in eval mode, SDPA attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -279,11 +285,17 @@ def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str =
     """The model of ``spec`` built on the meta device and its :class:`BlockStream` (nothing loaded yet; the
     memory plan is computed from it, then :meth:`BlockStream.load_resident`)."""
     from secateur.models.adapters import get_adapter
+    from secateur.models.folder_check import check_layer_count, check_sizes, compare
     from secateur.models.loading import parse_dtype
 
     folder = local_folder(spec, dtype)
-    model = build_meta(folder, parse_dtype(dtype))
     weights = LazyWeights(folder)
+    held = {name: info.shape for name, info in weights.info.items()}
+    cfg = _folder_config(spec, folder)
+    check_sizes(spec, cfg)
+    check_layer_count(spec, cfg, held)  # before the model is built: a config's layer count the weights lack
+    model = build_meta(folder, parse_dtype(dtype))
+    compare(spec, model, held, cfg)  # every tensor the config implies, with its shape; nothing else
     keys = {}
     for name in saved_tensors(model):
         fk = _file_key(name, weights, model.base_model_prefix)
