@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench-quick deploy
+.PHONY: setup demo test test-fast lint bench-quick deploy
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,17 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The edit loop: the unit-level files (math, budgets, scorers, compensators, the engine, the CLI's validation and
+# the generated-input contract), no real model, no subprocess-heavy files; about 2 minutes on 2 quiet cores.
+# The full suite (make test) stays the README's command and CI's.
+FAST := tests/test_budgets.py tests/test_compensate_linalg.py tests/test_compensate_simple.py \
+	tests/test_compensate_corp.py tests/test_cocurve_greedy.py tests/test_cocurve_features.py \
+	tests/test_structured_scores.py tests/test_structured_budget.py tests/test_engine.py tests/test_cli.py \
+	tests/test_fuzz_cli.py tests/test_unstructured.py tests/test_cocurve_resume.py
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not real" $(FAST)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -80,7 +80,7 @@ def check(model: str, calib: str, device: str, nsamples: int, seqlen: int) -> li
                 t0 = time.perf_counter()
                 rep = api.prune(model=model, calib=calib, nsamples=nsamples, seqlen=seqlen, device=dev, quiet=True,
                                 **kw)
-                runs[dev] = (*_digest_and_zeros(rep.pop("_model")), round(time.perf_counter() - t0, 2))
+                runs[dev] = (*_digest_and_zeros(rep.model), round(time.perf_counter() - t0, 2))
             row |= {f"sha256_{d}": r[0] for d, r in runs.items()} | {f"seconds_{d}": r[2] for d, r in runs.items()}
             row["mask_agreement"] = _agreement(runs[device][1], runs["cpu"][1]) if device != "cpu" else 1.0
             row["ok"] = True

@@ -41,7 +41,7 @@ def test_a_loaded_model_prunes_like_the_same_model_by_path(tiny_path, tmp_path, 
     model, tok = load_model(tiny_path)
     in_mem = api.prune(model=model, tokenizer=tok, method=method, sparsity=0.3, out=str(tmp_path / "o"), **COMMON,
                        **knobs)
-    assert in_mem["_model"] is model  # pruned in place
+    assert in_mem.model is model  # pruned in place
     a, b = _weights(tmp_path / "p"), _weights(tmp_path / "o")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     masks = sorted(p.name for p in (tmp_path / "p").iterdir())
@@ -71,8 +71,8 @@ def test_flat_knobs_equal_typed_options(tiny_path):
     typed = api.prune(options=opts)
     assert flat["options"] == typed["options"] and flat["options"]["ls_lambda"] == 0.1
     assert flat["options"]["coec_rounds"] is None  # unset knobs are recorded as None, as before
-    for k, v in flat["_model"].state_dict().items():
-        assert torch.equal(v, typed["_model"].state_dict()[k])
+    for k, v in flat.model.state_dict().items():
+        assert torch.equal(v, typed.model.state_dict()[k])
 
 
 @pytest.mark.parametrize("kw,msg", [

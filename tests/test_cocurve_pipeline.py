@@ -96,7 +96,7 @@ def test_registry_method_runs_through_api(tmp_path):
     assert rs["targeted"] == d["realized"] and rs["pruned_weights"] == n_dense - n_kept > 0
     assert rs["of_all_parameters"] == (n_dense - n_kept) / n_dense
     ids = random_ids(1, 16, seed=9)
-    assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
+    assert torch.allclose(logits(loaded, ids), logits(rep.model, ids), atol=1e-5)
     with pytest.raises(SecateurError, match=r"^cocurve-diag holds out the last 2 calibration sequences for the lambda "
                                            r"choice: pass --nsamples > 2 \(the paper: 130\)$"):
         api.prune(model=str(path), method="cocurve-diag", sparsity=0.3, calib=str(calib), nsamples=2, seqlen=32,
@@ -121,9 +121,9 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
         assert d["compensation"] == comp and d["per_layer"]
         assert all(r["recon_after"] <= r["recon_before"] + 1e-12 for r in d["per_layer"])
         ids = random_ids(1, 16, seed=9)
-        assert not torch.allclose(logits(rep["_model"], ids), logits(plain["_model"], ids), atol=1e-4)
+        assert not torch.allclose(logits(rep.model, ids), logits(plain.model, ids), atol=1e-4)
         loaded, _ = load_model(str(tmp_path / comp))
-        assert torch.allclose(logits(loaded, ids), logits(rep["_model"], ids), atol=1e-5)
+        assert torch.allclose(logits(loaded, ids), logits(rep.model, ids), atol=1e-5)
 
 
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):

@@ -138,7 +138,7 @@ def test_prune_unstructured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, 
     report = api.prune(model=str(path), method="wanda", sparsity=0.5, calib=calib_txt, nsamples=2, seqlen=32,
                        out=str(out), quiet=True)
     ids = random_ids(2, 12)
-    assert torch.equal(_logits(_reload(out), ids), _logits(report["_model"], ids))
+    assert torch.equal(_logits(_reload(out), ids), _logits(report.model, ids))
     src = json.loads((out / "secateur-report.json").read_text())["model_source"]
     assert src["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     # published portably: the file by name and digest, the cache folder by its name under $SECATEUR_CACHE
@@ -152,7 +152,7 @@ def test_prune_structured_from_gguf_exports_and_reloads(tiny_gguf, calib_txt, tm
                        out=str(out), quiet=True, structured=True)
     ids = random_ids(2, 12)
     reloaded, _ = load_model(str(out))
-    assert torch.equal(_logits(reloaded, ids), _logits(report["_model"], ids))
+    assert torch.equal(_logits(reloaded, ids), _logits(report.model, ids))
     assert report["model_source"]["cache"] == "$SECATEUR_CACHE/" + Path(resolve(str(path))[0]).name
 
 
@@ -232,8 +232,8 @@ def test_smollm2_gguf_by_path_prunes_exports_and_reloads(tmp_path, monkeypatch):
     out = tmp_path / "wanda"
     report = api.prune(model=str(path), method="wanda", calib="c4", nsamples=2, seqlen=128, data_dir=str(DATA_DIR),
                        out=str(out), quiet=True)
-    here = api.eval_ppl(report["_model"], "wikitext2", seqlen=128, max_windows=2, data_dir=str(DATA_DIR),
-                        tokenizer=report["_tokenizer"], progress=False)["ppl"]
+    here = api.eval_ppl(report.model, "wikitext2", seqlen=128, max_windows=2, data_dir=str(DATA_DIR),
+                        tokenizer=report.tokenizer, progress=False)["ppl"]
     # the fresh process runs at this one's thread count: a forward's last bits depend on it on some CPUs (MKL's
     # kernels for 1 and 2 threads differ on an AVX-512 Xeon: 92.78517 vs 92.78513 here), unlike masks and weights
     code = ("import sys, json, torch; torch.set_num_threads(int(sys.argv[3])); from secateur import api; "

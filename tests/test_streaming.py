@@ -86,7 +86,7 @@ def test_streamed_prune_equals_the_in_memory_prune(folders, tmp_path, small_shar
     assert rep["options"]["stream"] is True and "stream" not in json.loads((mem / "secateur-report.json").read_text())[
         "options"]
     assert rep["memory_plan"]["total_bytes"] > 0
-    assert isinstance(rep["_model"].secateur_stream, object) and not rep["_model"].secateur_stream.loaded
+    assert isinstance(rep.model.secateur_stream, object) and not rep.model.secateur_stream.loaded
 
 
 def test_one_block_materialized_at_a_time(folders, tmp_path, monkeypatch):

@@ -75,7 +75,7 @@ def _compare(mem: Path, st: Path, rep: dict) -> None:
     assert {k: v for k, v in ra.items() if k not in VOLATILE} == {k: v for k, v in rb.items() if k not in VOLATILE}
     _same_details(ra["details"], rb["details"])
     assert rb["options"]["stream"] is True and rep["memory_plan"]["total_bytes"] > 0
-    assert rep["_model"].secateur_stream.materialized_blocks() == []
+    assert rep.model.secateur_stream.materialized_blocks() == []
 
 
 CASES = {  # id: (family, method, knobs)

@@ -74,7 +74,7 @@ EXPORT_CASES = [("llama", c) for c in COMPS] + [(f, c) for f in FAMILIES[1:] for
 def test_prune_export_reload_identical_logits(family, comp, tiny_dirs, calib_txt, tmp_path):
     out = tmp_path / "out"
     rep = api.prune(options=_opts(tiny_dirs[family], out, "rcpu", comp, calib_txt))
-    model = rep.pop("_model")
+    model = rep.model
     ids = random_ids(2, 12)
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()  # one call, no trust_remote_code needed
     assert torch.equal(logits(loaded, ids), logits(model, ids))
@@ -100,7 +100,7 @@ def test_cli_prune_structured_each_compensation(tiny_dirs, calib_txt, tmp_path, 
         rep = json.loads((out / "secateur-report.json").read_text())
         assert rep["method"] == "wanda-sp" and rep["kind"] == "structured"
         # the same options through the API rebuild the same model: the folder holds exactly that model
-        ref = api.prune(options=_opts(tiny_dirs["llama"], None, "wanda-sp", comp, calib_txt))["_model"]
+        ref = api.prune(options=_opts(tiny_dirs["llama"], None, "wanda-sp", comp, calib_txt)).model
         loaded = AutoModelForCausalLM.from_pretrained(out).eval()
         assert torch.equal(logits(loaded, ids), logits(ref, ids))
     assert "realized sparsity 0.5000" in capsys.readouterr().out

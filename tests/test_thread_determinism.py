@@ -66,7 +66,7 @@ def _run(setup, key: str, threads: int) -> str:
         rep = api.prune(model=model, calib=setup["calib"], quiet=True, **kw)
     finally:
         torch.set_num_threads(n)
-    return _weights_sha(rep["_model"])
+    return _weights_sha(rep.model)
 
 
 # 4 threads on a 2-core machine still makes MKL split its work in 4 (oversubscribed, slower, same question)

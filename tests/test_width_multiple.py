@@ -112,7 +112,7 @@ def test_realized_fraction_is_the_sliced_models(folder, tmp_path, allocation):
     rep = api.prune(model=folder["model"], method="flap", calib=folder["text"], sparsity=0.4, nsamples=4, seqlen=32,
                     quiet=True, allocation=allocation, compensation="none", width_multiple=16,
                     out=str(tmp_path / "o"))
-    d, model = rep["details"], rep["_model"]
+    d, model = rep["details"], rep.model
     adapter = get_adapter(model)
     widths = [layer_shape(adapter, i).intermediate for i in range(adapter.n_layers)]
     assert all(w % 16 == 0 for w in widths) and d["width_multiple"] == 16

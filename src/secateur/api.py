@@ -12,6 +12,8 @@ import contextlib
 import json
 import shlex
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -52,8 +54,29 @@ def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) ->
             "pruned_weights": pruned, "targeted_weights": total, "per_module": per}
 
 
-def prune(**kwargs) -> dict:
-    """Prune a model; return the report (also written to ``out/secateur-report.json`` when ``out`` is set).
+@dataclass(frozen=True)
+class PruneResult(Mapping):
+    """What :func:`prune` returns: the run's ``report`` (plain JSON-able data, as written to
+    ``secateur-report.json``), the pruned ``model`` and its ``tokenizer``. Reads as the report
+    (``result["method"]``, ``dict(result)``), so code that took the report keeps working."""
+
+    report: dict
+    model: torch.nn.Module
+    tokenizer: object
+
+    def __getitem__(self, key: str):
+        return self.report[key]
+
+    def __iter__(self):
+        return iter(self.report)
+
+    def __len__(self) -> int:
+        return len(self.report)
+
+
+def prune(**kwargs) -> PruneResult:
+    """Prune a model; return a :class:`PruneResult` (its report is also written to ``out/secateur-report.json``
+    when ``out`` is set).
 
     ``model``: a name, folder or ``.gguf`` file, or an already loaded model with its ``tokenizer`` (pruned in
     place; its model-file checks are skipped). The method's knobs are plain keywords (``compensation="coec",
@@ -97,7 +120,7 @@ def prune(**kwargs) -> dict:
         return _finish(opts, method, model, tok, result, manifest, timer, ckpt)
 
 
-def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Timer, ckpt) -> dict:
+def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Timer, ckpt) -> PruneResult:
     """The report, ``--eval-ppl``, and the output folder of a pruned in-memory model; the checkpoint removed once
     the output is in place."""
     report = _report(opts, method, model, result, manifest, timer)
@@ -118,11 +141,10 @@ def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Tim
     report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
     if ckpt is not None:  # the output is in place: the checkpoint has served
         ckpt.remove()
-    report["_model"], report["_tokenizer"] = model, tok
-    return report
+    return PruneResult(report, model, tok)
 
 
-def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> dict:
+def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> PruneResult:
     """``prune --stream``: the model built on the meta device, its memory plan printed and checked, then each
     block loaded, pruned, written to ``--out``'s shards and freed (:mod:`secateur.models.streaming`,
     :mod:`secateur.export.shards`; structured methods: two passes, :mod:`secateur.methods.structured_stream`);
@@ -168,8 +190,7 @@ def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: 
         if opts.eval_ppl:
             _eval_streamed_folder(opts, tmp, report, timer)
     report["timings"]["phases"] = timer.phases
-    report["_model"], report["_tokenizer"] = model, tok
-    return report
+    return PruneResult(report, model, tok)
 
 
 def _eval_streamed_folder(opts: PruneOptions, tmp, report: dict, timer: Timer) -> None:

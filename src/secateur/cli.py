@@ -153,8 +153,7 @@ def _cmd_prune(args) -> int:
         opts = api.options_from_recipe(args.recipe, **{k: v for k, v in given.items() if k not in drop})
     else:
         opts = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items() if k not in drop})
-    report = api.prune(options=opts)  # --eval-ppl: measured before the folder is written, so the card has it
-    report.pop("_model"), report.pop("_tokenizer")
+    report = api.prune(options=opts).report  # --eval-ppl: measured before the folder is written, so the card has it
     rs = report["realized_sparsity"]
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
@@ -269,8 +268,7 @@ def _cmd_demo(args) -> int:
     del dense
     report = api.prune(model="smollm2-135m", method="wanda", sparsity=0.5, calib="self", nsamples=args.nsamples,
                        seqlen=args.seqlen, out=args.out, overwrite=True, data_dir=args.data_dir)
-    model = report.pop("_model")
-    report.pop("_tokenizer")
+    model, report = report.model, report.report
     results["wanda-50%"] = ppl(model)
     print(f"\n{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
     print(json.dumps({k: report[k] for k in ("method", "target_sparsity", "calibration")}, indent=1))

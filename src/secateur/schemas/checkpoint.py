@@ -13,12 +13,14 @@ from secateur.schemas import NonNegInt, Open
 
 
 class Fingerprint(Open):
-    """Everything that determines a prune's result (``resume.fingerprint``)."""
+    """Everything that determines a checkpointed run's result: a prune's (``resume.fingerprint``: options, model
+    files, calibration digest, versions) or another run's own keys (the CoCurve sweep of the bench: model, preset,
+    sweep config, tokens); the keys a prune writes are typed when present."""
 
-    options: dict[str, Any]
-    model_files: Any  # [[name, size, mtime_ns], ...] of a local model, or the digest of in-memory weights
+    options: dict[str, Any] | None = None
+    model_files: Any = None  # [[name, size, mtime_ns], ...] of a local model, or the digest of in-memory weights
     calibration_sha256: str | None = None
-    versions: dict[str, Any]
+    versions: dict[str, Any] | None = None
 
 
 class CheckpointManifest(Open):
