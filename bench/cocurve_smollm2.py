@@ -868,6 +868,51 @@ def presets_header(rows_all: list[dict], preset: str) -> str:
             + "; ".join(parts) + ".\n")
 
 
+def _ppl_protocol(p: dict) -> str:
+    """The preset's perplexity protocol in words (``eval.ppl.protocol_id`` names)."""
+    from secateur.eval.ppl import protocol_id
+
+    return f"`{protocol_id(p.get('ppl_seqlen', 2048), p.get('ppl_stride', 512))}`"
+
+
+def medium_section(rows_all: list[dict]) -> list[str]:
+    """The quick page's section on the medium protocol (issue 26): its plan (``--dry-run``, measured here), how far
+    the run is (graph blocks, rows), and where its rows are."""
+    L = ["", "## Medium protocol (issue 26)", ""]
+    plan_file = RESULTS_DIR / "cocurve-smollm2-medium-plan.json"
+    if plan_file.exists():
+        plan = json.loads(plan_file.read_text())
+        rate = plan["measured_dense_forward"]
+        L.append(f"`python bench/cocurve_smollm2.py --preset medium --dry-run` (run by `bench/cocurve_medium.sh`, "
+                 f"{rate['cpu']}, 1 thread, load {rate['load_before']} before): "
+                 f"{plan['ablations']} ablations x {plan['ablation_over_dense_forward']:.3f}; "
+                 f"{plan['cost_dense_forward_tokens']['total'] / 1e6:.2f} M dense forward-tokens; a dense forward "
+                 f"measured at {rate['s_per_token_at_512'] * 1e3:.2f} ms/token (512) and "
+                 f"{rate['s_per_token_at_2048'] * 1e3:.2f} ms/token (2048) on one thread; estimate "
+                 f"{plan['estimate_hours']} h with every stage in one process, "
+                 f"**{plan['estimate_hours_rows_in_2_processes']} h** with the sweep over 2 ranks and the rows in "
+                 f"two lanes (one per rho). Parts (s): {json.dumps(plan['estimate_wall_s'])}.")
+    rows = [r for r in rows_all if r.get("preset") == "medium"]
+    g = graph_path("medium")
+    if g.exists():
+        meta = graph_summary("medium")[0] or {}
+        L.append(f"\nGraph: built, {meta.get('wall_s', 0) / 3600:.2f} h wall over "
+                 f"{meta.get('timings', {}).get('world_size')} ranks (H sha256 in the rows).")
+    else:
+        from secateur.calib.resume import checkpoint_dir
+
+        done = len(list(checkpoint_dir(g).glob("sweep0-block*.pt"))) if checkpoint_dir(g).exists() else 0
+        L.append(f"\nGraph: in progress, {done} of {PRESETS['medium']['n_graph']} blocks of sequences checkpointed "
+                 "(`--resume` continues it bit-identically: `tests/test_cocurve_resume.py`).")
+    if rows:
+        names = ", ".join(sorted({f"{r['method']}@{r['rho']}" for r in rows}))
+        L.append(f"\nRows landed: {len(rows)} ({names}); "
+                 f"the medium page: [{md_path('medium').name}]({md_path('medium').name}).")
+    else:
+        L.append("\nNo medium rows yet; `bench/cocurve_medium.sh` (rerun it after a stop) continues where it stopped.")
+    return L
+
+
 def render() -> None:
     """Every preset with rows -> its page (``md_path``)."""
     rows_all = read_rows(OUT_JSON)
@@ -894,7 +939,7 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
              "full-vocabulary teacher KL on the "
              + ("independent test windows; the held-out windows C' only choose lambda;" if has_test
                 else "held-out windows") + " (mean per token, ± SE over sequences). PPL = "
-             "sliding 2048/512 (`perplexity(..., stride=512)`), "
+             + _ppl_protocol(p) + ", "
              + (f"first {p['ppl_windows']} windows" if p["ppl_windows"] else "every window") + " of each corpus. "
              "Selection cost: CoCurve = ablation sweep (shared by all budgets and by the diagonal control) + "
              "lambda path + held-out KL of every candidate; baselines = statistics pass + scoring.\n")
@@ -1048,6 +1093,7 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
         # the rows' own in-process numbers (2 cores shared by other jobs, load 10-16) are not reported
         L += eff[1:] if eff else ["", "Efficiency: not measured yet in fresh processes "
                                   "(`python bench/efficiency_smollm2.py --measure --models cocurve`)."]
+        L += medium_section(rows_all)
     L.append("")
     md_path(preset).write_text("\n".join(L) + "\n")
     try:
