@@ -129,6 +129,8 @@ def summarize(run_: dict) -> dict:
 
 def write_md(res: dict) -> None:
     lines = ["# COEC per-layer CPU cost (SmolLM2-135M, real statistics)", "",
+             "Command: `python bench/coec_speed.py --tag after` (per tag; this page is rendered from "
+             "`results/coec-speed.json`).", "",
              "Protocol: " + res["protocol"], "",
              "Machine: " + json.dumps(res["machine"]) + "  ", "Versions: " + json.dumps(res["versions"]), "",
              "**Note:** the machine (2 cores) was shared: other long benchmarks ran beside these measurements, "

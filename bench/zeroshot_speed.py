@@ -154,6 +154,8 @@ def render(out: dict) -> str:
     lines = [
         "# Zero-shot scorer speed vs lm-eval (SmolLM2-135M, CPU)",
         "",
+        f"Command: `python bench/zeroshot_speed.py --limit {out['protocol']['limit']}`.",
+        "",
         f"Same requests for both: the first {p['limit']} documents of each task ({', '.join(p['tasks'])}), "
         f"0-shot, harness prompts from the local data. Ours: packed (one forward per document, "
         f"{p['our_batch_size_documents']} documents per forward, lm_head on scored positions only). "
