@@ -147,13 +147,14 @@ def test_an_ordinary_prune_too_big_for_memory_names_stream(folders, tmp_path, mo
 
 def test_memory_plan_fits_its_formula(folders):
     """The plan's activation term is the formula it prints, and the totals add up."""
+    from secateur.methods.registry import METHODS
     from secateur.models.adapters import get_adapter
     from secateur.models.memory import prune_plan, shape_of
     from secateur.models.streaming import open_streamed
 
     s = open_streamed(folders["llama"])
     shape = shape_of(s.model, get_adapter(s.model), s)
-    plan = prune_plan(shape, "wanda", nsamples=8, seqlen=512, chunk=8)
+    plan = prune_plan(shape, METHODS["wanda"].memory, True, nsamples=8, seqlen=512, chunk=8)
     assert plan.terms["activations"][0] == 8 * 512 * (3 * 32 + 64) * 4
     assert plan.total == sum(b for b, _ in plan.terms.values())
     params = sum(p.numel() for n, p in s.model.named_parameters() if n.startswith("model.layers.0."))

@@ -167,7 +167,7 @@ def test_memory_plan_and_refusal(folders, tmp_path, monkeypatch, capsys):
 
 
 def test_memory_plan_terms(folders):
-    from secateur.methods.structured import StructuredConfig
+    from secateur.compensate import solver_matrices
     from secateur.models.adapters import get_adapter
     from secateur.models.memory import shape_of, structured_prune_plan
     from secateur.models.streaming import open_streamed
@@ -176,11 +176,11 @@ def test_memory_plan_terms(folders):
     shape = shape_of(s.model, get_adapter(s.model), s)
     d, f, a = shape.hidden, shape.ffn, shape.attn
     # coec: 4 solver matrices + the eigh workspace (about 2 n^2), k = 6
-    plan = structured_prune_plan(shape, StructuredConfig(score="rcpu", compensation="coec"), 8, 64, 4)
+    plan = structured_prune_plan(shape, 8, 64, 4, score_stats=True, solver=("coec", solver_matrices("coec")))
     assert plan.terms["grams"][0] == 8 * (a * a + f * f) + 8 * d * (a + f) + 6 * 8 * max(a, f) ** 2
     assert plan.terms["activations"][0] == 8 * 64 * (3 * d + f) * 4
     assert plan.total == sum(b for b, _ in plan.terms.values())
-    none = structured_prune_plan(shape, StructuredConfig(score="magnitude", compensation="none"), 0, 64, 4)
+    none = structured_prune_plan(shape, 0, 64, 4, score_stats=False, solver=None)
     assert "grams" not in none.terms and "activations" not in none.terms
 
 

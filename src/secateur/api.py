@@ -208,14 +208,19 @@ def _eval_streamed_folder(opts: PruneOptions, tmp, report: dict, timer: Timer) -
 
 def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter):
     """``(shape, plan, available)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
+    from secateur.compensate import solver_matrices
+    from secateur.methods.structured import selection_kinds
     from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
 
     shape = shape_of(stream.model, adapter, stream)
-    if method.kind == "structured":
-        plan = structured_prune_plan(shape, method.config(opts), opts.nsamples if needs_calibration else 0,
-                                     opts.seqlen, opts.chunk_size)
+    if method.kind == "structured":  # the terms each stage declares: the score's statistics, the solver's matrices
+        cfg = method.config(opts)
+        solver = None if cfg.compensation == "none" else (cfg.compensation, solver_matrices(cfg.compensation))
+        plan = structured_prune_plan(shape, opts.nsamples if needs_calibration else 0, opts.seqlen,
+                                     opts.chunk_size, bool(selection_kinds(cfg)), solver)
     else:
-        plan = prune_plan(shape, opts.method, opts.nsamples, opts.seqlen, opts.chunk_size, opts.mode)
+        plan = prune_plan(shape, method.memory, needs_calibration, opts.nsamples, opts.seqlen, opts.chunk_size,
+                          opts.mode)
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)
     plan.check(available)
@@ -357,7 +362,7 @@ def _check_whole_memory(opts: PruneOptions, cfg: dict, needs_calibration: bool) 
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return
     elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
-    plan = whole_prune_plan(folder, cfg, elem, opts.method if needs_calibration else "magnitude", opts.nsamples,
+    plan = whole_prune_plan(folder, cfg, elem, needs_calibration, opts.nsamples,
                             opts.seqlen)
     try:
         plan.check()

@@ -20,7 +20,7 @@ from secateur.errors import SecateurError, check_fraction
 from secateur.export.card import RECIPE_SCHEMA, read_recipe
 from secateur.export.folder import check_output_dir, model_paths
 from secateur.methods.knobs import MethodOptions, flag_of
-from secateur.methods.registry import METHODS, method_options, resolve
+from secateur.methods.registry import STREAMABLE, method_options, resolve
 from secateur.methods.structured_stream import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
@@ -206,9 +206,6 @@ class PruneOptions:
                                 "whole model per token); pass --calib c4, wikitext2, ptb or a .txt file")
 
 
-# methods whose every step visits one block at a time: unstructured ones prune each block as it is visited,
-# structured ones stream twice (statistics and scores, then compensate-slice-write: secateur.methods.structured_stream)
-STREAMABLE = ("magnitude", "wanda", "sparsegpt") + tuple(n for n, m in METHODS.items() if m.stream is not None)
 STREAM_REFUSED = REFUSED  # method -> why it is not streamed
 _COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
 # the CLI flag of each common field (``secateur prune``); _ALWAYS are written into every command line
@@ -258,6 +255,9 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
     schema, fix = recipe_schema(common, all_options(), RECIPE_CHECKS)
     # every value of the file by its type: one line naming the key, never a TypeError (``1e-3`` read as a number)
     data = parse(schema, data, name, fix).model_dump(exclude_unset=True)
+    if data.get("model") is None and overrides.get("model") is None:  # the default model is not the recipe's
+        raise SecateurError(f"{name}: model: missing; a recipe names the model it replays (model: <Hub id or "
+                            "folder>, as secateur writes it), or pass --model")
     check = data.get("check") or {}
     values = {k: v for k, v in data.items() if k not in _RECIPE_META}
     values |= {k: v for k, v in overrides.items()}

@@ -53,6 +53,24 @@ COMPENSATORS: dict[str, Compensator] = {
 }
 
 
+#: the float64 n x n matrices (n: the widest compensated input) each structured ``--compensation`` holds at once,
+#: the solver term of the streamed memory plan (:func:`secateur.models.memory.structured_prune_plan`):
+#: coec: four matrices + LAPACK's eigh workspace (syevd: 1 + 6n + 2n^2 doubles), measured at 7B widths
+#: (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj); ls: G_xx + ridge,
+#: its symmetrized copy and Cholesky factor, and the error diagnostic (W0 C, W0 and C_KK, base.ReconError): a plan
+#: with 2 fell 1.54 GiB short at 7B widths; rcpu, corp: the Gram and one product; none, bias: none.
+SOLVER_MATRICES: dict[str, int] = {"none": 0, "bias": 0, "ls": 4, "rcpu": 2, "corp": 2, "coec": 6}
+
+
+def solver_matrices(compensation: str) -> int:
+    """:data:`SOLVER_MATRICES` of a structured ``--compensation`` (an unknown one is an error, never a guess)."""
+    try:
+        return SOLVER_MATRICES[compensation]
+    except KeyError:
+        raise SecateurError(f"no memory term for compensation {compensation!r}; declare it in "
+                            "secateur.compensate.SOLVER_MATRICES") from None
+
+
 def compensate(method: str, w0: torch.Tensor, stats: InputStats | Gram, kept: torch.Tensor | Sequence[int], *,
                bias: torch.Tensor | None = None, **options: Any) -> Compensation:
     """Run the compensator registered as ``method`` (see the table above)."""
@@ -64,7 +82,8 @@ def compensate(method: str, w0: torch.Tensor, stats: InputStats | Gram, kept: to
 
 
 __all__ = [
-    "COMPENSATORS", "compensate", "Compensation", "Compensator", "InputStats", "recon_error",
+    "COMPENSATORS", "SOLVER_MATRICES", "solver_matrices", "compensate", "Compensation", "Compensator",
+    "InputStats", "recon_error",
     "relative_recon_error", "slice_only", "flap_bias", "ls_refit", "rcpu", "coec", "COECOptions",
     "ValueProjection", "coec_ablation_options", "corp_mlp", "corp_qk_layer",
 ]

@@ -38,6 +38,10 @@ class Method:
     # stream(model, adapter, calib_ids, opts, open_writer): the block-streamed runner of a structured method
     # (``--stream``; secateur.methods.structured_stream), None: not streamed this way
     stream: Callable[..., MethodResult] | None = None
+    # block-streamed by the calibration engine itself (``--stream`` of an unstructured method: each block pruned
+    # as it is visited); ``memory(shape) -> (bytes, formula)``: its statistics term in the streamed memory plan
+    engine_streamed: bool = False
+    memory: Callable[[Any], tuple[int, str]] | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -50,7 +54,8 @@ def register(method: Method) -> Method:
 
 def _unstructured(name: str, help_: str) -> Method:
     return Method(name, "unstructured", name != "magnitude", partial(unstructured.run, name), help_,
-                  unstructured.UnstructuredOptions, partial(unstructured.unstructured_config, name))
+                  unstructured.UnstructuredOptions, partial(unstructured.unstructured_config, name),
+                  engine_streamed=True, memory=unstructured.MEMORY[name])
 
 
 register(_unstructured("magnitude", "|W| per layer (no data)"))
@@ -97,6 +102,9 @@ register(_structured("random", "structured: seeded uniform random units (--seed)
 register(_structured("shortgpt", "structured: remove whole blocks of lowest block influence (Men et al. 2024)"))
 register(_structured("corp", "structured: CORP MLP channel score E[h^2] ||W2_:,i||; native compensation: corp"))
 
+
+#: methods ``--stream`` runs: the engine-streamed unstructured ones and the structured ones with a streamed runner
+STREAMABLE = tuple(n for n, m in METHODS.items() if m.engine_streamed or m.stream is not None)
 
 # --- names and options -----------------------------------------------------------------------------------
 

@@ -220,3 +220,20 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
     res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk, device=opts.device,
                              progress=not opts.quiet)
     return MethodResult(masks=res.masks, timings=res.timings)
+
+
+# --- memory (the streamed prune's plan, secateur.models.memory: this module declares its statistics term) --------
+
+def wanda_memory(s) -> tuple[int, str]:
+    """Wanda's statistics while one block is visited: float64 squared norms of every projection input."""
+    return 8 * (2 * s.hidden + s.attn + s.ffn), "8 (2 d + d_att + F)"
+
+
+def sparsegpt_memory(s) -> tuple[int, str]:
+    """SparseGPT's: the block's four float64 Grams, and its OBS solver on the widest input."""
+    d, a, f = s.hidden, s.attn, s.ffn
+    return (8 * (2 * d * d + a * a + f * f) + 8 * (4 * f * f + 2 * d * f),
+            "float64 Grams 8 (2 d^2 + d_att^2 + F^2) + OBS solver 8 (4 F^2 + 2 d F)")
+
+
+MEMORY = {"magnitude": None, "wanda": wanda_memory, "sparsegpt": sparsegpt_memory}

@@ -13,8 +13,8 @@ A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``)
   + workspace    one chunk of c windows on the device: c T (3 F + 4 d) b (gate, up, their product, norms,
                  attention in/out) + c H T^2 b (attention scores if SDPA falls back to its math kernel)
                  + c T max(d, F) 8 (a float64 statistics update)
-  + statistics   wanda: 8 (2 d + d_att + F); sparsegpt: the block's four float64 Grams 8 (2 d^2 + d_att^2 + F^2)
-                 + the OBS solver on the widest input: 8 (4 F^2 + 2 d F)
+  + statistics   the method's own term, declared by the method (``Method.memory``: wanda 8 (2 d + d_att + F);
+                 sparsegpt the block's four float64 Grams + its OBS solver on the widest input)
   + masks        every pruned weight's mask bit-packed (P / 8 bytes) + one block's boolean masks
 
 A streamed structured prune (:mod:`secateur.methods.structured_stream`: two passes, one block at a time) holds
@@ -24,8 +24,8 @@ resident + block + activations + workspace as above (without calibration data: n
                  scores that read them) + the unit scores 8 L (H + F)
   + grams        with --compensation: one block's float64 Grams 8 (d_att^2 + F^2) (o_proj and down_proj inputs)
                  + its compensated projections 8 d (d_att + F) + the solver on the widest input
-                 k 8 max(d_att, F)^2 (k = 6 for coec: four matrices, its tempered copy C^alpha one of them, and
-                 LAPACK's eigh workspace of about 2 n^2; 2 for ls, rcpu, corp; 0 for bias)
+                 k 8 max(d_att, F)^2, k the solver matrices the compensator declares
+                 (``secateur.compensate.SOLVER_MATRICES``)
 
 and a streamed evaluation: resident + block + 2 W T d b (every window's hidden states, the block's inputs and
 outputs) + T (3 F + 4 d) b + H T^2 b (one window through a block) + 2 x 512 x V x 4 (float32 logits of one
@@ -33,11 +33,15 @@ scoring chunk and its softmax).
 
 An ordinary prune of a local folder by a streamable method is checked too (:func:`whole_prune_plan`: every weight + the
 activations), silently when it fits; when it does not, the refusal names ``--stream``.
+
+This module keeps the arithmetic and names no method or compensator: a method declares its statistics term and
+whether it reads activations, a compensator its solver matrices, and the caller hands them in.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,39 +138,35 @@ _RESIDENT = "embeddings + final norm + head"
 _RESIDENT_NO_HEAD = "embeddings + final norm; the untied head is copied file to file, never held"
 
 
-def prune_plan(s: Shape, method: str, nsamples: int, seqlen: int, chunk: int, mode: str = "sequential"
-               ) -> MemoryPlan:
-    """The streamed prune's plan (see the module docstring for every term)."""
-    d, f, a, b, n, t = s.hidden, s.ffn, s.attn, s.elem, nsamples, seqlen
+#: a method's statistics term: its bytes and formula, a function of the model's :class:`Shape`
+StatsTerm = Callable[["Shape"], tuple[int, str]]
+
+
+def prune_plan(s: Shape, statistics: StatsTerm | None, activations: bool, nsamples: int, seqlen: int, chunk: int,
+               mode: str = "sequential") -> MemoryPlan:
+    """The streamed prune's plan (module docstring): ``activations``: whether the method reads the calibration
+    activations; ``statistics``: its own statistics term (``Method.memory``), None when it keeps none."""
+    d, f, b, n, t = s.hidden, s.ffn, s.elem, nsamples, seqlen
     c = min(chunk, n)
     p = MemoryPlan("streamed prune")
     p.add("resident", s.resident - s.head, _RESIDENT if not s.head else _RESIDENT_NO_HEAD)
     p.add("block", s.block + s.read, "one decoder block + its largest tensor as read")
-    if method != "magnitude":
+    if activations:
         k = 4 if mode == "dense-block" else 3
         p.add("activations", n * t * (k * d + f) * b, f"N {n} x T {t} x ({k} x d {d} + F {f}) x {b} B")
         p.add("workspace", c * t * (3 * f + 4 * d) * b + c * s.heads * t * t * b + c * t * max(d, f) * 8,
               f"c {c} x T {t} x ((3 F + 4 d) x {b} + H {s.heads} x T x {b} + max(d, F) x 8)")
-    if method == "sparsegpt":
-        p.add("statistics", 8 * (2 * d * d + a * a + f * f) + 8 * (4 * f * f + 2 * d * f),
-              "float64 Grams 8 (2 d^2 + d_att^2 + F^2) + OBS solver 8 (4 F^2 + 2 d F)")
-    elif method == "wanda":
-        p.add("statistics", 8 * (2 * d + a + f), "8 (2 d + d_att + F)")
+    if statistics is not None:
+        p.add("statistics", *statistics(s))
     p.add("masks", s.prunable // 8 + s.prunable // s.layers, f"P {s.prunable} / 8 + P / L {s.layers}")
     return p
 
 
-#: solver matrices of the widest input a compensator holds at once (the structured plan's ``grams`` term)
-# coec: 4 matrices + the eigh's LAPACK workspace (syevd: 1 + 6n + 2n^2 doubles), measured at 7B widths
-# (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj)
-# ls: G_xx + ridge, its symmetrized copy and Cholesky factor, and the error diagnostic (W0 C, W0 and C_KK in
-# float64, compensate.base.ReconError): a plan with 2 fell 1.54 GiB short at 7B widths (results/scale.md)
-_SOLVER_MATS = {"none": 0, "bias": 0, "ls": 4, "rcpu": 2, "corp": 2, "coec": 6}
-
-
-def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int) -> MemoryPlan:
-    """The streamed structured prune's plan (module docstring); ``cfg``: its
-    :class:`~secateur.methods.structured.StructuredConfig`, ``nsamples`` 0 without calibration data."""
+def structured_prune_plan(s: Shape, nsamples: int, seqlen: int, chunk: int, score_stats: bool,
+                          solver: tuple[str, int] | None) -> MemoryPlan:
+    """The streamed structured prune's plan (module docstring); ``nsamples`` 0 without calibration data;
+    ``score_stats``: the selection score reads the per-channel statistics; ``solver``: (compensation, the solver
+    matrices its compensator declares), None without compensation."""
     d, f, a, b, n, t, L = s.hidden, s.ffn, s.attn, s.elem, nsamples, seqlen, s.layers
     c = min(chunk, n)
     p = MemoryPlan("streamed structured prune")
@@ -176,12 +176,12 @@ def structured_prune_plan(s: Shape, cfg, nsamples: int, seqlen: int, chunk: int)
         p.add("activations", n * t * (3 * d + f) * b, f"N {n} x T {t} x (3 x d {d} + F {f}) x {b} B")
         p.add("workspace", c * t * (3 * f + 4 * d) * b + c * s.heads * t * t * b + c * t * max(d, f) * 8,
               f"c {c} x T {t} x ((3 F + 4 d) x {b} + H {s.heads} x T x {b} + max(d, F) x 8)")
-    sel = 24 * L * (a + f) if cfg.score in ("wanda_sp", "flap", "rcpu", "corp") else 0
+    sel = 24 * L * (a + f) if score_stats else 0
     p.add("statistics", sel + 8 * L * (s.heads + f), f"{'24 L (d_att + F) + ' if sel else ''}8 L {L} (H + F)")
-    k = _SOLVER_MATS.get(cfg.compensation, 6)
-    if cfg.compensation != "none":
+    if solver is not None:
+        name, k = solver
         p.add("grams", 8 * (a * a + f * f) + 8 * d * (a + f) + k * 8 * max(a, f) ** 2,
-              f"8 (d_att^2 {a}^2 + F^2 {f}^2) + 8 d (d_att + F) + {k} x 8 max(d_att, F)^2 ({cfg.compensation})")
+              f"8 (d_att^2 {a}^2 + F^2 {f}^2) + 8 d (d_att + F) + {k} x 8 max(d_att, F)^2 ({name})")
     return p
 
 
@@ -220,7 +220,8 @@ def shape_of(model, adapter, stream) -> Shape:
                  layers=adapter.n_layers, prunable=prunable, elem=elem)
 
 
-def whole_prune_plan(folder: str | Path, cfg: dict, elem: int, method: str, nsamples: int, seqlen: int) -> MemoryPlan:
+def whole_prune_plan(folder: str | Path, cfg: dict, elem: int, activations: bool, nsamples: int, seqlen: int
+                     ) -> MemoryPlan:
     """An ordinary (not streamed) unstructured prune: every weight in memory (read from the safetensors headers,
     in the run's dtype) + the activations of :func:`prune_plan`; its fix names ``--stream``."""
     from secateur.models.streaming import LazyWeights
@@ -231,7 +232,7 @@ def whole_prune_plan(folder: str | Path, cfg: dict, elem: int, method: str, nsam
     f = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or 4 * d)
     p = MemoryPlan("prune", fix="pass --stream (one decoder block in memory at a time), or use fewer --nsamples")
     p.add("weights", n * elem, f"{n} parameters x {elem} B")
-    if method != "magnitude":
+    if activations:
         p.add("activations", nsamples * seqlen * (3 * d + f) * elem,
               f"N {nsamples} x T {seqlen} x (3 x d {d} + F {f}) x {elem} B")
     return p
