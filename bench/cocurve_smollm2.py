@@ -632,7 +632,7 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     from secateur.data.windows import token_sha256
     from secateur.eval.efficiency import count_params
     from secateur.methods.cocurve import cocurve_inventory
-    from secateur.methods.compensation import compensate_selection
+    from secateur.methods.materialize import compensate_selection
     from secateur.methods.structured import StructuredConfig, prune_structured
     from secateur.models.adapters import get_adapter
     from secateur.runinfo import machine, versions
@@ -1027,7 +1027,7 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
         L.append("\n## CoCurve selection + COEC compensation vs each alone\n")
         L.append("`X+coec`: the mask of row X above (CoCurve: its saved mask; Wanda-sp: recomputed, sha256 checked), "
                  f"then COEC with the paper's defaults (alpha 0.9, GCV, reduced Stiefel, alignment on o_proj, <= "
-                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.methods.compensation.compensate_selection`, "
+                 f"{COEC_OPTS['max_rounds']} rounds, tol 1e-4; `secateur.methods.materialize.compensate_selection`, "
                  "slice-only fallback where COEC would raise the calibration error) on every o_proj/down_proj that "
                  "lost columns. `coec`: COEC's own pipeline (RCPU score, KV groups + single MLP channels, uniform "
                  "ceil allocation per layer, **no layer guard**; `prune_structured(score='rcpu', "

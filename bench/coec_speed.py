@@ -6,7 +6,7 @@ Problem: the cached structured-pruning statistics ``bench/_work/structured-stats
 ``||W0[:, j]||^2 C_jj`` (stable sort, kept indices ascending); ``o_proj`` keeps 2 of the 3 KV groups (6 of 9
 query heads, 67%) with the lowest summed score removed - the granularity the structured pruner uses.
 
-Stages are timed the way :func:`secateur.methods.compensation.compensate_selection` calls COEC: the
+Stages are timed the way :func:`secateur.methods.materialize.compensate_selection` calls COEC: the
 tempered Gram ``C^0.9`` once per (layer, group) (``tempering``), then ``coec(..., alpha=1)`` on it,
 whose ``diagnostics['timings']`` split the call into ``setup`` (slicing, G_xx eigendecomposition,
 alignment), ``init`` (left rotation + GCV) and each alternation round (right solve, then rescale / left

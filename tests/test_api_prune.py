@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from secateur import api
 from secateur.cli import build_parser
 from secateur.errors import SecateurError
-from secateur.methods.compensation import COMPENSATIONS
+from secateur.methods.materialize import COMPENSATIONS
 from secateur.methods.registry import METHODS, all_options
 from secateur.methods.structured import STRUCTURED_ALLOCATIONS, StructuredOptions
 from secateur.models.loading import load_model

@@ -15,7 +15,7 @@ from secateur.budgets.select import select_units
 from secateur.calib.collect import collect_stats
 from secateur.errors import SecateurError
 from secateur.export.sliced import save_pruned
-from secateur.methods.compensation import COMPENSATIONS, CompensationConfig, compensate_selection
+from secateur.methods.materialize import COMPENSATIONS, CompensationConfig, compensate_selection
 from secateur.methods.structured import StructuredConfig, prune_structured, stat_kinds
 from secateur.models import hetero
 from secateur.models.adapters import get_adapter

@@ -1,5 +1,5 @@
 """Issue 16: the statistics of a compensated structured run do not grow with depth. The Grams are taken one block
-at a time in a second dense pass (:class:`secateur.methods.compensation.BlockCompensation`) and the weights are
+at a time in a second dense pass (:class:`secateur.methods.materialize.BlockCompensation`) and the weights are
 bit for bit those of compensating from every layer's Grams kept at once (the code path before, still used when
 statistics that hold every Gram are passed in)."""
 
@@ -15,7 +15,7 @@ from secateur.calib import engine
 from secateur.calib.collect import collect_stats
 from secateur.calib.stats import Gram
 from secateur.compensate import COECOptions
-from secateur.methods.compensation import MEMORY_FORMULA, materialize_selection
+from secateur.methods.materialize import MEMORY_FORMULA, materialize_selection
 from secateur.methods.structured import StructuredConfig, prune_structured, stat_kinds
 from secateur.models.adapters import get_adapter
 from secateur.testing import random_ids, tiny_model

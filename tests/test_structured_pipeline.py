@@ -14,7 +14,7 @@ from secateur.calib.collect import collect_stats
 from secateur.cli import main
 from secateur.compensate import COECOptions, InputStats, relative_recon_error
 from secateur.errors import SecateurError
-from secateur.methods.compensation import COMPENSATIONS
+from secateur.methods.materialize import COMPENSATIONS
 from secateur.methods.structured import (
     NATIVE,
     StructuredConfig,
@@ -312,7 +312,7 @@ def test_cached_tempering_equals_plain_coec():
     """The runner tempers C once per projection and runs COEC with alpha = 1 on C^alpha: same weights."""
     from secateur.budgets.select import select_units
     from secateur.compensate import compensate
-    from secateur.methods.compensation import compensate_selection
+    from secateur.methods.materialize import compensate_selection
 
     m = tiny_model("llama", layers=1)
     a = get_adapter(m)

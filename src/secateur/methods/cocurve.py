@@ -17,7 +17,7 @@ of the calibration set are the disjoint held-out split C', the others build ``H`
 ``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``, ``--top-r``,
 ``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
 after the selection on the dense Grams of the graph windows, then the model is sliced
-(:func:`secateur.methods.compensation.materialize_selection`). The output folder gets
+(:func:`secateur.methods.materialize.materialize_selection`). The output folder gets
 ``cocurve_graph.npz`` (H, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its lambda and
 every candidate) and ``secateur_selection.json``; their sha256 are in the report.
 """
@@ -39,13 +39,13 @@ from secateur.budgets.greedy import DEFAULT_LAMBDAS, lambda_path
 from secateur.budgets.heldout import HeldoutKL, select_heldout
 from secateur.data.windows import token_sha256
 from secateur.errors import SecateurError
-from secateur.methods.compensation import (
+from secateur.methods.knobs import knob
+from secateur.methods.materialize import (
     CompensationConfig,
     CompensationOptions,
     compensation_details,
     materialize_selection,
 )
-from secateur.methods.knobs import knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256

@@ -13,7 +13,7 @@ time) -> physical slicing::
    selection never depends on the compensator), kept for every layer (global allocation reads them; 24 d bytes
    per layer and group). The uncentered ``gram`` ``C = E[x x^T]`` (with the mean) a compensator reads is taken
    in the compensation stage, one block at a time (memory formula:
-   :mod:`secateur.methods.compensation`), unless the statistics passed in hold every layer's. ShortGPT adds one
+   :mod:`secateur.methods.materialize`), unless the statistics passed in hold every layer's. ShortGPT adds one
    dense pass for the block influence (:func:`add_block_influence`). Structured selection from a dense pass does
    not depend on the sparsity, so one :class:`~secateur.calib.collect.StructuredStats` of :func:`stat_kinds`
    serves every sparsity and compensator (the benchmarks cache it).
@@ -22,7 +22,7 @@ time) -> physical slicing::
    ``channel`` (MLP), ``uniform`` allocation (keep ``ceil((1 - rho) n)`` per layer and kind, COEC Sec. 1)
    or ``flap-global`` (FLAP AL-AM). Scores: ``wanda_sp`` (COEC's L2 form), ``flap`` (WIFV), ``rcpu``,
    ``magnitude`` (mag-sp), ``random`` (seeded), ``shortgpt`` (whole blocks), ``corp`` (MLP channels).
-3. **Compensation and materialization** (:func:`secateur.methods.compensation.materialize_selection`, shared
+3. **Compensation and materialization** (:func:`secateur.methods.materialize.materialize_selection`, shared
    with CoCurve): every ``o_proj`` / ``down_proj`` that lost columns is repaired from the dense weight and the
    dense statistics, then the units are sliced out.
 
@@ -46,13 +46,13 @@ from torch import nn
 
 from secateur.calib.collect import SCORE_STATS, StructuredStats, block_influence, collect_stats
 from secateur.errors import SecateurError, check_fraction
-from secateur.methods.compensation import (
+from secateur.methods.knobs import knob
+from secateur.methods.materialize import (
     CompensationConfig,
     CompensationOptions,
     compensation_details,
     materialize_selection,
 )
-from secateur.methods.knobs import knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 

@@ -11,7 +11,7 @@
    shapes are known now. Every kept block is sliced on a meta copy to learn its tensors (uneven widths, the bias
    a compensator may add: an optional tensor of the shard plan, :class:`secateur.export.shards.Spec`), and the
    caller's ``open_writer(specs)`` plans the shards.
-3. **Compensate, slice, write**: the per-block Gram pass (:class:`secateur.methods.compensation.BlockCompensation`,
+3. **Compensate, slice, write**: the per-block Gram pass (:class:`secateur.methods.materialize.BlockCompensation`,
    dense walk) loads each block, compensates its projections when its forward is done, slices it and hands it
    to the writer as it is released; blocks past the last compensated one (and every block without compensation)
    are loaded, sliced and written without a forward. ShortGPT's removed blocks are never loaded again and the
@@ -36,7 +36,7 @@ from secateur.calib.collect import GROUP_ROLE, StructuredStats, block_influence,
 from secateur.calib.engine import BlockContext, block_scope
 from secateur.errors import SecateurError
 from secateur.export.shards import Spec
-from secateur.methods.compensation import BlockCompensation, statistics_memory
+from secateur.methods.materialize import BlockCompensation, statistics_memory
 from secateur.methods.result import MethodResult
 from secateur.methods.structured import (
     STRUCTURED_ALLOCATIONS,

@@ -1,4 +1,5 @@
-"""The compensation stage of every structured method, and its options (shared by the score-based selections of
+"""Materialize a structured selection: the stage that applies it (compensate, then slice), and its options
+(shared by the score-based selections of
 :mod:`secateur.methods.structured` and CoCurve's, :mod:`secateur.methods.cocurve`).
 
 Compensation of every ``o_proj`` / ``down_proj`` that lost columns, from the dense weight ``W0`` and the dense
