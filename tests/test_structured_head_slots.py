@@ -215,7 +215,7 @@ def test_qwen25_05b_geometry_realizes_close_to_twenty_percent():
 def test_refusals():
     with pytest.raises(SecateurError, match="MHA.*use head units"):
         inventory(get_adapter(tiny_model("opt")), ("head_slot",))
-    with pytest.raises(SecateurError, match="one attention unit"):
+    with pytest.raises(SecateurError, match="names two attention units"):
         StructuredConfig(score="wanda_sp", units=("kv_group", "head_slot")).validate()
     with pytest.raises(SecateurError, match="corp ranks MLP channels only"):
         StructuredConfig(score="corp", units=("head_slot", "channel"), compensation="corp").validate()
