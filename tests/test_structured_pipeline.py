@@ -271,7 +271,7 @@ def test_eval_efficiency_cli(tiny_dirs, calib_txt, tmp_path, capsys):
     (["--structured", "--method", "shortgpt", "--compensation", "coec"], "no kept columns"),
     (["--structured", "--method", "wanda", "--allocation", "flap-global"], "use it with --method flap"),
     (["--structured", "--method", "rcpu", "--units", "kv_group,bogus"], "--units"),
-    (["--structured", "--method", "rcpu", "--units", "kv_group,head"], "one attention unit"),
+    (["--structured", "--method", "rcpu", "--units", "kv_group,head"], "names two attention units"),
     (["--structured", "--method", "corp", "--units", "kv_group,channel"], "MLP channels only"),
     (["--structured", "--method", "rcpu", "--pattern", "2:4"], "no --pattern"),
     (["--structured", "--method", "rcpu", "--compensation", "coec", "--coec-alpha", "1.5"], "alpha"),
