@@ -202,6 +202,22 @@ def _txt(name: str, content: str | bytes | None):
     return lambda ws: ws.text(name, content)
 
 
+def _recipe(*lines: str):
+    """A hand-written recipe of the tiny model with ``lines`` (``key: value``) added."""
+    return lambda ws: ws.text("recipe.yaml", "\n".join(["secateur_recipe: 1", f"model: {ws.model()}",
+                                                        "method: wanda", *lines]) + "\n")
+
+
+def _task_dir(name: str, content: str):
+    """A zero-shot data folder whose ``zeroshot/<name>`` holds ``content``."""
+    def build(ws: Workspace) -> str:
+        d = Path(ws.text("data", None)) / "zeroshot"
+        d.mkdir()
+        (d / name).write_text(content)
+        return str(d.parent)
+    return build
+
+
 LATIN1 = "caf\u00e9 cr\u00e8me ".encode("latin-1") * 30
 BINARY = bytes(range(256)) * 4
 NUL_TEXT = ("abc\x00def " * 50).encode()
@@ -345,4 +361,15 @@ CASES: list[Case] = [
          r"--stream cannot sample calibration text from the model \(--calib self .*\); pass --calib c4"),
     Case("eval-json-under-a-file", ppl(lambda ws: ws.model(), "--json", lambda ws: ws.text("f2", "x") + "/p.json"), 2,
          r"cannot write \S+: \S+f2 is not a folder"),
+    # --- files secateur reads back (tests/test_fuzz_files.py generates many more) -----------------------------------
+    Case("recipe-sparsity-not-a-number", _cmd("prune", "--recipe", _recipe("sparsity: abc"), "--out",
+                                              lambda ws: ws.out), 2,
+         r"recipe \S+recipe\.yaml: sparsity: input should be a valid number \(got 'abc'\); write the fraction of "
+         r"weights to remove as a number, e.g\. 0\.5"),
+    Case("recipe-digest-decimal-digits", _cmd("prune", "--recipe", _recipe("check:", "  model_sha256: " + "1" * 64),
+                                              "--out", lambda ws: ws.out), 2,
+         r"recipe \S+recipe\.yaml: check\.model_sha256: a number, not a digest .*; quote it: 64 hex digits"),
+    Case("zeroshot-empty-task-file", _cmd("eval", "zeroshot", "--model", lambda ws: ws.model(), "--tasks", "arc_easy",
+                                          "--data-dir", _task_dir("arc_easy.jsonl", ""), "--quiet"), 2,
+         r"arc_easy\.jsonl: no documents in the zero-shot task arc_easy; restore the file"),
 ]

@@ -96,7 +96,8 @@ def _old_fingerprint(path: Path) -> dict:
     data, _ = _read_manifest(path)
     fix = f"remove the checkpoint folder {path}, or drop --resume to start over"
     try:
-        return parse(CheckpointManifest, data, str(path / MANIFEST), fix).model_dump()["fingerprint"]
+        parse(CheckpointManifest, data, str(path / MANIFEST), fix)
+        return data["fingerprint"]
     except SecateurError as e:
         raise CheckpointError(str(e)) from None
 

@@ -51,8 +51,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from secateur.errors import SecateurError
+from secateur.schemas.tasks import BoolQLine, PiqaLine, QueryLine, WinograndeLine
+
+M = TypeVar("M")
 
 SUITE7 = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 TARGET_DELIMITER = " "
@@ -86,38 +90,104 @@ class TaskSpec:
 # ---------------------------------------------------------------- readers -> harness schema
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        raise SecateurError(f"missing zero-shot data file {path}")
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+DATA_FIX = ("restore the file from its source (the README beside it says which), or pass --data-dir to a folder laid "
+            "out like ../shared/data")
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _data_file(path: Path) -> Path:
+    """``path``, a regular file, or one line saying what is missing."""
+    if not path.is_file():
+        detail = " (it is not a regular file)" if path.exists() else ""
+        raise SecateurError(f"missing zero-shot data file {path}{detail}; {DATA_FIX}")
+    return path
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every non-blank line of a UTF-8 text file."""
+    data = _data_file(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise SecateurError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); {DATA_FIX}") from None
+    return [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+def _jsonl(path: Path, schema: type[M]) -> list[tuple[int, M]]:
+    """Every line of a JSONL task file as ``(line number, validated row)``: a line that is not a JSON object of
+    the task's format is one error naming the file, the line and the key."""
+    from secateur.schemas import parse
+
+    out = []
+    for n, line in _lines(path):
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            what = f"not valid JSON ({e.msg}, column {e.colno})" if isinstance(e, json.JSONDecodeError) \
+                else "not valid JSON"
+            raise SecateurError(f"{path}:{n}: {what}; {DATA_FIX}") from None
+        if not isinstance(row, dict):
+            raise SecateurError(f"{path}:{n}: a JSON {_JSON_TYPES.get(type(row), 'value')}, not an object of the "
+                                f"task's keys; {DATA_FIX}")
+        out.append((n, parse(schema, row, f"{path}:{n}", DATA_FIX)))
+    return out
+
+
+def _gold(path: Path, n: int, gold: int, choices: list) -> int:
+    if gold >= len(choices):
+        raise SecateurError(f"{path}:{n}: gold: {gold} is not the index of one of the {len(choices)} choices; "
+                            f"{DATA_FIX}")
+    return gold
 
 
 def _boolq_docs(d: Path) -> list[dict]:
     out = []
-    for i, r in enumerate(_jsonl(d / "zeroshot" / "boolq.jsonl")):
-        q = r["query"]
+    path = d / "zeroshot" / "boolq.jsonl"
+    for i, (n, r) in enumerate(_jsonl(path, BoolQLine)):
+        q = r.query
         if not q.startswith("Passage: ") or "\nQuestion: " not in q or not q.endswith("?"):
-            raise SecateurError(f"boolq row {i}: unexpected query format")
+            raise SecateurError(f"{path}:{n}: query: not 'Passage: ...\\nQuestion: ...?'; {DATA_FIX}")
         passage, question = q[len("Passage: "):].rsplit("\nQuestion: ", 1)  # a passage quotes "\nQuestion: " once
-        out.append({"passage": passage, "question": question[:-1], "label": int(r["gold"]), "idx": i})
+        out.append({"passage": passage, "question": question[:-1], "label": r.gold, "idx": i})
     return out
 
 
 def _rte_docs(d: Path) -> list[dict]:
+    from secateur.schemas import parse
+    from secateur.schemas.tasks import RteRow
+
     pq_path = d / "rte-glue" / "validation.parquet"
     tsv = d / "rte-glue" / "dev.tsv"
     if pq_path.exists():
+        import pyarrow
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(pq_path).to_pylist()
+        try:
+            rows = pq.read_table(_data_file(pq_path)).to_pylist()
+        except (pyarrow.ArrowException, OSError) as e:
+            raise SecateurError(f"{pq_path}: not a readable parquet file ({str(e).splitlines()[0][:80]}); "
+                                f"{DATA_FIX}") from None
+        where = [f"{pq_path}: row {i + 1}" for i in range(len(rows))]
     elif tsv.exists():
-        with tsv.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
+        text = "\n".join(line for _, line in _lines(tsv))
+        rows = [{k: _int_text(v) if k in ("label", "idx") else v for k, v in r.items() if k in RteRow.model_fields}
+                for r in csv.DictReader(text.splitlines(), delimiter="\t")]
+        where = [f"{tsv}: row {i + 1}" for i in range(len(rows))]
     else:
-        raise SecateurError(f"missing RTE data: neither {pq_path} nor {tsv}")
-    return [{"sentence1": r["sentence1"], "sentence2": r["sentence2"], "label": int(r["label"]),
-             "idx": int(r["idx"])} for r in rows]
+        raise SecateurError(f"missing RTE data: neither {pq_path} nor {tsv}; {DATA_FIX}")
+    docs = []
+    for r, at in zip(rows, where):
+        row = parse(RteRow, r, at, DATA_FIX)
+        docs.append({"sentence1": row.sentence1, "sentence2": row.sentence2, "label": row.label, "idx": row.idx})
+    return docs
+
+
+def _int_text(v):
+    """A TSV cell that holds a whole number, as that number (anything else as it is, refused by the schema)."""
+    return int(v) if isinstance(v, str) and v.strip().isdigit() else v
 
 
 _SENT_END = re.compile(r"[.!?][\"')\]]*\s+")
@@ -139,17 +209,23 @@ def split_hellaswag_ctx(ctx: str) -> tuple[str, str]:
 
 
 def _hellaswag_docs(d: Path) -> list[dict]:
-    path = d / "hellaswag" / "hellaswag_val_full.txt.bz2"
-    if not path.exists():
-        raise SecateurError(f"missing zero-shot data file {path}")
-    lines = bz2.decompress(path.read_bytes()).decode("utf-8").split("\n")
+    path = _data_file(d / "hellaswag" / "hellaswag_val_full.txt.bz2")
+    try:
+        lines = bz2.decompress(path.read_bytes()).decode("utf-8").split("\n")
+    except (OSError, ValueError, EOFError) as e:  # a damaged bz2 stream, or not UTF-8 inside
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"not a complete bz2 file ({e})"
+        raise SecateurError(f"{path}: {why}; {DATA_FIX}") from None
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) % 6:
-        raise SecateurError(f"{path}: {len(lines)} lines is not 6 per item")
+        raise SecateurError(f"{path}: {len(lines)} lines is not 6 per item (context, label, 4 endings); {DATA_FIX}")
     out = []
     for i in range(len(lines) // 6):
         head, label, *endings = lines[6 * i: 6 * i + 6]
+        if ": " not in head:
+            raise SecateurError(f"{path}:{6 * i + 1}: context: no 'activity: context'; {DATA_FIX}")
+        if label.strip() not in ("0", "1", "2", "3"):
+            raise SecateurError(f"{path}:{6 * i + 2}: label: {label[:20]!r} is not 0, 1, 2 or 3; {DATA_FIX}")
         activity, ctx = head.split(": ", 1)
         ctx_a, ctx_b = split_hellaswag_ctx(ctx)
         out.append({"ind": i, "activity_label": activity, "ctx_a": ctx_a, "ctx_b": ctx_b,
@@ -160,8 +236,8 @@ def _hellaswag_docs(d: Path) -> list[dict]:
 
 def _winogrande_docs(d: Path) -> list[dict]:
     out = []
-    for r in _jsonl(d / "zeroshot" / "winogrande.jsonl"):
-        c1, c2 = r["context_options"]
+    for _, r in _jsonl(d / "zeroshot" / "winogrande.jsonl", WinograndeLine):
+        c1, c2 = r.context_options
         n = 0
         while n < min(len(c1), len(c2)) and c1[n] == c2[n]:
             n += 1
@@ -169,35 +245,38 @@ def _winogrande_docs(d: Path) -> list[dict]:
         while n > 0 and not c1[n - 1].isspace():
             n -= 1
         prefix = c1[:n]
-        out.append({"sentence": f"{prefix}_ {r['continuation']}", "option1": c1[n:], "option2": c2[n:],
-                    "answer": str(int(r["gold"]) + 1)})
+        out.append({"sentence": f"{prefix}_ {r.continuation}", "option1": c1[n:], "option2": c2[n:],
+                    "answer": str(r.gold + 1)})
     return out
 
 
 def _mc_docs(path: Path, question_key: str, strip_prefix: str) -> list[dict]:
     out = []
-    for i, r in enumerate(_jsonl(path)):
-        q = r["query"]
+    for i, (n, r) in enumerate(_jsonl(path, QueryLine)):
+        q = r.query
         if strip_prefix:
             if not q.startswith(strip_prefix):
-                raise SecateurError(f"{path.name} row {i}: query does not start with {strip_prefix!r}")
+                raise SecateurError(f"{path}:{n}: query: does not start with {strip_prefix!r}; {DATA_FIX}")
             q = q[len(strip_prefix):]
-        labels = [chr(ord("A") + k) for k in range(len(r["choices"]))]
-        out.append({"id": str(i), question_key: q, "choices": {"text": list(r["choices"]), "label": labels},
-                    "answerKey": labels[int(r["gold"])]})
+        labels = [chr(ord("A") + k) for k in range(len(r.choices))]
+        out.append({"id": str(i), question_key: q, "choices": {"text": list(r.choices), "label": labels},
+                    "answerKey": labels[_gold(path, n, r.gold, r.choices)]})
     return out
 
 
 def _piqa_docs(d: Path) -> list[dict]:
     base = d / "piqa-official"
-    rows = _jsonl(base / "valid.jsonl")
+    rows = _jsonl(base / "valid.jsonl", PiqaLine)
     lab_path = base / "valid-labels.lst"
-    if not lab_path.exists():
-        raise SecateurError(f"missing zero-shot data file {lab_path}")
-    labels = [int(x) for x in lab_path.read_text().split()]
+    labels = []
+    for n, line in _lines(lab_path):
+        if line.strip() not in ("0", "1"):
+            raise SecateurError(f"{lab_path}:{n}: {line.strip()[:20]!r} is not a label (0 or 1); {DATA_FIX}")
+        labels.append(int(line))
     if len(labels) != len(rows):
-        raise SecateurError(f"piqa: {len(rows)} items but {len(labels)} labels")
-    return [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": lab} for r, lab in zip(rows, labels)]
+        raise SecateurError(f"{lab_path}: {len(labels)} labels for the {len(rows)} items of {base / 'valid.jsonl'}; "
+                            f"{DATA_FIX}")
+    return [{"goal": r.goal, "sol1": r.sol1, "sol2": r.sol2, "label": lab} for (_, r), lab in zip(rows, labels)]
 
 
 # ---------------------------------------------------------------- documents -> requests (harness YAML)
@@ -285,8 +364,11 @@ def load_docs(task: str, data_dir: str | Path, limit: int | None = None) -> list
     spec = task_spec(task)
     d = Path(data_dir)
     if not d.is_dir():
-        raise SecateurError(f"data directory {d} does not exist")
+        raise SecateurError(f"data directory {d} does not exist; pass --data-dir a folder holding the zero-shot tasks")
     docs = spec.loader(d)
+    if not docs:  # an empty file would score nan and exit 0
+        raise SecateurError(f"{d / spec.files[0]}: no documents in the zero-shot task {task}; {DATA_FIX}, or leave "
+                            f"{task} out of --tasks")
     return docs if limit is None else docs[:limit]
 
 

@@ -92,7 +92,8 @@ class RunFolder:
     """A run folder's config and tensors, read lazily from its safetensors (one file or a sharded index)."""
 
     def __init__(self, path: str | Path, stack: contextlib.ExitStack) -> None:
-        from safetensors import safe_open
+        from secateur.schemas.report import RunReport
+        from secateur.schemas.run_folder import ConfigFamily, RunConfig, ShardIndex
 
         self.path = Path(path)
         if not self.path.is_dir():
@@ -100,24 +101,74 @@ class RunFolder:
         cfg = self.path / "config.json"
         if not cfg.is_file():
             raise SecateurError(f"run {self.path} has no config.json; give a secateur prune --out folder")
-        self.config = json.loads(cfg.read_text())
+        # every file read back is checked where it enters: one line naming the file and the field
+        self.config = _read_checked(cfg, ConfigFamily)
+        if family_of_config(self.config) in FAMILY_ARCH:  # another family is refused by name (export_gguf)
+            _read_checked(cfg, RunConfig)
+        if (self.path / REPORT_NAME).is_file():  # read later for the tokenizer's source GGUF
+            _read_checked(self.path / REPORT_NAME, RunReport)
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            files = sorted(set(_read_checked(index, ShardIndex)["weight_map"].values()))
         elif (self.path / "model.safetensors").is_file():
             files = ["model.safetensors"]
         else:
-            raise SecateurError(f"run {self.path} has no safetensors weights (model.safetensors or an index)")
+            raise SecateurError(f"run {self.path} has no safetensors weights (model.safetensors or an index); give "
+                                "a secateur prune --out folder")
         self._where: dict[str, object] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         for f in files:
-            h = stack.enter_context(safe_open(str(self.path / f), framework="pt"))
+            h = _open_safetensors(self.path / f, index if index.is_file() else None, stack)
             for name in h.keys():
                 self._where[name] = h
                 self.shapes[name] = tuple(h.get_slice(name).get_shape())
 
     def tensor(self, name: str) -> np.ndarray:
         return self._where[name].get_tensor(name).float().numpy()
+
+
+RUN_FIX = "re-export the run (secateur prune --out), or restore the file"
+
+
+def _read_checked(path: Path, schema) -> dict:
+    """A JSON file of the run folder, checked against ``schema`` (:mod:`secateur.schemas`)."""
+    from secateur.schemas.report import parse_at
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {RUN_FIX}") from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON (nested too deeply)"
+        raise SecateurError(f"{path}: {what}; {RUN_FIX}") from None
+    except OSError as e:
+        raise SecateurError(f"{path}: cannot be read ({e.strerror or e}); check the file's permissions") from None
+    if not isinstance(data, dict):
+        raise SecateurError(f"{path}: a JSON {'array' if isinstance(data, list) else 'value'} "
+                            f"({str(data)[:20]}), not an object; {RUN_FIX}")
+    parse_at(schema, data, str(path), RUN_FIX)
+    return data
+
+
+def _open_safetensors(path: Path, index: Path | None, stack: contextlib.ExitStack):
+    """An open safetensors file of the run folder; a missing, truncated or corrupt one is one line (the message of
+    :func:`secateur.models.loading.check_safetensors`)."""
+    from safetensors import safe_open
+
+    from secateur.models.loading import check_safetensors
+
+    if not path.is_file():
+        raise SecateurError(f"model file {path} is missing" + (f" (named by {index.name})" if index else "")
+                            + f"; {RUN_FIX}")
+    check_safetensors(path)
+    try:
+        h = stack.enter_context(safe_open(str(path), framework="pt"))
+        for name in h.keys():
+            h.get_slice(name).get_shape()
+    except Exception as e:  # noqa: BLE001 - safetensors' own errors (SafetensorError, ...) for a damaged header
+        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: "
+                            f"{str(e).splitlines()[0][:80] if str(e) else ''}); re-download or re-export it") from None
+    return h
 
 
 @dataclass(frozen=True)
@@ -411,12 +462,13 @@ def _source_gguf(run_path: Path) -> Path | None:
         return None
     with contextlib.suppress(ValueError, OSError):
         src = (json.loads(rep.read_text()).get("model_source") or {})
-        p = Path(src.get("gguf", ""))
-        if src.get("gguf") and p.is_file():
-            from secateur.models.gguf_cache import file_sha256
+        p = Path(src.get("gguf") or "")
+        from secateur.models.gguf_cache import file_sha256, known_file
 
-            if file_sha256(p) == src.get("sha256"):
-                return p
+        if src.get("gguf") and p.is_file() and file_sha256(p) == src.get("sha256"):
+            return p
+        if isinstance(src.get("sha256"), str):  # a report names the file portably: found by its digest here
+            return known_file(src["sha256"])
     return None
 
 
@@ -469,7 +521,9 @@ def _hf_tokenizer(w, run_path: Path, vocab: int, pre: str | None) -> str:
     f = run_path / "tokenizer.json"
     if not f.is_file():
         raise SecateurError(f"run {run_path} has no tokenizer.json; llama.cpp needs the tokenizer in the GGUF")
-    tok = json.loads(f.read_text())
+    from secateur.schemas.run_folder import TokenizerFile
+
+    tok = _read_checked(f, TokenizerFile)
     model = tok.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback") or not _byte_level(tok):
         raise SecateurError(f"the tokenizer of {run_path} is not a byte-level BPE ({model.get('type')}"
@@ -511,14 +565,19 @@ def _special_tokens(w, run_path: Path, ids: dict[str, int]) -> None:
     """BOS/EOS/UNK/PAD ids, whether BOS/EOS are added, the chat template (as transformers' tokenizer has them)."""
     from transformers import AutoTokenizer
 
-    t = AutoTokenizer.from_pretrained(str(run_path))
+    try:
+        t = AutoTokenizer.from_pretrained(str(run_path))
+        with_special = t("a")["input_ids"]
+        plain = t("a", add_special_tokens=False)["input_ids"]
+    except Exception as e:  # noqa: BLE001 - transformers' errors for damaged tokenizer files vary by file
+        raise SecateurError(f"run {run_path}: its tokenizer files cannot be loaded by transformers "
+                            f"({e.__class__.__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); "
+                            f"{RUN_FIX}") from None
     for kind, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id),
                       ("pad", w.add_pad_token_id)):
         token = getattr(t, f"{kind}_token", None)
         if isinstance(token, str) and token in ids:
             add(ids[token])
-    with_special = t("a")["input_ids"]
-    plain = t("a", add_special_tokens=False)["input_ids"]
     bos, eos = getattr(t, "bos_token_id", None), getattr(t, "eos_token_id", None)
     w.add_add_bos_token(bool(bos is not None and len(with_special) > len(plain) and with_special[0] == bos))
     w.add_add_eos_token(bool(eos is not None and len(with_special) > len(plain) and with_special[-1] == eos))

@@ -22,6 +22,22 @@ from secateur.eval.zeroshot import PROTOCOL as ZEROSHOT_PROTOCOL
 from secateur.eval.zeroshot import suite_summary
 from secateur.export.folder import EXPORT_MARKER, REPORT_NAME
 from secateur.runinfo import SCHEMA_VERSION
+from secateur.schemas.report import (
+    ROW_FIX,
+    RUN_FIX,
+    Allocation,
+    BenchPreset,
+    BenchRow,
+    KeptRow,
+    ModifierArgs,
+    PplEntry,
+    QKError,
+    Realized,
+    RunReport,
+    Selection,
+    ZeroshotResult,
+    parse_at,
+)
 
 SELECTION_NAME = "secateur_selection.json"
 # Hugging Face files in a run folder: never parsed (tokenizer.json can be megabytes)
@@ -80,11 +96,16 @@ def num(x: Any) -> float | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SecateurError(f"{path}: cannot read ({e})") from None
+        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {RUN_FIX}") from None
+    except RecursionError:
+        raise SecateurError(f"{path}: invalid JSON (nested too deeply); {RUN_FIX}") from None
+    except UnicodeDecodeError as e:
+        raise SecateurError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            f"{RUN_FIX}") from None
+    except OSError as e:
+        raise SecateurError(f"{path}: cannot read ({e.strerror or e}); check the file's permissions") from None
 
 
 def _label(method: str, quals: dict, pattern: str | None) -> str:
@@ -108,7 +129,7 @@ def _merge_zeroshot(docs: list[dict]) -> dict:
         tasks.update(d.get("tasks") or {})
     try:
         summary = suite_summary(tasks)
-    except (KeyError, TypeError, ZeroDivisionError):  # a task without score / n: no mean rather than a crash
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a task without score / n: no mean, no crash
         summary = {}
     return {**docs[-1], "tasks": tasks, "summary": summary}
 
@@ -120,17 +141,19 @@ def load_run_folder(folder: Path) -> Run:
         raise SecateurError(f"{folder}: no {REPORT_NAME} (not a secateur prune output folder)")
     rep = _read_json(rep_path)
     if not isinstance(rep, dict) or "method" not in rep:
-        raise SecateurError(f"{rep_path}: not a secateur prune report (no 'method')")
+        raise SecateurError(f"{rep_path}: not a secateur prune report (no 'method'); {RUN_FIX}")
     check_schema(rep, rep_path)
-    run = _report_run(folder, rep)
+    parse_at(RunReport, rep, str(rep_path), RUN_FIX)
+    run = _report_run(folder, rep, str(rep_path))
     zs_docs = []
     for p in sorted(folder.glob("*.json")):
-        if p.name in (REPORT_NAME, EXPORT_MARKER) or p.name in HF_JSON:
+        if p.name in (REPORT_NAME, EXPORT_MARKER) or p.name in HF_JSON or not p.is_file():
             continue
         doc = _read_json(p)
         if isinstance(doc, dict) and doc.get("protocol") == ZEROSHOT_PROTOCOL and isinstance(doc.get("tasks"), dict):
+            parse_at(ZeroshotResult, doc, str(p), RUN_FIX)
             zs_docs.append(doc)
-        elif not _attach(run, p.name, doc):
+        elif not _attach(run, p, doc):
             run.ignored.append(p.name)
             continue
         check_schema(doc, p)
@@ -145,19 +168,46 @@ def check_schema(doc: dict, path: Path | str) -> int:
     a version newer than :data:`~secateur.runinfo.SCHEMA_VERSION` is refused."""
     v = doc.get("schema_version", 0)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise SecateurError(f"{path}: schema_version {v!r} is not a non-negative integer")
+        raise SecateurError(f"{path}: schema_version {v!r:.40} is not a non-negative integer; {RUN_FIX}")
     if v > SCHEMA_VERSION:
         raise SecateurError(f"{path}: schema_version {v} is newer than this secateur reads ({SCHEMA_VERSION}); "
                             "upgrade secateur")
     return v
 
 
-def _report_run(folder: Path, rep: dict) -> Run:
-    """The run described by a ``secateur-report.json``."""
+def _realized(rs: Any, source: str, fix: str) -> dict:
+    """``realized_sparsity``: a mapping (checked), or the targeted fraction alone (older reports and rows)."""
+    if isinstance(rs, dict):
+        parse_at(Realized, rs, source, fix, "realized_sparsity")
+        return rs
+    if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, float))):
+        raise SecateurError(f"{source}: realized_sparsity: {rs!r:.40} is neither a number nor a mapping; {fix}")
+    return {"targeted": rs}
+
+
+def _kept_rows(rows: Any, source: str, fix: str, at: str) -> list[dict]:
+    """The kept-width rows (those with ``kept``) of a ``per_layer`` list, each checked."""
+    out = []
+    for j, r in enumerate(rows or []):
+        if isinstance(r, dict) and r.get("kept") is not None:
+            parse_at(KeptRow, r, source, fix, f"{at}.{j}")
+            out.append({k: r.get(k) for k in ("layer", "group", "kept", "width")})
+    return out
+
+
+def _allocation(alloc: Any, source: str, fix: str, at: str) -> dict | None:
+    """A Q/K removal allocation when ``alloc`` is one (a mapping with ``per_block``), checked; else None."""
+    if isinstance(alloc, dict) and alloc.get("per_block"):
+        parse_at(Allocation, alloc, source, fix, at)
+        return alloc
+    return None
+
+
+def _report_run(folder: Path, rep: dict, source: str = REPORT_NAME) -> Run:
+    """The run described by a ``secateur-report.json`` (its types checked by :class:`RunReport`)."""
     opts = rep.get("options") or {}
     details = rep.get("details") or {}
-    rs = rep.get("realized_sparsity")
-    rs = rs if isinstance(rs, dict) else {"targeted": rs}
+    rs = _realized(rep.get("realized_sparsity"), source, RUN_FIX)
     run = Run(name=folder.name, source=str(folder), pattern=rep.get("pattern"),
               method=_label(rep["method"], {k: opts.get(k) for k in QUALIFIERS}, None),
               sparsity=num(rep.get("target_sparsity")), kind=rep.get("kind"), realized=num(rs.get("targeted")),
@@ -168,28 +218,32 @@ def _report_run(folder: Path, rep: dict) -> Run:
     if details.get("params_before") is not None:
         run.params_before, run.params_after = details.get("params_before"), details.get("params_after")
     run.removed_blocks = list(details.get("removed_blocks") or [])
-    run.kept = [{k: r.get(k) for k in ("layer", "group", "kept", "width")} for r in details.get("per_layer") or []
-                if isinstance(r, dict) and r.get("kept") is not None]
-    alloc = details.get("allocation")
-    if isinstance(alloc, dict) and alloc.get("per_block"):
+    run.kept = _kept_rows(details.get("per_layer"), source, RUN_FIX, "details.per_layer")
+    alloc = _allocation(details.get("allocation"), source, RUN_FIX, "details.allocation")
+    if alloc is not None:
         run.qk_removal = alloc
     return run
 
 
-def _attach(run: Run, name: str, doc: Any) -> bool:
-    """Attach a selection, perplexity or QK-error JSON of the run folder to ``run``; False for anything else
-    (zero-shot files are merged by the caller)."""
+def _attach(run: Run, path: Path, doc: Any) -> bool:
+    """Attach a selection, perplexity or QK-error JSON of the run folder to ``run`` (its types checked); False
+    for anything else (zero-shot files are merged by the caller)."""
+    name, source = path.name, str(path)
     proto = doc.get("protocol") if isinstance(doc, dict) else None
     if name == SELECTION_NAME and isinstance(doc, dict):
+        parse_at(Selection, doc, source, RUN_FIX)
         if not run.kept:
             run.kept = _kept_from_selection(doc)
             run.removed_blocks = run.removed_blocks or list(doc.get("removed_blocks") or [])
     elif isinstance(proto, str) and PPL_PROTOCOL.match(proto) and "ppl" in doc:
+        parse_at(PplEntry, doc, source, RUN_FIX)
         run.ppl.append(_ppl_entry(str(doc.get("dataset", Path(name).stem)), doc, name))
     elif proto == QK_PROTOCOL and "e_qk" in doc:
+        parse_at(QKError, doc, source, RUN_FIX)
         run.qk_error = doc | {"file": name}
-        if isinstance(doc.get("removal"), dict) and doc["removal"].get("per_block") and run.qk_removal is None:
-            run.qk_removal = doc["removal"]
+        removal = _allocation(doc.get("removal"), source, RUN_FIX, "removal")
+        if removal is not None and run.qk_removal is None:
+            run.qk_removal = removal
     else:
         return False
     return True
@@ -208,10 +262,40 @@ def _kept_from_selection(sel: dict) -> list[dict]:
 _SUFFIX = re.compile(r"-(\d+:\d+|\d+(?:\.\d+)?)$")
 
 
-def _row_run(row: dict, source: str) -> Run:
-    """Normalize one bench row (unstructured/structured/qk-wanda/cocurve/llm-compressor layouts)."""
+def _preset_name(value: Any, where: str) -> str | None:
+    """A row's ``preset``: its name, or the preset's parameters (a mapping with its ``name``)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return parse_at(BenchPreset, value, where, ROW_FIX, "preset").name
+    raise SecateurError(f"{where}: preset: {value!r:.40} is neither a preset name nor a preset's parameters; "
+                        f"{ROW_FIX}")
+
+
+def _bench_zeroshot(z: dict, where: str) -> dict:
+    """A row's ``zeroshot`` as a zero-shot result: the bench writes ``{limit, mean, se, tasks: {task: score}}``,
+    the scores of each task's suite metric; ``secateur eval zeroshot`` writes ``{tasks: {task: {...}}, summary}``."""
+    from secateur.eval.zeroshot_tasks import TASKS
+
+    tasks = z.get("tasks")
+    if isinstance(tasks, dict) and tasks and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in tasks.values()):
+        rest = {k: v for k, v in z.items() if k not in ("tasks", "mean", "se", "limit")}
+        z = {**rest, "tasks": {t: {"metric": TASKS[t].metric if t in TASKS else "score", "score": v}
+                               for t, v in tasks.items()},
+             "summary": {"tasks": list(tasks), "mean": z.get("mean"), "se": z.get("se")},
+             "settings": {"limit": z.get("limit")}}
+    parse_at(ZeroshotResult, z, where, ROW_FIX, "zeroshot")
+    return z
+
+
+def _row_run(row: dict, source: str, where: str = "", preset: str | None = None) -> Run:
+    """Normalize one bench row (unstructured/structured/qk-wanda/cocurve/llm-compressor layouts), checking the
+    parts it reads (``where``: the file and line, for messages)."""
+    where = where or source
     name = row.get("row") or row.get("key")
     mod = row.get("modifier_args") if isinstance(row.get("modifier_args"), dict) else {}
+    parse_at(ModifierArgs, mod, where, ROW_FIX, "modifier_args")
     sparsity = next((num(row[k]) for k in ("sparsity", "rho", "target_sparsity") if num(row.get(k)) is not None),
                     num(mod.get("sparsity")))
     pattern = row.get("pattern") or (mod.get("mask_structure") if mod.get("mask_structure") not in (None, "0:0")
@@ -227,72 +311,90 @@ def _row_run(row: dict, source: str) -> Run:
             sparsity = float(m.group(1)) / 100
     if pattern and sparsity is None:
         n, mm = (int(x) for x in pattern.split(":"))
-        sparsity = 1 - n / mm
+        sparsity = 1 - n / mm if mm else None
     if method == "dense":
         sparsity = 0.0
     if name is None:
         name = f"{method}-{sparsity:g}" if sparsity is not None else method
     quals = {k: row.get(k) for k in QUALIFIERS}
-    rs = row.get("realized_sparsity", row.get("realized"))
-    rs = rs if isinstance(rs, dict) else {"targeted": rs}
+    rs = _realized(row.get("realized_sparsity", row.get("realized")), where, ROW_FIX)
     run = Run(name=str(name), source=source, method=_label(str(method), quals, pattern), sparsity=sparsity,
-              pattern=pattern, preset=row.get("preset"), realized=num(rs.get("targeted")),
+              pattern=pattern, preset=preset, realized=num(rs.get("targeted")),
               realized_all=num(rs.get("of_all_parameters", row.get("params_removed_fraction"))),
               prune_s=num(row.get("prune_s", row.get("selection_s"))), calibration=row.get("calibration"),
               peak_rss_mb=num(row.get("peak_rss_mb_after_prune", row.get("peak_rss_mb"))),
               versions=row.get("versions"), machine=row.get("machine"))
     if isinstance(row.get("per_layer"), list):
-        run.kept = [{k: r.get(k) for k in ("layer", "group", "kept", "width")} for r in row["per_layer"]
-                    if isinstance(r, dict) and r.get("kept") is not None]
+        run.kept = _kept_rows(row["per_layer"], where, ROW_FIX, "per_layer")
     if method != "dense" and (run.kept or row.get("by_kind") is not None or num(row.get("params")) is not None):
         run.kind = "structured"  # bench rows count parameters only for structured (sliced) models
         run.params_after = row.get("params")
         run.removed_blocks = list(row.get("removed_blocks") or [])
     for k, v in row.items():  # top-level {dataset: {ppl, protocol, ...}}
         if isinstance(v, dict) and num(v.get("ppl")) is not None:
+            parse_at(PplEntry, v, where, ROW_FIX, k)
             run.ppl.append(_ppl_entry(k, v))
     if isinstance(row.get("ppl"), dict):
-        run.ppl += [_ppl_entry(k, v) for k, v in row["ppl"].items() if isinstance(v, dict)]
-    alloc = row.get("allocation")
-    if isinstance(alloc, dict) and alloc.get("per_block"):
+        for k, v in row["ppl"].items():
+            if isinstance(v, dict):
+                parse_at(PplEntry, v, where, ROW_FIX, f"ppl.{k}")
+                run.ppl.append(_ppl_entry(k, v))
+    alloc = _allocation(row.get("allocation"), where, ROW_FIX, "allocation")
+    if alloc is not None:
         run.qk_removal = alloc
     if isinstance(row.get("zeroshot"), dict) and isinstance(row["zeroshot"].get("tasks"), dict):
-        run.zeroshot = row["zeroshot"]
+        run.zeroshot = _bench_zeroshot(row["zeroshot"], where)
     return run
 
 
 def load_jsonl(path: Path, preset: str | None = None) -> list[Run]:
-    """Runs of a bench results file (the latest row per ``(preset, row)`` wins)."""
-    rows: dict[tuple, dict] = {}
+    """Runs of a bench results file (the latest row per ``(preset, row)`` wins). Every row read is checked
+    (:class:`~secateur.schemas.report.BenchRow`): a damaged one is one line naming the file, the line and the key."""
+    rows: dict[tuple, tuple[int, dict]] = {}
     qk: dict[tuple, dict] = {}
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SecateurError(f"{path}: cannot read ({e})") from None
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise SecateurError(f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); {ROW_FIX}") from None
+    except OSError as e:
+        raise SecateurError(f"{path}: cannot read ({e.strerror or e}); check the file's permissions") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SecateurError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or (preset is not None and row.get("preset") != preset):
+            raise SecateurError(f"{path}:{n}: invalid JSON ({e.msg}); {ROW_FIX}") from None
+        except RecursionError:
+            raise SecateurError(f"{path}:{n}: invalid JSON (nested too deeply); {ROW_FIX}") from None
+        if not isinstance(row, dict):
+            continue
+        kind = row.get("kind", "row")
+        is_qk = kind == "qk-error"
+        if not is_qk and not (kind == "row" and any(k in row for k in ("row", "key", "method"))):
+            continue  # not a result row (plans, meta rows): not read
+        where = f"{path}:{n}"
+        parse_at(BenchRow, row, where, ROW_FIX)
+        name = _preset_name(row.get("preset"), where)
+        if preset is not None and name != preset:
             continue
         ident = row.get("row") or row.get("key") or (row.get("method"), row.get("rho", row.get("sparsity")))
-        key = (row.get("preset"), str(ident))
-        if row.get("kind") == "qk-error":
+        key = (name, str(ident))
+        if is_qk:
             qk[key] = row
-        elif row.get("kind", "row") == "row" and any(k in row for k in ("row", "key", "method")):
+        else:
             rows.pop(key, None)  # re-insert: file order of the latest version
-            rows[key] = row
+            rows[key] = (n, row)
     if not rows:
         extra = f" for preset {preset!r}" if preset is not None else ""
-        raise SecateurError(f"{path}: no result rows{extra} (expected JSON objects with row/key/method)")
-    dense_params = {k[0]: r["params"] for k, r in rows.items()
+        raise SecateurError(f"{path}: no result rows{extra} (expected JSON objects with row/key/method); pass a "
+                            "bench results file" + (", or another --preset" if preset is not None else ""))
+    dense_params = {k[0]: r["params"] for k, (_, r) in rows.items()
                     if (r.get("method") == "dense" or r.get("row") == "dense") and num(r.get("params")) is not None}
     runs = []
-    for key, row in rows.items():
-        run = _row_run(row, f"{path.name}#{key[1]}")
+    for key, (n, row) in rows.items():
+        run = _row_run(row, f"{path.name}#{key[1]}", f"{path}:{n}", key[0])
         if run.params_after is not None and run.params_before is None:
             run.params_before = dense_params.get(key[0])  # the dense row of the same preset
         q = qk.get(key)
@@ -314,11 +416,11 @@ def load_inputs(paths: Iterable[str], preset: str | None = None) -> list[Run]:
         elif p.is_file() and p.suffix == ".jsonl":
             runs += load_jsonl(p, preset)
         elif not p.exists():
-            raise SecateurError(f"{p} does not exist")
+            raise SecateurError(f"{p} does not exist; pass a secateur prune output folder or a .jsonl results file")
         else:
-            raise SecateurError(f"{p}: not a secateur prune output folder or a .jsonl results file")
+            raise SecateurError(f"{p}: not a secateur prune output folder or a .jsonl results file; pass one of those")
     if not runs:
-        raise SecateurError("no runs given")
+        raise SecateurError("no runs given; pass run folders or .jsonl results files")
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.name] = seen.get(r.name, 0) + 1
