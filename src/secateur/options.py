@@ -251,7 +251,7 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
                             "per line), or delete it")
     for k in check:
         if k not in RECIPE_CHECKS:
-            raise SecateurError(f"{name}: unknown key 'check.{k}'; check holds {', '.join(RECIPE_CHECKS)}")
+            raise SecateurError(f"{name}: unknown key {'check.' + str(k)!r}; check holds {', '.join(RECIPE_CHECKS)}")
     schema, fix = recipe_schema(common, all_options(), RECIPE_CHECKS)
     # every value of the file by its type: one line naming the key, never a TypeError (``1e-3`` read as a number)
     data = parse(schema, data, name, fix).model_dump(exclude_unset=True)

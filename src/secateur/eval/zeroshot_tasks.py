@@ -168,8 +168,11 @@ def _rte_docs(d: Path) -> list[dict]:
         try:
             rows = pq.read_table(_data_file(pq_path)).to_pylist()
         except (pyarrow.ArrowException, OSError) as e:
-            raise SecateurError(f"{pq_path}: not a readable parquet file ({str(e).splitlines()[0][:80]}); "
-                                f"{DATA_FIX}") from None
+            from secateur.schemas.report import printable
+
+            first = (str(e).splitlines() or [""])[0]
+            raise SecateurError(f"{pq_path}: not a readable parquet file ({printable(first[:80])}); {DATA_FIX}") \
+                from None
         where = [f"{pq_path}: row {i + 1}" for i in range(len(rows))]
     elif tsv.exists():
         text = "\n".join(line for _, line in _lines(tsv))
@@ -375,7 +378,7 @@ def load_docs(task: str, data_dir: str | Path, limit: int | None = None) -> list
 def build_item(task: str, doc: dict, index: int = 0) -> Item:
     requests, choices, gold = task_spec(task).builder(doc)
     if not 0 <= gold < len(choices):
-        raise SecateurError(f"{task} item {index}: gold index {gold} out of range")
+        raise SecateurError(f"{task} item {index}: gold index {gold} out of range; {DATA_FIX}")
     return Item(task, index, requests, choices, gold, doc)
 
 

@@ -145,7 +145,7 @@ def _read_checked(path: Path, schema) -> dict:
         raise SecateurError(f"{path}: cannot be read ({e.strerror or e}); check the file's permissions") from None
     if not isinstance(data, dict):
         raise SecateurError(f"{path}: a JSON {'array' if isinstance(data, list) else 'value'} "
-                            f"({str(data)[:20]}), not an object; {RUN_FIX}")
+                            f"({str(data)[:20]!r}), not an object; {RUN_FIX}")
     parse_at(schema, data, str(path), RUN_FIX)
     return data
 
@@ -166,9 +166,17 @@ def _open_safetensors(path: Path, index: Path | None, stack: contextlib.ExitStac
         for name in h.keys():
             h.get_slice(name).get_shape()
     except Exception as e:  # noqa: BLE001 - safetensors' own errors (SafetensorError, ...) for a damaged header
-        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: "
-                            f"{str(e).splitlines()[0][:80] if str(e) else ''}); re-download or re-export it") from None
+        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: {_first_line(e)}); "
+                            "re-download or re-export it") from None
     return h
+
+
+def _first_line(e: Exception) -> str:
+    """The start of an exception's message, safe inside a one-line error."""
+    from secateur.schemas.report import printable
+
+    lines = str(e).splitlines()
+    return printable(lines[0][:80]) if lines else ""
 
 
 @dataclass(frozen=True)
@@ -216,10 +224,12 @@ def _rope_theta(cfg: dict) -> float:
     rs = cfg.get("rope_scaling") or {}
     kind = rp.get("rope_type") or rs.get("rope_type") or rs.get("type") or "default"
     if kind != "default":
-        raise SecateurError(f"RoPE scaling {kind!r} is not exported to GGUF yet; only plain RoPE is")
+        raise SecateurError(f"RoPE scaling {kind!r} is not exported to GGUF yet, only plain RoPE is; convert the run "
+                            "folder with llama.cpp's convert_hf_to_gguf.py instead")
     theta = rp.get("rope_theta", cfg.get("rope_theta"))
     if theta is None:
-        raise SecateurError("config.json names no rope_theta")
+        raise SecateurError(f"config.json: rope_theta: missing (neither rope_parameters.rope_theta nor rope_theta); "
+                            f"{RUN_FIX}")
     return float(theta)
 
 
@@ -234,7 +244,7 @@ def layer_shapes(run: RunFolder, head_dim: int) -> list[LayerShape]:
             n_kv = sh[p + "self_attn.k_proj.weight"][0] // head_dim
             ff = sh[p + "mlp.down_proj.weight"][1]
         except KeyError as e:
-            raise SecateurError(f"run {run.path} has no tensor {e.args[0]}; is it a complete secateur output?") \
+            raise SecateurError(f"run {run.path} has no tensor {e.args[0]}, which config.json implies; {RUN_FIX}") \
                 from None
         roles = {**{r: f"self_attn.{r}_proj" for r in _ATTN}, **{r: f"mlp.{r}_proj" for r in _MLP}}
         biases = frozenset(r for r, m in roles.items() if p + m + ".bias" in sh)
@@ -276,7 +286,7 @@ def choose_route(family: str, layers: list[LayerShape], hidden: int, head_dim: i
         return arch, []
     deci = _blockers("deci", layers, hidden, head_dim, shapes)
     if deci:
-        raise SecateurError(f"cannot export to GGUF: {deci[0]}")
+        raise SecateurError(f"cannot export to GGUF: {deci[0]}; keep the run as a Hugging Face folder")
     notes = [f"written as deci, not {arch}: " + (own[0] if uniform else "the layers have different widths")]
     return "deci", notes
 
@@ -354,7 +364,8 @@ def plan_tensors(run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     spare = [n for n in sh if n not in used and not n.endswith("rotary_emb.inv_freq")
              and not (n.startswith("model.layers.") and 0 in sh[n])]
     if spare:
-        raise SecateurError(f"cannot export to GGUF: tensor {spare[0]} has no place in a llama.cpp {arch!r} model")
+        raise SecateurError(f"cannot export to GGUF: tensor {spare[0]} has no place in a llama.cpp {arch!r} model; "
+                            f"{RUN_FIX}")
     return entries, notes
 
 
@@ -487,7 +498,8 @@ def _copy_gguf_tokenizer(w, path: Path, vocab: int) -> str:
             n_tokens = len(value)
         w.add_key_value(key, value, vtype, sub_type=sub)
     if n_tokens != vocab:
-        raise SecateurError(f"the tokenizer of {path} has {n_tokens} tokens but the model {vocab} embedding rows")
+        raise SecateurError(f"the tokenizer of {path} has {n_tokens} tokens but the model {vocab} embedding rows; "
+                            "pass --tokenizer-pre NAME to build the vocabulary from the run's tokenizer.json instead")
     return f"copied from {path.name}"
 
 
@@ -540,7 +552,7 @@ def _hf_tokenizer(w, run_path: Path, vocab: int, pre: str | None) -> str:
     by_id = {i: t for t, i in ids.items()}
     if max(by_id, default=-1) >= vocab:
         raise SecateurError(f"the tokenizer of {run_path} has token ids up to {max(by_id)} but the model only "
-                            f"{vocab} embedding rows")
+                            f"{vocab} embedding rows; {RUN_FIX}")
     tokens, types = [], []
     for i in range(vocab):
         if i not in by_id:
@@ -570,9 +582,8 @@ def _special_tokens(w, run_path: Path, ids: dict[str, int]) -> None:
         with_special = t("a")["input_ids"]
         plain = t("a", add_special_tokens=False)["input_ids"]
     except Exception as e:  # noqa: BLE001 - transformers' errors for damaged tokenizer files vary by file
-        raise SecateurError(f"run {run_path}: its tokenizer files cannot be loaded by transformers "
-                            f"({e.__class__.__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); "
-                            f"{RUN_FIX}") from None
+        raise SecateurError(f"run {run_path}: transformers cannot load its tokenizer (tokenizer files, config.json) "
+                            f"({e.__class__.__name__}: {_first_line(e)}); {RUN_FIX}") from None
     for kind, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id),
                       ("pad", w.add_pad_token_id)):
         token = getattr(t, f"{kind}_token", None)
@@ -636,7 +647,7 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
     """Write the run folder ``run_dir`` as the GGUF file ``out`` (atomically; see the module doc). Returns
     ``{"path", "arch", "type", "tensors", "fallbacks", "notes", "tokenizer", "bytes"}``."""
     if qtype not in TYPES:
-        raise SecateurError(f"--type {qtype!r} is not one of {', '.join(TYPES)}")
+        raise SecateurError(f"--type {qtype!r} is not one of {', '.join(TYPES)}; choose one of those")
     if Path(out).resolve() == Path(run_dir).resolve() or Path(run_dir).resolve() in Path(out).resolve().parents:
         raise SecateurError(f"output {out} is inside the run folder {run_dir}; write the GGUF elsewhere")
     with contextlib.ExitStack() as stack:
@@ -645,7 +656,8 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
         family = family_of_config(cfg)
         if family not in FAMILY_ARCH:
             raise SecateurError(f"secateur exports the {', '.join(FAMILY_ARCH)} families to GGUF; run {run.path} "
-                                f"is a {family or 'unknown'!r} model")
+                                f"is a {family or 'unknown'!r} model; keep it as a Hugging Face folder, or convert it "
+                                "with llama.cpp's convert_hf_to_gguf.py")
         hidden = int(cfg["hidden_size"])
         head_dim = int(cfg.get("head_dim") or hidden // int(cfg["num_attention_heads"]))
         _rope_theta(cfg)

@@ -138,7 +138,8 @@ def load_run_folder(folder: Path) -> Run:
     """A ``secateur prune`` output folder and the evaluation JSON beside its report."""
     rep_path = folder / REPORT_NAME
     if not rep_path.is_file():
-        raise SecateurError(f"{folder}: no {REPORT_NAME} (not a secateur prune output folder)")
+        raise SecateurError(f"{folder}: no {REPORT_NAME} (not a secateur prune output folder); pass a folder that "
+                            "secateur prune --out wrote")
     rep = _read_json(rep_path)
     if not isinstance(rep, dict) or "method" not in rep:
         raise SecateurError(f"{rep_path}: not a secateur prune report (no 'method'); {RUN_FIX}")

@@ -40,7 +40,13 @@ def parse_at(schema: type[M], data: Any, source: str, fix: str, at: str = "") ->
         loc, what = describe(e.errors()[0])
         if at:
             loc = at if loc == "(the whole file)" else f"{at}.{loc}"
-        raise SecateurError(f"{source}: {loc}: {what}; {fix}") from None
+        raise SecateurError(f"{source}: {printable(loc)}: {what}; {fix}") from None
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that would break a one-line message (a newline, a control character, a
+    Unicode line separator) written as its escape: keys of a damaged file are echoed in messages."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 # --- secateur-report.json ----------------------------------------------------------------------------------------
@@ -224,4 +230,4 @@ class ModifierArgs(Open):
 
 
 __all__ = ["Allocation", "BenchPreset", "BenchRow", "KeptRow", "ModelSource", "ModifierArgs", "Pattern", "PplEntry",
-           "QKError", "ROW_FIX", "RUN_FIX", "RunReport", "Selection", "ZeroshotResult", "parse_at"]
+           "QKError", "ROW_FIX", "RUN_FIX", "RunReport", "Selection", "ZeroshotResult", "parse_at", "printable"]
