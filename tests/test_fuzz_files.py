@@ -352,10 +352,25 @@ def _run_copy(data, base, d: Path, files=RUN_FILES) -> Path:
     return run
 
 
+def _resize_config(data, run: Path) -> None:
+    """A size in config.json changed to another whole number: the config disagrees with the weights."""
+    f = run / "config.json"
+    cfg = json.loads(f.read_text())
+    key = data.draw(st.sampled_from(sorted(k for k, v in cfg.items() if _kind(v) == "int")))
+    cfg[key] = data.draw(st.sampled_from([-5, 0, 1, 3, 64, 2**31]).filter(lambda v: v != cfg[key]))
+    _log(f"config.json: {key} -> {cfg[key]}")
+    f.write_text(json.dumps(cfg, indent=1))
+
+
 @given(data=st.data())
 def test_export_gguf_run_folder(base, case, data):
     d = case()
-    run = _run_copy(data, base, d, ("secateur-report.json", "config.json", "tokenizer.json", "model.safetensors"))
+    if data.draw(st.integers(0, 4)) == 0:
+        run = d / "run"
+        shutil.copytree(base["run"], run)
+        _resize_config(data, run)
+    else:
+        run = _run_copy(data, base, d, ("secateur-report.json", "config.json", "tokenizer.json", "model.safetensors"))
     out = d / "model.gguf"
     code, _, err = check("run-report", ["export", "gguf", str(run), "--out", str(out), "--type", "f32"], [d],
                          allowed_new=[out])

@@ -122,6 +122,10 @@ class RunFolder:
             for name in h.keys():
                 self._where[name] = h
                 self.shapes[name] = tuple(h.get_slice(name).get_shape())
+        if family_of_config(self.config) in FAMILY_ARCH:  # the weights against config.json, from the headers
+            from secateur.models.folder_check import check_folder
+
+            check_folder(str(self.path), self.path, self.config)
 
     def tensor(self, name: str) -> np.ndarray:
         return self._where[name].get_tensor(name).float().numpy()
