@@ -402,6 +402,16 @@ def _dense_spec(args) -> str:
     rep = folder / REPORT_NAME
     if rep.is_file():
         model = json.loads(rep.read_text()).get("model")
+        recipe = folder / "secateur-recipe.yaml"
+        if model and not Path(model).exists() and recipe.is_file():  # named portably: found by its digest
+            import yaml
+
+            from secateur.models.digest import known_model
+
+            want = ((yaml.safe_load(recipe.read_text()) or {}).get("check") or {}).get("model_sha256")
+            found = known_model(want) if isinstance(want, str) else None
+            if found is not None:
+                return str(found)
         if model:
             return model
     raise SecateurError("name the dense reference with --dense (no secateur-report.json names it)")
