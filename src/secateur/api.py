@@ -105,7 +105,7 @@ def prune(**kwargs) -> PruneResult:
         keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
         ckpt_bytes = _resume.size_estimate(model, opts.nsamples, opts.seqlen) if needs_calibration else 0
         check_free_space(opts.out, export_size(model, keep=keep) + ckpt_bytes,
-                         f" and its checkpoint about {ckpt_bytes / 2**20:.0f} MB" if ckpt_bytes else "")
+                         f" (with its checkpoint, about {ckpt_bytes / 2**20:.0f} MB)" if ckpt_bytes else "")
     ids, manifest = None, None
     if needs_calibration:
         with timer("calibration_data"):

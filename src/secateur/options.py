@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -278,7 +279,7 @@ def check_recipe_model(opts: PruneOptions) -> None:
     want = (opts.recipe_check or {}).get("model_sha256")
     if want and not opts.in_memory:
         got = local_digest(opts.model)
-        if got is None and (found := known_model(want)) is not None:  # named portably, hashed here before: the
+        if got is None and (found := known_model(want, Path(opts.model).name)) is not None:  # named portably, hashed here before: the
             opts.model, got = str(found), want  # same content, so the same run (the report names it portably)
         if got is None:
             raise SecateurError(f"the recipe's model {opts.model!r} (a local model, sha256 {want[:12]}...) is not "

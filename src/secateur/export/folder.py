@@ -183,8 +183,7 @@ def check_free_space(out: str | Path, need: int, including: str = "") -> None:
     where = _existing_ancestor(Path(out).parent)
     free = shutil.disk_usage(where).free
     if free < need:
-        verb = "need" if including else "needs"
-        raise SecateurError(f"not enough disk space for {out}: the export{including} {verb} about {_mb(need)}, "
+        raise SecateurError(f"not enough disk space for {out}: the export{including} needs about {_mb(need)}, "
                             f"{_mb(free)} free on {where}; free some space or choose another --out")
 
 

@@ -52,19 +52,21 @@ def _remember_folder(folder: Path, digest: str) -> None:
         _write_json_atomic(path, known)
 
 
-def known_model(digest: str) -> Path | None:
+def known_model(digest: str, name: str = "") -> Path | None:
     """A local model on this machine with content ``digest`` (a GGUF file or a folder hashed here before, still
-    holding the same content), else None: how a recipe that names its model portably finds it again."""
+    holding the same content), else None: how a recipe that names its model portably finds it again. Copies with
+    the same content may sit in several folders; one whose last component is ``name`` (the recipe's) is preferred,
+    so a replay names the same folder, and its tokenizer, as the run it replays."""
     from secateur.models.gguf_cache import known_file
 
     found = known_file(digest)
     if found is not None:
         return found
     _, known = _book()
-    for key, entry in known.items():
-        if isinstance(entry, dict) and entry.get("folder_sha256") == digest and Path(key).is_dir():
-            if folder_sha256(key) == digest:  # verified now (per-file digests are cached by size and mtime)
-                return Path(key)
+    keys = [k for k, e in known.items() if isinstance(e, dict) and e.get("folder_sha256") == digest]
+    for key in sorted(keys, key=lambda k: Path(k).name != name):  # stable: the book's order within each group
+        if Path(key).is_dir() and folder_sha256(key) == digest:  # verified now (per-file digests cached by mtime)
+            return Path(key)
     return None
 
 
