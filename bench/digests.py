@@ -55,6 +55,15 @@ RUNS: dict[str, list[str]] = {
                         "--top-r", "32", "--ffn-groups", "4"],
     "cocurve-30-coec": ["--method", "cocurve", "--sparsity", "0.3", "--heldout", "2", "--positions", "16",
                         "--top-r", "32", "--ffn-groups", "4", "--compensation", "coec", "--coec-rounds", "2"],
+    # streamed (block by block from the safetensors files, written to the output's shards as they finish): the
+    # same bits as resident runs are the promise; listed last so the lines above keep their order
+    "wanda-50-stream": ["--method", "wanda", "--sparsity", "0.5", "--stream"],
+    "sparsegpt-2:4-stream": ["--method", "sparsegpt", "--pattern", "2:4", "--stream"],
+    "qk-wanda-shared-stream": ["--method", "qk-wanda", "--sparsity", "0.5", "--budget", "shared", "--stream"],
+    "wanda-sp-30-ls-stream": ["--method", "wanda-sp", "--sparsity", "0.3", "--compensation", "ls", "--stream"],
+    "flap-20-stream": ["--method", "flap", "--sparsity", "0.2", "--stream"],
+    "rcpu-30-coec-stream": ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec", "--coec-rounds", "2",
+                            "--stream"],
 }
 TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3_text", "phi3")  # new ones last
 
