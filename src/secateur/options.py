@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -279,8 +279,9 @@ def check_recipe_model(opts: PruneOptions) -> None:
     want = (opts.recipe_check or {}).get("model_sha256")
     if want and not opts.in_memory:
         got = local_digest(opts.model)
-        if got is None and (found := known_model(want, Path(opts.model).name)) is not None:  # named portably, hashed here before: the
-            opts.model, got = str(found), want  # same content, so the same run (the report names it portably)
+        found = known_model(want, Path(opts.model).name) if got is None else None  # named portably, hashed here
+        if found is not None:  # before: the same content, so the same run (the report names it portably)
+            opts.model, got = str(found), want
         if got is None:
             raise SecateurError(f"the recipe's model {opts.model!r} (a local model, sha256 {want[:12]}...) is not "
                                 "there from this directory; pass --model with the path to the same weights")

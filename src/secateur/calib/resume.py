@@ -120,7 +120,8 @@ def _weights_digest(model: torch.nn.Module) -> str:
 
 def fingerprint(opts, model: torch.nn.Module, token_sha: str | None) -> dict[str, Any]:
     """Everything that determines the result of ``secateur prune`` with options ``opts``."""
-    from secateur.models.loading import gguf_file, resolve
+    from secateur.models.files import gguf_file
+    from secateur.models.loading import resolve
     from secateur.runinfo import versions
 
     options = {k: v for k, v in sorted(opts.to_dict().items()) if k not in NEUTRAL_OPTIONS}

@@ -14,10 +14,10 @@ pool, documents [1500, 2000) the held-out perplexity set, so the two never overl
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from secateur.errors import SecateurError
+from secateur.files import read_regular_bytes, regular_file  # noqa: F401  (their old home)
 
 C4_CALIB_DOCS = (0, 1500)
 C4_EVAL_DOCS = (1500, 2000)
@@ -44,48 +44,6 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
         raise SecateurError(f"data directory {data_dir} does not exist; "
                             "pass --data-dir a folder laid out like ../shared/data")
     return p
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
-
-
-def regular_file(path: str | Path, what: str, fix: str) -> Path:
-    """``path`` when it is a regular file (or a link to one); a FIFO, a device, a socket or a folder is refused
-    with one line (``<what> <path> is not a regular file (a FIFO); <fix>``) before anything opens it: reading a
-    FIFO waits for a writer that never comes, ``/dev/zero`` never ends."""
-    p = Path(path)
-    try:
-        mode = os.stat(p).st_mode
-    except FileNotFoundError:
-        raise SecateurError(f"{what} {p} does not exist; {fix}") from None
-    except OSError as e:
-        raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
-    if not stat.S_ISREG(mode):
-        raise SecateurError(f"{what} {p} is not a regular file ({_kind(mode)}); {fix}")
-    return p
-
-
-def read_regular_bytes(path: str | Path, what: str, fix: str) -> bytes:
-    """The bytes of a regular file (see :func:`regular_file`), opened without blocking and checked again on the
-    open descriptor, so a path swapped for a FIFO between the check and the read cannot hang the run either."""
-    p = regular_file(path, what, fix)
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise SecateurError(f"{what} {p} is not a regular file ({_kind(mode)}); {fix}")
-        try:
-            return f.read()
-        except OSError as e:
-            raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
 
 
 def _need(path: Path) -> Path:

@@ -159,7 +159,7 @@ def _open_safetensors(path: Path, index: Path | None, stack: contextlib.ExitStac
     :func:`secateur.models.loading.check_safetensors`)."""
     from safetensors import safe_open
 
-    from secateur.models.loading import check_safetensors
+    from secateur.models.files import check_safetensors
 
     if not path.is_file():
         raise SecateurError(f"model file {path} is missing" + (f" (named by {index.name})" if index else "")

@@ -42,14 +42,14 @@ def _book() -> tuple[Path, dict]:
 
 
 def _remember_folder(folder: Path, digest: str) -> None:
-    from secateur.models.gguf_cache import _write_json_atomic
+    from secateur.files import write_json_atomic
 
     path, known = _book()
     if (known.get(str(folder)) or {}).get("folder_sha256") == digest:
         return
     known[str(folder)] = {"folder_sha256": digest}
     with contextlib.suppress(OSError):  # a read-only cache only costs the lookup, never the run
-        _write_json_atomic(path, known)
+        write_json_atomic(path, known)
 
 
 def known_model(digest: str, name: str = "") -> Path | None:
@@ -73,8 +73,8 @@ def known_model(digest: str, name: str = "") -> Path | None:
 def local_digest(spec: str) -> str | None:
     """The content digest of a local model (a ``.gguf`` file or alias: the file's; a folder: :func:`folder_sha256`),
     None for anything else (a Hub id, a path that is not there)."""
+    from secateur.models.files import gguf_file
     from secateur.models.gguf_cache import file_sha256
-    from secateur.models.loading import gguf_file
 
     g = gguf_file(spec)
     if g is not None:

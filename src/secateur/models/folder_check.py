@@ -144,9 +144,9 @@ def meta_model(spec: str, folder: Path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from secateur.models.loading import _register_custom_classes
+    from secateur.models.files import register_custom_classes
 
-    _register_custom_classes()
+    register_custom_classes()
     try:
         with _quiet():
             config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from secateur.errors import SecateurError
+from secateur.files import regular_file, umask, write_json_atomic
 from secateur.models.families import gguf_families
 from secateur.schemas import parse
 from secateur.schemas.cache import MANIFEST_SCHEMA, CacheManifest
@@ -205,7 +206,7 @@ def file_sha256(path: Path) -> str:
             h.update(chunk)
     known[key] = stamp | {"sha256": h.hexdigest()}
     with contextlib.suppress(OSError):  # a read-only or misplaced cache only costs hashing again next time
-        _write_json_atomic(book, known)
+        write_json_atomic(book, known)
     return h.hexdigest()
 
 
@@ -267,7 +268,6 @@ def writable_cache_root() -> Path:
 
 def check_gguf_path(path: Path) -> Path:
     """A GGUF path that is a regular file (a FIFO or a device would hang the reader), or one line."""
-    from secateur.data.sources import regular_file
 
     return regular_file(path, "GGUF file", "check the path and pass a .gguf file")
 
@@ -319,13 +319,13 @@ def write_manifest(folder: Path, gguf_sha256: str, dtype: torch.dtype) -> None:
     for f in _entry_files(folder):
         st = f.stat()
         files[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _hash(f)}
-    _write_json_atomic(folder / MANIFEST_NAME, {"secateur_gguf_cache": MANIFEST_SCHEMA, "gguf_sha256": gguf_sha256,
+    write_json_atomic(folder / MANIFEST_NAME, {"secateur_gguf_cache": MANIFEST_SCHEMA, "gguf_sha256": gguf_sha256,
                                                 "dtype": _dtype_name(dtype), "files": files})
 
 
 def _adoptable(folder: Path) -> str | None:
     """Why an entry without a manifest (an older secateur's) cannot be adopted; None: it is complete."""
-    from secateur.models.loading import check_safetensors
+    from secateur.models.files import check_safetensors
 
     if not (folder / "config.json").is_file():
         return "no config.json and no manifest"
@@ -379,7 +379,7 @@ def entry_problem(folder: Path, gguf: Path, dtype: torch.dtype) -> str | None:
             touched[name] = rec.model_dump() | {"mtime_ns": st.st_mtime_ns}
     if touched:  # same bytes, new mtime (a copy, a touch): remember it so the next check is cheap again
         with contextlib.suppress(OSError):
-            _write_json_atomic(folder / MANIFEST_NAME, data | {"files": data["files"] | touched})
+            write_json_atomic(folder / MANIFEST_NAME, data | {"files": data["files"] | touched})
     return None
 
 
@@ -591,29 +591,10 @@ def _name_shards(folder: Path, shards: list[dict[str, str]]) -> None:
 
 def _open_permissions(folder: Path) -> None:
     """mkdtemp makes a private folder; a cache entry gets the user's usual permissions."""
-    mask = _umask()
+    mask = umask()
     os.chmod(folder, 0o777 & ~mask)
     for f in folder.iterdir():
         os.chmod(f, 0o666 & ~mask)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def model_source(path: Path, dtype: torch.dtype) -> dict:

@@ -5,7 +5,7 @@ copies it into every heterogeneous checkpoint folder as ``secateur_hetero.py`` (
 appended, :func:`standalone_source`) and points the config's ``auto_map`` at it, so the folder loads in two
 ways with ONE ``from_pretrained`` call:
 
-* with secateur installed: ``secateur.models.loading._register_custom_classes`` imports the family
+* with secateur installed: ``secateur.models.files.register_custom_classes`` imports the family
   registry (:mod:`secateur.models.families`), which defines every family here and so registers the
   ``secateur_<family>`` config/model classes with ``AutoConfig`` / ``AutoModelForCausalLM``;
   ``AutoModelForCausalLM.from_pretrained(dir)`` then uses the local classes (no ``trust_remote_code``

