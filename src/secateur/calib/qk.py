@@ -165,21 +165,20 @@ class QKChunk:
         """``||X_j:||^2`` per sequence, ``[B, d]``."""
         return self.x2.sum(1)
 
+    def _project(self, w: torch.Tensor, b: torch.Tensor | None, heads: int) -> torch.Tensor:
+        """``X W^T (+ b)`` split into heads, ``[B, T, heads, head_dim]``."""
+        y = self.x @ w.T
+        if b is not None:
+            y = y + b
+        return y.reshape(self.B, self.T, heads, self.st.head_dim)
+
     @cached_property
     def q(self) -> torch.Tensor:
-        st = self.st
-        q = self.x @ st.Wq.T
-        if st.bq is not None:
-            q = q + st.bq
-        return q.reshape(self.B, self.T, st.n_heads, st.head_dim)
+        return self._project(self.st.Wq, self.st.bq, self.st.n_heads)
 
     @cached_property
     def k(self) -> torch.Tensor:
-        st = self.st
-        k = self.x @ st.Wk.T
-        if st.bk is not None:
-            k = k + st.bk
-        return k.reshape(self.B, self.T, st.n_kv_heads, st.head_dim)
+        return self._project(self.st.Wk, self.st.bk, self.st.n_kv_heads)
 
     def grouped(self, v: torch.Tensor) -> torch.Tensor:
         """Sum a per-query-head quantity ``[B, T, H_Q, ...]`` over each key head's group -> ``[B, T, H_K, ...]``."""

@@ -171,18 +171,25 @@ def _slice_attention(fam: str, layer: nn.Module, heads: list[int], kv: list[int]
     out_mod = _out_module(fam, layer)
     qkv = [(name, _oi(getattr(attn, name)).detach()[idx].clone(), _bias(getattr(attn, name), idx))
            for name, idx in _qkv_rows(fam, attn, qi, kvi)]
-    wo, bo = _oi(out_mod).detach()[:, qi].clone(), _bias(out_mod)
-    if repl is not None:
-        if tuple(repl.weight.shape) != tuple(wo.shape):
-            raise SecateurError(f"o_proj replacement has shape {tuple(repl.weight.shape)}, expected "
-                                f"{tuple(wo.shape)} (kept columns)")
-        wo = repl.ordered(qi)
-        bo = repl.bias if repl.bias is not None else bo
+    wo, bo = _kept_columns(out_mod, qi, repl, "o_proj")
     hetero.shape_attention(fam, layer, len(heads), len(kv), m, o_bias=bo is not None)
     attn = hetero.attention_module(fam, layer)
     for name, w_, b_ in qkv:
         _copy(getattr(attn, name), w_, b_)
     _copy(_out_module(fam, layer), wo, bo)
+
+
+def _kept_columns(out: nn.Module, idx: torch.Tensor, repl: Replacement | None,
+                  what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output projection's kept input columns ``idx`` and its bias, or the compensator's replacement (its
+    weight in the kept columns' order; its bias when it has one)."""
+    w, b = _oi(out).detach()[:, idx].clone(), _bias(out)
+    if repl is None:
+        return w, b
+    if tuple(repl.weight.shape) != tuple(w.shape):
+        raise SecateurError(f"{what} replacement has shape {tuple(repl.weight.shape)}, expected "
+                            f"{tuple(w.shape)} (kept columns)")
+    return repl.ordered(idx), (repl.bias if repl.bias is not None else b)
 
 
 def _mlp_modules(fam: str, layer: nn.Module) -> tuple[list[tuple[nn.Module, str]], tuple[nn.Module, str]]:
@@ -205,14 +212,7 @@ def _slice_mlp(fam: str, layer: nn.Module, channels: list[int], repl: Replacemen
     ins, (dp, dn) = _mlp_modules(fam, layer)
     ri = _in_rows(fam, layer, ci)
     saved = [(p, n, _oi(getattr(p, n)).detach()[ri].clone(), _bias(getattr(p, n), ri)) for p, n in ins]
-    down = getattr(dp, dn)
-    wd, bd = _oi(down).detach()[:, ci].clone(), _bias(down)
-    if repl is not None:
-        if tuple(repl.weight.shape) != tuple(wd.shape):
-            raise SecateurError(f"down_proj replacement has shape {tuple(repl.weight.shape)}, expected "
-                                f"{tuple(wd.shape)} (kept columns)")
-        wd = repl.ordered(ci)
-        bd = repl.bias if repl.bias is not None else bd
+    wd, bd = _kept_columns(getattr(dp, dn), ci, repl, "down_proj")
     hetero.shape_mlp(fam, layer, len(channels), down_bias=bd is not None)
     for p, n, w_, b_ in saved:
         _copy(getattr(p, n), w_, b_)
