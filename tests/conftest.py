@@ -81,3 +81,15 @@ def random_calib_text(path: Path) -> str:
     rng = random.Random(0)
     path.write_text(" ".join("".join(rng.choice("abcdefghij ,.") for _ in range(8)) for _ in range(4000)))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory) -> dict:
+    """A saved tiny Llama (``model``) and a calibration text of repeated words (``text``) in a fresh folder
+    (``root``): the inputs of the CLI-level tests that run many prunes (fuzzing, signals)."""
+    from secateur.testing import save_tiny
+
+    root = tmp_path_factory.mktemp("inputs")
+    save_tiny("llama", root / "tiny")
+    (root / "calib.txt").write_text(" ".join(f"word{i % 97} text{i % 13}." for i in range(4000)))
+    return {"root": root, "model": str(root / "tiny"), "text": str(root / "calib.txt")}

@@ -45,15 +45,8 @@ values = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    from secateur.testing import save_tiny
-
-    root = tmp_path_factory.mktemp("fuzz-inputs")
-    model = root / "tiny"
-    save_tiny("llama", model)
-    text = root / "calib.txt"
-    text.write_text(" ".join(f"word{i % 97} text{i % 13}." for i in range(3000)))
-    return {"root": root, "model": str(model), "text": str(text)}
+def ws(tiny_inputs):
+    return tiny_inputs
 
 
 @given(key=st.sampled_from(COMMON + KNOBS), value=values)

@@ -26,15 +26,8 @@ CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    from secateur.testing import save_tiny
-
-    root = tmp_path_factory.mktemp("sig-inputs")
-    model = root / "tiny"
-    save_tiny("llama", model)
-    text = root / "calib.txt"
-    text.write_text(" ".join(f"word{i % 97} text{i % 13}." for i in range(4000)))
-    return {"model": str(model), "text": str(text)}
+def inputs(tiny_inputs):
+    return tiny_inputs
 
 
 def _argv(inputs: dict, out: Path, *extra: str) -> list[str]:
