@@ -24,15 +24,16 @@ Presets (``PRESETS``; a preset may also name its ``rhos``, ``methods``, ``coec_m
 split ``n_test`` and the rows measured on every perplexity window, ``full_ppl``):
 
 * ``quick``: what 2 shared cores allow (4 x 256 graph tokens; the committed results).
-* ``medium`` (issue 18 §2; defined, not yet run: hours of CPU here, ``--dry-run`` prints its plan): graph on
+* ``medium`` (issue 26; about 3 h on 2 quiet cores, ``--dry-run`` prints its plan; ``bench/cocurve_medium.sh``
+  runs it resumably): graph on
   16 x 512 C4 tokens (seed 0), lambda chosen on 16 x 512 disjoint held-out tokens, held-out KL reported on a
   third, independent 16 x 512 test split (never used to choose anything); the three splits are drawn from
   disjoint C4 documents (``DOC_SPLIT``). Scaling rule from the paper's
   2048-token protocol: the position stride is kept (P_tok 128 at T 2048 = one position every 16 tokens ->
   P_tok 32 at T 512), top-r 256 is kept (a vocabulary support size, not a length). Rows at 20% and 30%:
   CoCurve, its diagonal control, Wanda-sp, FLAP, random (same units, guard and budget), then CoCurve + COEC
-  and Wanda-sp + COEC (``--stage coec``). Perplexity on the first 32 sliding windows (2048/512) of each
-  corpus, and on every window (the paper's protocol) for the dense model and the 30% CoCurve row.
+  and Wanda-sp + COEC (``--stage coec``). Perplexity at ``nonoverlap-2048`` on the first 16 windows of each
+  corpus, every WikiText-2 window for the 30% CoCurve row; zero-shot for four 30% rows.
 * ``full``: the paper's protocol (128 x 2048 graph, P_tok 128, r 256, 16 held-out) + a 16 x 2048 test split,
   every perplexity window; sized for one GPU (``bench/device_cocurve_full.sh``).
 * ``smoke`` / ``tiny``: plumbing checks (``tiny``: the random tiny Llama of ``device_cocurve_full.sh TINY=1``).
@@ -750,6 +751,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 # What each preset is, in the words of the pages' header (every page names every preset and whether it has rows).
+# The load while each preset's graph was swept (1-minute averages read during the run; the graph file does not
+# record it): the selection-cost column's seconds are only comparable through it.
+SWEEP_LOAD = {"quick": "load 10-16",
+              "medium": "load 3-4.7 during the session-11 sweep, 2 gloo ranks plus other tests"}
+
 PRESET_TEXT = {
     "quick": "4 x 256 graph tokens, 4 x 256 held-out tokens (they choose lambda and give the KL column), first "
              "sliding window per corpus",
@@ -759,8 +765,9 @@ PRESET_TEXT = {
               "2048-token protocol at its stride (P_tok 128 at 2048 -> 32 at 512: one position every 16 tokens), "
               "top-r 256 kept (a vocabulary support size, not a length); rows at 20% and 30%: CoCurve, its diagonal "
               "control, Wanda-sp, FLAP, random (same units, guard, budget), CoCurve + COEC, Wanda-sp + COEC; "
-              "perplexity on the first 32 sliding windows (named: wikitext2, c4, ptb), and on every window "
-              "(2048/512, the paper's protocol) for the dense model and the 30% CoCurve row",
+              "perplexity at nonoverlap-2048 on the first 16 windows of WikiText-2, C4 and PTB (named), and on "
+              "every WikiText-2 window for the 30% CoCurve row (dense: 21.61 there); zero-shot (first 100 "
+              "documents per task) for CoCurve, diagonal, Wanda-sp and CoCurve + COEC at 30%",
     "full": "the paper's protocol: 128 x 2048 graph tokens, P_tok 128, r 256, 16 x 2048 held-out (lambda) + an "
             "independent 16 x 2048 test split, every perplexity window; sized for one GPU: "
             "`bench/device_cocurve_full.sh` (the sweep, the lambda choice and the 30% row)",
@@ -998,8 +1005,8 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
              "above 0.2 pp are kept and marked by their realized fraction (the 0.2 pp check is enforced in "
              "tests on a geometry where it is attainable). (3) Selection cost of CoCurve counts the sweep's "
              "rank-seconds (each rank's wall time, summed over both ranks; the sweep's wall time is in the graph "
-             "section), on 2 cores shared with other jobs (load 10-16): compare the ablation/dense ratio, "
-             "not the seconds. (4) Baselines rank "
+             "section), on 2 cores shared with other jobs (" + SWEEP_LOAD.get(preset, "load not recorded") +
+             "): compare the ablation/dense ratio, not the seconds. (4) Baselines rank "
              "per parameter (score / cost) for Wanda-sp and magnitude, raw for FLAP (standardized scores) "
              "and random. (5) " + n5 + "\n")
     L += claim_check(rows, has_test)
