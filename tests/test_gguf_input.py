@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from secateur import api
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.models import gguf_cache
+from secateur.models import gguf_cache, gguf_reader
 from secateur.models.loading import load_model, resolve
 from secateur.testing import random_ids, write_tiny_gguf
 
@@ -189,7 +189,7 @@ def test_unsupported_architecture_is_one_line_exit_2(tmp_path, own_cache, capsys
     write_tiny_gguf(path, arch="mamba")
     path.with_suffix(".txt").write_text("some text " * 20)
     err = _one_line_error(["eval", "ppl", "--model", str(path), "--dataset", str(path.with_suffix(".txt"))], capsys)
-    assert "'mamba'" in err and all(f in err for f in gguf_cache.GGUF_FAMILIES)
+    assert "'mamba'" in err and all(f in err for f in gguf_reader.GGUF_FAMILIES)
     assert not list((own_cache / "gguf").glob("*-float32"))
 
 

@@ -52,7 +52,7 @@ implementation in ``tests/test_compensate_coec.py``, agreement ~1e-13 relative; 
   ``E^T U_v``, returning ``W~ E^T``. This is an exact change of variables: every quantity is invariant or
   equivariant under ``W -> W E`` (Procrustes, global scale, GCV mode statistics, the Stiefel objective,
   gradient, step cap, both retractions and their Newton-Schulz iterations, the alignment term), and every
-  product with ``G_xx`` becomes a column scaling (``_gmul``).
+  product with ``G_xx`` becomes a column scaling (``gmul``).
 * **factored iterate**: W is carried as a thin SVD ``U diag(s) Vh`` with ``P = U^T G_yx`` (``_Fact``), because
   each step maps an SVD to an SVD: the rescale changes only ``s`` (re-sorted, rank cut as before); the right
   solve returns ``U diag(s' S) R`` with ``R`` row-orthonormal (Newton-Schulz tolerance); the left rotation
@@ -68,7 +68,6 @@ implementation in ``tests/test_compensate_coec.py``, agreement ~1e-13 relative; 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,22 +77,21 @@ import torch
 
 from secateur.calib.stats import Gram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare
+from secateur.compensate.coec_gcv import _gcv_values, gcv_curve, gcv_rescale, gmul
+from secateur.compensate.coec_stiefel import (
+    StiefelResult,
+    reduced_stiefel_solve,
+    right_rotate,
+)
 from secateur.compensate.rcpu import global_scale, procrustes_left
 from secateur.errors import SecateurError
 from secateur.linalg import (
     all_finite,
-    cayley_retract,
-    det_norm,
     det_sum,
-    eps_of,
-    newton_schulz_polar,
-    one_thread,
     orth,
-    polar_retract,
     psd_power,
     safe_eigh,
     safe_svd,
-    sym,
 )
 
 __all__ = [
@@ -299,12 +297,6 @@ def build_alignment(w0: torch.Tensor, kept: torch.Tensor, value: ValueProjection
 # objective pieces
 
 
-def _gmul(x: torch.Tensor, gxx: torch.Tensor) -> torch.Tensor:
-    """``X G_xx`` for a dense ``G_xx`` or a diagonal one given as its 1-D eigenvalues (the eigenbasis
-    :func:`coec` works in)."""
-    return x * gxx if gxx.dim() == 1 else x @ gxx
-
-
 @dataclass
 class _Problem:
     gxx: torch.Tensor  # dense k x k, or 1-D: its eigenvalues when everything lives in its eigenbasis
@@ -317,7 +309,7 @@ class _Problem:
 
     def recon(self, w: torch.Tensor) -> float:
         """Relative reconstruction term in the (tempered) metric."""
-        q = float(det_sum(_gmul(w, self.gxx) * w))
+        q = float(det_sum(gmul(w, self.gxx) * w))
         lin = float(det_sum(w * self.gyx))
         return (q - 2 * lin + self.ynorm) / self.ynorm
 
@@ -336,279 +328,8 @@ def coec_objective(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, ynorm:
 # GCV per-mode rescale (COEC Sec. 4.3, App. B)
 
 
-def _modes(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor):
-    u, s, vh = safe_svd(w)
-    keep = s > 1e-12 * s[0] if s.numel() and s[0] > 0 else torch.zeros_like(s, dtype=torch.bool)
-    u, s, vh = u[:, keep], s[keep], vh[keep]
-    v = vh.mT
-    rho = (u * (gyx @ v)).sum(0)
-    e = (vh * _gmul(vh, gxx)).sum(1)
-    return u, s, vh, rho, e
-
-
-def gcv_curve(rho: torch.Tensor, e: torch.Tensor, prior: torch.Tensor, lams: torch.Tensor) -> torch.Tensor:
-    """``GCV(lambda) = sum_i e_i (s_i(lambda) - rho_i/e_i)^2 / (1 - df(lambda)/M)^2`` with
-    ``s_i(lambda) = (rho_i + lambda prior_i) / (e_i + lambda)``, ``df = sum_i e_i / (e_i + lambda)``,
-    ``M`` = number of modes (COEC Sec. 4.3). Evaluated in the cancellation-free form
-    ``s_i(lambda) - rho_i/e_i = lambda (prior_i - rho_i/e_i) / (e_i + lambda)``; non-finite -> +inf."""
-    m = e.numel()
-    lam = lams[:, None]
-    ls = rho / e
-    dev = lam * (prior - ls) / (e + lam)
-    num = (e * dev * dev).sum(1)
-    den = ((lam / (e + lam)).sum(1) / m) ** 2  # (1 - df/M)^2 written without cancellation
-    out = num / den
-    return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
-
-
-def gcv_rescale(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, *, kappa: float = 10.0,
-                points: int = 120, grid_range: tuple[float, float] = (1e-4, 1e5), lam: float | None = None,
-                info: dict[str, Any] | None = None) -> torch.Tensor:
-    """GCV-regularized per-mode singular-value rescale (COEC Sec. 4.3, App. B).
-
-    With ``W = U diag(sigma) V^T`` (modes with ``sigma_i <= 1e-12 sigma_1`` dropped), mode response
-    ``rho_i = u_i^T G_yx v_i``, mode energy ``e_i = v_i^T G_xx v_i``, global scale s* of W:
-    ``s_i(lambda) = (rho_i + lambda s* sigma_i) / (e_i + lambda)``, lambda chosen by minimizing
-    :func:`gcv_curve` over ``median(e) * logspace(lo, hi, points)`` (first minimum = smallest lambda on
-    ties) unless ``lam`` is given; each value is clamped to ``[s* sigma_i / kappa, kappa s* sigma_i]``.
-    Returns ``U diag(s) V^T``. Safeguards (coec.md [R]): if s* is unavailable (denominator <= 0) the
-    weight is returned unchanged; if ``s* <= 0`` it returns ``s* W`` (**[impl]**: coec.md keeps W, which
-    would break invariant C5 ``L(GCV(W)) <= L(s* W)``); modes with ``e_i <= 1e-10 max(e)`` take ``s* sigma_i``
-    and are left out of the GCV sum. The loss is separable in the mode values, so the result never has a
-    larger reconstruction term than ``s* W`` (invariant C5).
-    """
-    s_star, ok = global_scale(gyx, gxx, w)
-    if info is not None:
-        info.update(gcv_scale=s_star, gcv_skipped=False)
-    if not ok or s_star <= 0:
-        # no positive uniform prior to shrink toward (the band would be empty): fall back to the
-        # global scale when it exists (the lambda -> inf limit), else leave W as it is
-        if info is not None:
-            info["gcv_skipped"] = True
-        return s_star * w if ok else w
-    u, sig, vh, rho, e = _modes(w, gyx, gxx)
-    return (u * _gcv_values(sig, rho, e, s_star, kappa=kappa, points=points, grid_range=grid_range, lam=lam,
-                            info=info)) @ vh
-
-
-def _gcv_values(sig: torch.Tensor, rho: torch.Tensor, e: torch.Tensor, s_star: float, *, kappa: float,
-                points: int, grid_range: tuple[float, float], lam: float | None,
-                info: dict[str, Any] | None) -> torch.Tensor:
-    """The clamped per-mode values of :func:`gcv_rescale` from the mode statistics (``s* > 0``)."""
-    prior = s_star * sig
-    active = e > 1e-10 * e.max() if e.numel() else e.bool()
-    vals = prior.clone()
-    chosen = float("inf")
-    if int(active.sum()) > 0:
-        ea, ra, pa = e[active], rho[active], prior[active]
-        if lam is None:
-            lo, hi = grid_range
-            grid = float(ea.median()) * torch.logspace(math.log10(lo), math.log10(hi), points,
-                                                       dtype=sig.dtype, device=sig.device)
-            curve = gcv_curve(ra, ea, pa, grid)
-            chosen = float(grid[int(torch.argmin(curve))]) if bool(torch.isfinite(curve).any()) else float("inf")
-        else:
-            chosen = float(lam)
-        if math.isinf(chosen):
-            va = pa
-        else:
-            va = (ra + chosen * pa) / (ea + chosen)
-        vals[active] = va
-    clamped = torch.minimum(torch.maximum(vals, prior / kappa), prior * kappa)
-    if info is not None:
-        info.update(gcv_lambda=chosen, gcv_modes=int(active.sum()),
-                    gcv_clamped=int((clamped != vals).sum()),
-                    gcv_lambda_rel=chosen / float(e[active].median()) if int(active.sum()) else float("nan"))
-    return clamped
-
-
 # --------------------------------------------------------------------------------------------------
 # right rotation: projected gradient on St(b, k) (COEC Sec. 4.1-4.2, App. B; coec.md Sec. 4.5)
-
-
-@dataclass
-class _StiefelObjective:
-    """``F(R)`` of :func:`reduced_stiefel_solve` (its docstring) and its Euclidean gradient. ``a_sq``: the
-    diagonal of ``A^T A`` when A has orthogonal columns, else ``ata`` = ``A^T A``; ``align`` None = no alignment
-    term."""
-
-    atg: torch.Tensor
-    gxx: torch.Tensor
-    a_sq: torch.Tensor | None
-    ata: torch.Tensor | None
-    ynorm: float
-    y_c: float
-    update_scale: bool
-    align: Alignment | None
-    lam_a: float
-    frame: torch.Tensor | None
-
-    def apply_ata(self, r: torch.Tensor) -> torch.Tensor:
-        return self.a_sq[:, None] * r if self.a_sq is not None else self.ata @ r
-
-    def terms(self, r: torch.Tensor, s_prev: float) -> tuple[float, float, torch.Tensor]:
-        """``(F(R), s(R), R G_xx)``; ``s`` stays ``s_prev`` when the quadratic term is not positive."""
-        rg = _gmul(r, self.gxx)
-        quad = float(det_sum(self.apply_ata(r) * rg))
-        lin = float(det_sum(self.atg * r))
-        s = (lin / quad if quad > 0 else s_prev) if self.update_scale else 1.0
-        f = (self.y_c - 2 * s * lin + s * s * quad) / self.ynorm
-        if self.align is not None:
-            f += self.lam_a * self.align.value(self.frame @ r)
-        return f, s, rg
-
-    def egrad(self, r: torch.Tensor, rg: torch.Tensor, s: float) -> torch.Tensor:
-        """``(-2 s A^T G_yx + 2 s^2 A^T A R G_xx) / ||Y||^2 + lambda_a frame^T dA/dR_1``."""
-        g = (-2 * s * self.atg + 2 * s * s * self.apply_ata(rg)) / self.ynorm
-        if self.align is not None:
-            g = g + self.lam_a * self.frame.mT @ self.align.grad(self.frame @ r)
-        return g
-
-
-@dataclass
-class StiefelResult:
-    r: torch.Tensor
-    s: float
-    objective_before: float
-    objective_after: float
-    iters: int
-    stop: str
-
-
-def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, ynorm: float,
-                          r0: torch.Tensor, *, a_sq: torch.Tensor | None = None, lmax_gxx: float | None = None,
-                          align: Alignment | None = None, lam_a: float = 0.0, frame: torch.Tensor | None = None,
-                          delta: float = 7e-4, max_iter: int = 500, update_scale: bool = True,
-                          retraction: str = "auto", ns_dtype: torch.dtype | None = None,
-                          y_const: float | None = None, atg: torch.Tensor | None = None) -> StiefelResult:
-    """Minimize ``F(R) = f(R; s(R)) / ||Y||^2 + lambda_a A(frame R)`` over row-orthonormal ``R`` (``b x k``).
-
-    ``f(R; s) = y_const - 2 s <A^T G_yx, R> + s^2 <R, A^T A R G_xx>`` is the reconstruction of
-    ``s A R`` (``A = U S`` for the reduced problem, so ``A R = W Q_r`` with ``R = V^T Q_r``; ``A = W`` and
-    ``R = Q_r`` for the full one). ``s(R) = <A^T G_yx, R> / <R, A^T A R G_xx>`` is recomputed after every
-    step (kept when the denominator is <= 0, frozen at 1 if ``update_scale`` is False).
-    Euclidean gradient ``(-2 s A^T G_yx + 2 s^2 A^T A R G_xx) / ||Y||^2 + lambda_a frame^T dA/dR_1``;
-    Riemannian ``Gamma = E - sym(E R^T) R``; step ``tau = eta / s^2``,
-    ``eta = ||Y||^2 / (2 lmax(A^T A) lmax(G_xx))`` (inverse Lipschitz constant at s = 1), capped so that
-    ``||tau Gamma||_F <= 1``; retraction: Cayley (square, ``auto``) or Newton-Schulz polar; steps that
-    would increase F are halved (at most 30 times, else stop). Stops when
-    ``||R_{t+1} - R_t||_F / sqrt(b) < delta`` or after ``max_iter`` steps.
-
-    ``a_sq``: the diagonal of ``A^T A`` when A has orthogonal columns (reduced case, ``S^2``), which
-    avoids a ``b x b`` product per step. ``frame``: ``r x b`` map from R to the alignment frame
-    ``R_1 = frame R`` (default: the first r rows). ``gxx`` may be 1-D: a diagonal G_xx (its eigenvalues,
-    the caller working in its eigenbasis), which makes ``R G_xx`` a column scaling. ``atg``: ``A^T G_yx``
-    when the caller has it.
-    """
-    b, k = r0.shape
-    ata = None if a_sq is not None else a.mT @ a
-    with one_thread():  # LAPACK's last bits depend on the thread count; eta scales every step
-        lmax_a = float(a_sq.max()) if a_sq is not None else float(torch.linalg.eigvalsh(sym(ata)).max())
-        if lmax_gxx is None:
-            lmax_gxx = float(gxx.max()) if gxx.dim() == 1 else float(torch.linalg.eigvalsh(sym(gxx)).max())
-    eta = ynorm / (2 * lmax_a * lmax_gxx) if lmax_a > 0 and lmax_gxx > 0 else 1.0
-    use_align = align is not None and lam_a > 0
-    if use_align and frame is None:
-        frame = torch.eye(b, dtype=a.dtype, device=a.device)[: min(align.r, b)]
-    obj = _StiefelObjective(atg=a.mT @ gyx if atg is None else atg, gxx=gxx, a_sq=a_sq, ata=ata, ynorm=ynorm,
-                            y_c=ynorm if y_const is None else y_const, update_scale=update_scale,
-                            align=align if use_align else None, lam_a=lam_a, frame=frame)
-    terms = obj.terms
-    square = b == k
-    use_cayley = retraction == "cayley" or (retraction == "auto" and square)
-    r = r0
-    f0, s, rg = terms(r, 1.0)
-    f = f0
-    it, stop = 0, "max_iter"
-    # ||R R^T - I||_F of the current iterate when a converged Newton-Schulz polar retraction produced it
-    # (its last convergence check is that very number), so the final drift check needs no b x b x k product
-    drift_known: float | None = None
-    rinfo: dict[str, Any] = {}
-    for it in range(1, max_iter + 1):  # noqa: B007
-        egrad = obj.egrad(r, rg, s)
-        gam = egrad - sym(egrad @ r.mT) @ r
-        gn = float(det_norm(gam))
-        if gn == 0 or not math.isfinite(gn):
-            stop = "zero_gradient" if gn == 0 else "non_finite"
-            break
-        tau = eta / (s * s) if s != 0 else float("inf")
-        tau = min(tau, 1.0 / gn)
-        accepted = False
-        for _ in range(30):
-            r_new = (cayley_retract(r, gam, tau, ns_dtype=ns_dtype) if use_cayley
-                     else polar_retract(r, tau * gam, info=rinfo))
-            f_new, s_new, rg_new = terms(r_new, s)
-            if f_new <= f:
-                accepted = True
-                break
-            tau *= 0.5
-        if not accepted:
-            stop = "no_descent"
-            break
-        step = float(det_norm(r_new - r)) / math.sqrt(b)
-        r, s, f, rg = r_new, s_new, f_new, rg_new
-        drift_known = rinfo["ns_polar_err"] if (not use_cayley and rinfo.get("ns_polar_converged")) else None
-        if step < delta:
-            stop = "delta"
-            break
-    r, s, f = _reorthonormalized(obj, r, s, f, drift_known)
-    return StiefelResult(r=r, s=s, objective_before=f0, objective_after=f, iters=it, stop=stop)
-
-
-def _reorthonormalized(obj: _StiefelObjective, r: torch.Tensor, s: float, f: float, drift_known: float | None
-                       ) -> tuple[torch.Tensor, float, float]:
-    """``(R, s, F)`` re-orthonormalized when Cayley/Newton-Schulz round-off has accumulated (``||R R^T - I||_F``
-    above ``sqrt(eps)``; ``drift_known`` when the last polar retraction measured it), kept only if not worse."""
-    drift = drift_known if drift_known is not None else float(
-        det_norm(r @ r.mT - torch.eye(r.shape[0], dtype=r.dtype, device=r.device)))
-    if drift > math.sqrt(eps_of(r.dtype)):
-        r_c = newton_schulz_polar(r, prescaled=True)
-        f_c, s_c, _ = obj.terms(r_c, s)
-        if f_c <= f:
-            return r_c, s_c, f_c
-    return r, s, f
-
-
-def _right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COECOptions,
-                  info: dict[str, Any]) -> torch.Tensor:
-    """One ``Q_r -> s`` block (Alg. 1 line 6-7 / coec.md line 7-8): returns ``s W Q_r``."""
-    update_scale = opts.rescale != "none"
-    common = dict(lmax_gxx=prob.lmax_gxx, align=prob.align, lam_a=prob.lam_a, delta=opts.delta,
-                  max_iter=opts.max_inner, update_scale=update_scale, retraction=opts.retraction,
-                  ns_dtype=opts.ns_dtype)
-    if opts.right_solver == "full":
-        k = w.shape[1]
-        frame = None
-        if prob.align is not None and prob.lam_a > 0:
-            _, sg, vh = safe_svd(w)
-            b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
-            frame = vh[: min(prob.align.r, b)]
-        res = reduced_stiefel_solve(w, prob.gyx, prob.gxx, prob.ynorm,
-                                    torch.eye(k, dtype=w.dtype, device=w.device), frame=frame, **common)
-        info.setdefault("right_iters", []).append(res.iters)
-        return res.s * (w @ res.r)
-    rows_all = w.shape[0]
-    step = rows_all if opts.slice_rows is None else opts.slice_rows
-    out = torch.empty_like(w)
-    iters = []
-    for lo in range(0, rows_all, step):
-        sl = slice(lo, min(lo + step, rows_all))
-        wg = w[sl]
-        u, sg, vh = safe_svd(wg)
-        b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
-        if b == 0:
-            out[sl] = wg
-            continue
-        u, sg, vh = u[:, :b], sg[:b], vh[:b]
-        y_const = None
-        if opts.slice_rows is not None and prob.gfull is not None:
-            y_const = float(det_sum((w0g[sl] @ prob.gfull) * w0g[sl]))
-        res = reduced_stiefel_solve(u * sg, prob.gyx[sl], prob.gxx, prob.ynorm, vh, a_sq=sg * sg,
-                                    y_const=y_const, **common)
-        iters.append(res.iters)
-        out[sl] = res.s * ((u * sg) @ res.r)
-    info.setdefault("right_iters", []).append(iters[0] if len(iters) == 1 else iters)  # [] if W = 0
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -639,7 +360,7 @@ class _Fact:
 
     def trimmed(self) -> _Fact:
         """Sort the modes descending (stable) and drop ``s_i <= 1e-12 s_1``: what a fresh SVD followed by
-        the rank cut of :func:`_modes` / :func:`_right_rotate` returns."""
+        the rank cut of :func:`_modes` / :func:`right_rotate` returns."""
         order = torch.argsort(self.s, descending=True, stable=True)
         s = self.s[order]
         keep = s > 1e-12 * s[0] if s.numel() and s[0] > 0 else torch.zeros_like(s, dtype=torch.bool)
@@ -662,7 +383,7 @@ def _fact_of(w: torch.Tensor, prob: _Problem, info: dict[str, Any] | None = None
 
 def _mode_stats(f: _Fact, prob: _Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """Mode responses ``rho_i = u_i^T G_yx v_i`` and energies ``e_i = v_i^T G_xx v_i``."""
-    return (f.p * f.vh).sum(1), (f.vh * _gmul(f.vh, prob.gxx)).sum(1)
+    return (f.p * f.vh).sum(1), (f.vh * gmul(f.vh, prob.gxx)).sum(1)
 
 
 def _objective_f(f: _Fact, prob: _Problem) -> tuple[float, float, float]:
@@ -711,10 +432,10 @@ def _left_f(f: _Fact, prob: _Problem, info: dict[str, Any] | None = None) -> _Fa
 
 
 def _right_f(f: _Fact, w0: torch.Tensor, prob: _Problem, opts: COECOptions, info: dict[str, Any]) -> _Fact:
-    """One ``Q_r -> s`` block (:func:`_right_rotate`) on the factors: the single-slice reduced solve starts
+    """One ``Q_r -> s`` block (:func:`right_rotate`) on the factors: the single-slice reduced solve starts
     from ``R = Vh`` and returns ``s U diag(S) R`` = factors ``(U, s S, R)``."""
     if opts.right_solver == "full" or opts.slice_rows is not None:  # ablation paths: dense, then refactor
-        return _fact_of(_right_rotate(f.weight(), w0, prob, opts, info), prob)
+        return _fact_of(right_rotate(f.weight(), w0, prob, opts, info), prob)
     if f.b == 0:
         info.setdefault("right_iters", []).append([])
         return f

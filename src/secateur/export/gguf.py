@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import mmap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,125 +61,26 @@ from pathlib import Path
 import numpy as np
 
 from secateur.errors import SecateurError
-from secateur.export.folder import REPORT_NAME, atomic_file
+from secateur.export.folder import atomic_file
+from secateur.export.gguf_run import (
+    FAMILY_ARCH,
+    RUN_FIX,
+    RunFolder,
+    family_of_config,
+    gguf_module,
+)
+from secateur.export.gguf_tokenizer import (
+    copy_gguf_tokenizer,
+    hf_tokenizer,
+    source_gguf,
+)
 
-# families this exporter writes -> their llama.cpp architecture (the converter writes Mistral as llama)
-FAMILY_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 TYPES = ("f32", "f16", "bf16", "q8_0")
 ROUTE_KEY = "secateur.export.route"
 SOURCE_KEY = "secateur.export.source"
 F16_MAX = 65504.0
-# tokenizer.json pre-tokenizer regexes -> llama.cpp's tokenizer.ggml.pre
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
-_SPLIT_PRE = {_LLAMA3_RE: "llama-bpe", _QWEN2_RE: "qwen2"}
 _ATTN = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output"}
 _MLP = {"gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
-
-
-def _gguf():
-    import gguf
-
-    return gguf
-
-
-# --- the run folder -------------------------------------------------------------------------------------
-
-
-class RunFolder:
-    """A run folder's config and tensors, read lazily from its safetensors (one file or a sharded index)."""
-
-    def __init__(self, path: str | Path, stack: contextlib.ExitStack) -> None:
-        from secateur.schemas.report import RunReport
-        from secateur.schemas.run_folder import ConfigFamily, RunConfig, ShardIndex
-
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise SecateurError(f"run {self.path} is not a folder; give a secateur prune --out folder")
-        cfg = self.path / "config.json"
-        if not cfg.is_file():
-            raise SecateurError(f"run {self.path} has no config.json; give a secateur prune --out folder")
-        # every file read back is checked where it enters: one line naming the file and the field
-        self.config = _read_checked(cfg, ConfigFamily)
-        if family_of_config(self.config) in FAMILY_ARCH:  # another family is refused by name (export_gguf)
-            _read_checked(cfg, RunConfig)
-        if (self.path / REPORT_NAME).is_file():  # read later for the tokenizer's source GGUF
-            _read_checked(self.path / REPORT_NAME, RunReport)
-        index = self.path / "model.safetensors.index.json"
-        if index.is_file():
-            files = sorted(set(_read_checked(index, ShardIndex)["weight_map"].values()))
-        elif (self.path / "model.safetensors").is_file():
-            files = ["model.safetensors"]
-        else:
-            raise SecateurError(f"run {self.path} has no safetensors weights (model.safetensors or an index); give "
-                                "a secateur prune --out folder")
-        self._where: dict[str, object] = {}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        for f in files:
-            h = _open_safetensors(self.path / f, index if index.is_file() else None, stack)
-            for name in h.keys():
-                self._where[name] = h
-                self.shapes[name] = tuple(h.get_slice(name).get_shape())
-        if family_of_config(self.config) in FAMILY_ARCH:  # the weights against config.json, from the headers
-            from secateur.models.folder_check import check_folder
-
-            check_folder(str(self.path), self.path, self.config)
-
-    def tensor(self, name: str) -> np.ndarray:
-        return self._where[name].get_tensor(name).float().numpy()
-
-
-RUN_FIX = "re-export the run (secateur prune --out), or restore the file"
-
-
-def _read_checked(path: Path, schema) -> dict:
-    """A JSON file of the run folder, checked against ``schema`` (:mod:`secateur.schemas`)."""
-    from secateur.schemas.report import parse_at
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {RUN_FIX}") from None
-    except (UnicodeDecodeError, RecursionError) as e:
-        what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON (nested too deeply)"
-        raise SecateurError(f"{path}: {what}; {RUN_FIX}") from None
-    except OSError as e:
-        raise SecateurError(f"{path}: cannot be read ({e.strerror or e}); check the file's permissions") from None
-    if not isinstance(data, dict):
-        raise SecateurError(f"{path}: a JSON {'array' if isinstance(data, list) else 'value'} "
-                            f"({str(data)[:20]!r}), not an object; {RUN_FIX}")
-    parse_at(schema, data, str(path), RUN_FIX)
-    return data
-
-
-def _open_safetensors(path: Path, index: Path | None, stack: contextlib.ExitStack):
-    """An open safetensors file of the run folder; a missing, truncated or corrupt one is one line (the message of
-    :func:`secateur.models.loading.check_safetensors`)."""
-    from safetensors import safe_open
-
-    from secateur.models.files import check_safetensors
-
-    if not path.is_file():
-        raise SecateurError(f"model file {path} is missing" + (f" (named by {index.name})" if index else "")
-                            + f"; {RUN_FIX}")
-    check_safetensors(path)
-    try:
-        h = stack.enter_context(safe_open(str(path), framework="pt"))
-        for name in h.keys():
-            h.get_slice(name).get_shape()
-    except Exception as e:  # noqa: BLE001 - safetensors' own errors (SafetensorError, ...) for a damaged header
-        raise SecateurError(f"model file {path} is truncated or corrupt ({e.__class__.__name__}: {_first_line(e)}); "
-                            "re-download or re-export it") from None
-    return h
-
-
-def _first_line(e: Exception) -> str:
-    """The start of an exception's message, safe inside a one-line error."""
-    from secateur.schemas.report import printable
-
-    lines = str(e).splitlines()
-    return printable(lines[0][:80]) if lines else ""
 
 
 @dataclass(frozen=True)
@@ -215,12 +115,6 @@ def unpermute_rows(a: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 # --- geometry and route --------------------------------------------------------------------------------
-
-
-def family_of_config(cfg: dict) -> str:
-    from secateur.models.hetero import base_model_type
-
-    return base_model_type(str(cfg.get("model_type", "")))
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -442,7 +336,7 @@ def kquant_note(entries: list[Entry], limit: int = 3) -> str | None:
 
 
 def _qtype(name: str):
-    g = _gguf()
+    g = gguf_module()
     return {"f32": g.GGMLQuantizationType.F32, "f16": g.GGMLQuantizationType.F16,
             "bf16": g.GGMLQuantizationType.BF16, "q8_0": g.GGMLQuantizationType.Q8_0}[name]
 
@@ -452,7 +346,7 @@ def _encode(a: np.ndarray, qtype: str) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=np.float32)
     if qtype == "f16":
         return np.ascontiguousarray(a.astype(np.float16))
-    return _gguf().quants.quantize(np.ascontiguousarray(a, dtype=np.float32), _qtype(qtype))
+    return gguf_module().quants.quantize(np.ascontiguousarray(a, dtype=np.float32), _qtype(qtype))
 
 
 def _info(e: Entry) -> tuple[tuple[int, ...], np.dtype, int, object]:
@@ -462,143 +356,9 @@ def _info(e: Entry) -> tuple[tuple[int, ...], np.dtype, int, object]:
         return e.shape, np.dtype(np.float32), 4 * n, None
     if e.qtype == "f16":
         return e.shape, np.dtype(np.float16), 2 * n, None
-    g = _gguf()
+    g = gguf_module()
     byte_shape = tuple(g.quants.quant_shape_to_byte_shape(e.shape, _qtype(e.qtype)))
     return byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), _qtype(e.qtype)
-
-
-# --- tokenizer -------------------------------------------------------------------------------------------
-
-
-def _source_gguf(run_path: Path) -> Path | None:
-    """The GGUF a run was pruned from, when its report names one that is still there with the same content."""
-    rep = run_path / REPORT_NAME
-    if not rep.is_file():
-        return None
-    with contextlib.suppress(ValueError, OSError):
-        src = (json.loads(rep.read_text()).get("model_source") or {})
-        p = Path(src.get("gguf") or "")
-        from secateur.models.gguf_cache import file_sha256, known_file
-
-        if src.get("gguf") and p.is_file() and file_sha256(p) == src.get("sha256"):
-            return p
-        if isinstance(src.get("sha256"), str):  # a report names the file portably: found by its digest here
-            return known_file(src["sha256"])
-    return None
-
-
-def _copy_gguf_tokenizer(w, path: Path, vocab: int) -> str:
-    """Copy every ``tokenizer.*`` key of the source GGUF (as its converter wrote them)."""
-    g = _gguf()
-    reader = g.GGUFReader(str(path))
-    n_tokens = None
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == g.GGUFValueType.ARRAY and len(field.types) > 1 else None
-        value = field.contents()
-        if key == "tokenizer.ggml.tokens":
-            n_tokens = len(value)
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    if n_tokens != vocab:
-        raise SecateurError(f"the tokenizer of {path} has {n_tokens} tokens but the model {vocab} embedding rows; "
-                            "pass --tokenizer-pre NAME to build the vocabulary from the run's tokenizer.json instead")
-    return f"copied from {path.name}"
-
-
-def _pre_of(tok: dict) -> str | None:
-    """llama.cpp's pre-tokenizer name for a byte-level BPE ``tokenizer.json``, when it is one secateur knows."""
-    pre = tok.get("pre_tokenizer") or {}
-    kind = pre.get("type")
-    if kind == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt-2"  # llama.cpp's name (its converter writes it; "gpt2" is refused as unknown)
-    if kind != "Sequence":
-        return None
-    parts = pre.get("pretokenizers", [])
-    kinds = [p.get("type") for p in parts]
-    if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True):
-        return _SPLIT_PRE.get((parts[0].get("pattern") or {}).get("Regex"))
-    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
-        return "smollm"
-    return None
-
-
-def _byte_level(tok: dict) -> bool:
-    def has(node) -> bool:
-        node = node or {}
-        return node.get("type") == "ByteLevel" or any(has(p) for p in node.get("pretokenizers", []))
-    return has(tok.get("pre_tokenizer")) or (tok.get("decoder") or {}).get("type") == "ByteLevel"
-
-
-def _hf_tokenizer(w, run_path: Path, vocab: int, pre: str | None) -> str:
-    """``tokenizer.ggml.*`` from the folder's byte-level BPE ``tokenizer.json`` (the converter's gpt2 vocab)."""
-    g = _gguf()
-    f = run_path / "tokenizer.json"
-    if not f.is_file():
-        raise SecateurError(f"run {run_path} has no tokenizer.json; llama.cpp needs the tokenizer in the GGUF")
-    from secateur.schemas.run_folder import TokenizerFile
-
-    tok = _read_checked(f, TokenizerFile)
-    model = tok.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback") or not _byte_level(tok):
-        raise SecateurError(f"the tokenizer of {run_path} is not a byte-level BPE ({model.get('type')}"
-                            f"{', byte fallback' if model.get('byte_fallback') else ''}); secateur exports "
-                            "byte-level BPE tokenizers (GPT-2, Llama-3, Qwen2, SmolLM) to GGUF")
-    pre = pre or _pre_of(tok)
-    if pre is None:
-        raise SecateurError(f"secateur does not recognise the pre-tokenizer of {f}; pass --tokenizer-pre NAME "
-                            "(llama.cpp's tokenizer.ggml.pre, e.g. gpt-2, llama-bpe, qwen2, smollm)")
-    ids = dict(model.get("vocab", {}))
-    added = {a["id"]: a for a in tok.get("added_tokens", [])}
-    for i, a in added.items():
-        ids[a["content"]] = i
-    by_id = {i: t for t, i in ids.items()}
-    if max(by_id, default=-1) >= vocab:
-        raise SecateurError(f"the tokenizer of {run_path} has token ids up to {max(by_id)} but the model only "
-                            f"{vocab} embedding rows; {RUN_FIX}")
-    tokens, types = [], []
-    for i in range(vocab):
-        if i not in by_id:
-            tokens.append(f"[PAD{i}]")
-            types.append(g.TokenType.UNUSED)
-        else:
-            tokens.append(by_id[i])
-            a = added.get(i)
-            types.append(g.TokenType.NORMAL if a is None else
-                         g.TokenType.CONTROL if a.get("special") else g.TokenType.USER_DEFINED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    _special_tokens(w, run_path, ids)
-    return f"built from tokenizer.json (gpt2 BPE, pre {pre})"
-
-
-def _special_tokens(w, run_path: Path, ids: dict[str, int]) -> None:
-    """BOS/EOS/UNK/PAD ids, whether BOS/EOS are added, the chat template (as transformers' tokenizer has them)."""
-    from transformers import AutoTokenizer
-
-    try:
-        t = AutoTokenizer.from_pretrained(str(run_path))
-        with_special = t("a")["input_ids"]
-        plain = t("a", add_special_tokens=False)["input_ids"]
-    except Exception as e:  # noqa: BLE001 - transformers' errors for damaged tokenizer files vary by file
-        raise SecateurError(f"run {run_path}: transformers cannot load its tokenizer (tokenizer files, config.json) "
-                            f"({e.__class__.__name__}: {_first_line(e)}); {RUN_FIX}") from None
-    for kind, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id),
-                      ("pad", w.add_pad_token_id)):
-        token = getattr(t, f"{kind}_token", None)
-        if isinstance(token, str) and token in ids:
-            add(ids[token])
-    bos, eos = getattr(t, "bos_token_id", None), getattr(t, "eos_token_id", None)
-    w.add_add_bos_token(bool(bos is not None and len(with_special) > len(plain) and with_special[0] == bos))
-    w.add_add_eos_token(bool(eos is not None and len(with_special) > len(plain) and with_special[-1] == eos))
-    template = getattr(t, "chat_template", None)
-    if isinstance(template, str) and template:
-        w.add_chat_template(template)
 
 
 # --- the writer ----------------------------------------------------------------------------------------
@@ -606,18 +366,18 @@ def _special_tokens(w, run_path: Path, ids: dict[str, int]) -> None:
 
 def is_secateur_gguf(path: str | Path) -> bool:
     """The file is a GGUF that secateur's exporter wrote (its header holds ``secateur.export.route``)."""
-    from secateur.models.gguf_cache import _read_header
+    from secateur.models.gguf_reader import read_header
 
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            meta, _ = _read_header(Path(path), buf)
+            meta, _ = read_header(Path(path), buf)
     except Exception:  # noqa: BLE001 - anything unreadable is not ours
         return False
     return ROUTE_KEY in meta
 
 
 def _metadata(w, run: RunFolder, arch: str, layers: list[LayerShape], head_dim: int, want: str) -> None:
-    g = _gguf()
+    g = gguf_module()
     cfg = run.config
     last = len(layers) - 1
     w.add_name(run.path.name)
@@ -675,11 +435,11 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
             notes.append(kq)
         need = sum(_info(e)[2] for e in entries) + (64 << 20)
         with atomic_file(out, overwrite, is_secateur_gguf, need=need, kind="GGUF file") as tmp:
-            w = _gguf().GGUFWriter(str(tmp), arch)
+            w = gguf_module().GGUFWriter(str(tmp), arch)
             _metadata(w, run, arch, layers, head_dim, qtype)
-            src = _source_gguf(run.path)
-            tok = _copy_gguf_tokenizer(w, src, vocab) if src is not None and tokenizer_pre is None \
-                else _hf_tokenizer(w, run.path, vocab, tokenizer_pre)
+            src = source_gguf(run.path)
+            tok = copy_gguf_tokenizer(w, src, vocab) if src is not None and tokenizer_pre is None \
+                else hf_tokenizer(w, run.path, vocab, tokenizer_pre)
             for e in entries:
                 shape, dtype, nbytes, raw = _info(e)
                 w.add_tensor_info(e.name, shape, dtype, nbytes, raw_dtype=raw)
