@@ -843,7 +843,11 @@ def claim_check(rows: list[dict], has_test: bool) -> list[str]:
                          f"{'holds' if ok else '**does not hold**'} |")
                 if not ok:
                     fails.append(f"{c} {label} ({x:.2f} vs {y:.2f})")
-        if fails:
+        if cc.get("mask_sha256") and cc.get("mask_sha256") == dg.get("mask_sha256"):
+            verdicts.append(f"* {rho:.0%}: **does not hold**: the held-out split chose lambda = "
+                            f"{cc.get('lambda', 0):.2f}, so CoCurve's mask is the diagonal control's (same sha256); "
+                            "the off-diagonal (co-pruning) term brought no gain here that the held-out split saw.")
+        elif fails:
             verdicts.append(f"* {rho:.0%}: **does not hold** on " + "; ".join(fails) + "; holds on the rest.")
         else:
             verdicts.append(f"* {rho:.0%}: holds on every measure above"
@@ -911,13 +915,65 @@ def medium_section(rows_all: list[dict]) -> list[str]:
         done = len(list(checkpoint_dir(g).glob("sweep0-block*.pt"))) if checkpoint_dir(g).exists() else 0
         L.append(f"\nGraph: in progress, {done} of {PRESETS['medium']['n_graph']} blocks of sequences checkpointed "
                  "(`--resume` continues it bit-identically: `tests/test_cocurve_resume.py`).")
-    if rows:
-        names = ", ".join(sorted({f"{r['method']}@{r['rho']}" for r in rows}))
-        L.append(f"\nRows landed: {len(rows)} ({names}); "
-                 f"the medium page: [{md_path('medium').name}]({md_path('medium').name}).")
-    else:
+    if not rows:
         L.append("\nNo medium rows yet; `bench/cocurve_medium.sh` (rerun it after a stop) continues where it stopped.")
+        return L
+    names = ", ".join(sorted({f"{r['method']}@{r['rho']}" for r in rows}))
+    L.append(f"\nRows landed: {len(rows)} ({names}); every column, the lambda paths and the artifacts are on "
+             f"the medium page: [{md_path('medium').name}]({md_path('medium').name}).\n")
+    L += [x.replace("## ", "### ", 1) if x.startswith("## ") else x for x in claim_check(rows, True)]
+    L += baseline_check(rows)
+    L += rank_change([r for r in rows_all if r.get("preset") == "quick"], rows)
+    L.append(f"\n![medium allocation]({png_path('medium').name})\n")
     return L
+
+
+SELECTORS = ("cocurve", "cocurve-diag", "wanda_sp", "flap", "random")  # the masks-only rows (COEC rows aside)
+
+
+def baseline_check(rows: list[dict]) -> list[str]:
+    """CoCurve against the best masks-only baseline (lowest test KL among Wanda-sp, FLAP, random), per rho."""
+    L = ["### CoCurve against the best baseline\n",
+         "Best baseline = the lowest test-split KL among Wanda-sp, FLAP and random at the same budget; ΔKL in units "
+         "of the combined SE. PPL: nonoverlap-2048, first 16 windows.\n",
+         "| rho | CoCurve KL | best baseline (KL) | ΔKL (SE) | WT2 | C4 | PTB (CoCurve / baseline) | lower? |",
+         "|---|---|---|---|---|---|---|---|"]
+    for rho in (0.2, 0.3):
+        by = {r["method"]: r for r in rows if r["rho"] == rho and r["method"] in SELECTORS}
+        base = [by[m] for m in ("wanda_sp", "flap", "random") if m in by]
+        if "cocurve" not in by or not base:
+            L.append(f"| {rho:.0%} | not measured | | | | | | |")
+            continue
+        cc, bb = by["cocurve"], min(base, key=lambda r: _kl(r)[0])
+        (a, sa), (b, sb) = _kl(cc), _kl(bb)
+        ppl = [f"{cc['ppl'][c]['ppl']:.2f} / {bb['ppl'][c]['ppl']:.2f}" for c in CORPORA]
+        wins = sum(cc["ppl"][c]["ppl"] < bb["ppl"][c]["ppl"] for c in CORPORA) + (a < b)
+        L.append(f"| {rho:.0%} | {a:.4f} ± {sa:.4f} | {bb['method']} {b:.4f} ± {sb:.4f} | {a - b:+.4f} "
+                 f"({(a - b) / math.hypot(sa, sb):+.1f}) | {' | '.join(ppl)} | {wins} of 4 measures |")
+    return L + [""]
+
+
+def _ranks(rows: list[dict], rho: float, key) -> dict[str, int]:
+    """1 = best; equal values share a rank (CoCurve whose lambda is 0 has the diagonal control's mask)."""
+    vals = {r["method"]: key(r) for r in rows if r["rho"] == rho and r["method"] in SELECTORS}
+    return {m: 1 + sum(v < vals[m] for v in vals.values()) for m in vals}
+
+
+def rank_change(quick: list[dict], medium: list[dict]) -> list[str]:
+    """Each masks-only method's rank (1 = best) by WikiText-2 perplexity at the quick and the medium preset: what
+    the larger graph and the independent splits did to the ordering (absolute values differ: other windows)."""
+    L = ["### Quick to medium: each method's rank\n",
+         "Rank by WikiText-2 perplexity (1 = lowest) among the masks-only rows of the same budget; quick: first "
+         "sliding window, medium: first 16 nonoverlap-2048 windows, so ranks compare and values do not.\n",
+         "| rho | method | quick rank (WT2) | medium rank (WT2) | medium rank (test KL) |", "|---|---|---|---|---|"]
+    wt2 = lambda r: r["ppl"]["wikitext2"]["ppl"]  # noqa: E731
+    for rho in (0.2, 0.3):
+        q, m, k = _ranks(quick, rho, wt2), _ranks(medium, rho, wt2), _ranks(medium, rho, lambda r: _kl(r)[0])
+        for meth in SELECTORS:
+            if meth in q or meth in m:
+                L.append(f"| {rho:.0%} | {meth} | {q.get(meth, '-')} of {len(q)} | {m.get(meth, '-')} of {len(m)} | "
+                         f"{k.get(meth, '-')} of {len(k)} |")
+    return L + [""]
 
 
 def render() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -93,7 +94,8 @@ def append_row(path: Path, row: dict, unique_key: bool = False) -> bool:
     """Append ``row``; with ``unique_key``, only when no row with its ``key`` exists (checked under the lock,
     so two lanes never both append one key). Returns whether it was written. Every row gets the commit it was
     measured at and the machine's load average when it was written (unless it names them itself)."""
-    row = {"commit": git_commit(), "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()]} | row
+    row = {"commit": git_commit(), "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+           "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} | row
     with _locked(path):
         if unique_key and any(r.get("key") == row["key"] for r in read_rows(path)):
             return False
