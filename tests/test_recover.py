@@ -258,3 +258,23 @@ def test_bad_inputs_are_one_line_and_write_nothing(runs, tmp_path, capsys, case)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("secateur: error: ") and ";" in err[0], err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_memory_plan_printed_and_refused_when_it_does_not_fit(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SECATEUR_MEM_AVAILABLE_MB", "0.5")  # the tiny plan needs about 1.4 MB
+    out = tmp_path / "out"
+    rc = main(["recover", runs["llama-run"], "--out", str(out), "--data", runs["text"], "--teacher", runs["llama"],
+               "--tokens", "512", "--seqlen", "32", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 2, err
+    assert err[0].startswith("secateur: memory plan (recovery):") and "teacher top-k" in err[0]
+    assert err[1].startswith("secateur: error: not enough memory for the recovery") and "--batch" in err[1]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cross_entropy_loss_needs_no_teacher(runs, tmp_path, monkeypatch):
+    monkeypatch.setattr("secateur.recovery.teacher.teacher_spec", None)  # never looked up
+    rec = recover(runs["llama-run"], str(tmp_path / "rec"), data=runs["text"], loss="ce",
+                  **(REC | {"topk": 64})).report["recovery"]
+    assert rec["teacher"] is None and rec["method"] == "lora-ce" and "teacher" not in rec["memory_plan"]["terms"]
+    assert rec["heldout"]["metric"] == "nll" and rec["heldout"]["output"] < rec["heldout"]["pruned"]
