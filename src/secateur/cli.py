@@ -284,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     _prune_parser(sub)
     _eval_parser(sub)
     _export_parser(sub)
+    from secateur.recovery.cli import register_cli as _recover_cli  # secateur recover (issue 30)
+    _recover_cli(sub)
     try:
         from secateur.report import build as report_mod
 
