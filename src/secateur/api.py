@@ -42,6 +42,8 @@ from secateur.options import PruneOptions as PruneOptions
 from secateur.options import check_recipe_calibration, check_recipe_model, check_tokenizer
 from secateur.options import options_from_recipe as options_from_recipe
 from secateur.options import recipe_of as recipe_of
+from secateur.recovery import RecoverResult as RecoverResult
+from secateur.recovery import recover as recover
 from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, portable, portable_source, versions
 
 

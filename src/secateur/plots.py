@@ -12,6 +12,7 @@ dependency (extra ``plots``); importing this module without it raises ImportErro
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +26,18 @@ def _removal_series(alloc: Mapping) -> tuple[list[int], list[float], list[float]
     rows = alloc["per_block"] if isinstance(alloc, Mapping) else alloc
     rows = sorted(rows, key=lambda r: r["block"])
     return ([r["block"] for r in rows], [100 * r["rho_q"] for r in rows], [100 * r["rho_k"] for r in rows])
+
+
+def _overall_removal(alloc: Mapping | Sequence[Mapping]) -> float | None:
+    """``100 * qk_removed / qk_total`` when the allocation has both as finite numbers (a report read back may
+    carry either as null), else None: no line."""
+    if not isinstance(alloc, Mapping):
+        return None
+    removed, total = alloc.get("qk_removed"), alloc.get("qk_total")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (removed, total)) or not total:
+        return None
+    share = 100 * removed / total
+    return share if math.isfinite(share) else None
 
 
 def _save(fig: Figure, path: str | Path | None) -> bytes:
@@ -52,8 +65,9 @@ def plot_qk_removal(series: Mapping[str, Mapping | Sequence[Mapping]], path: str
         c = colors[n % len(colors)]
         ax.plot(blocks, q, color=c, ls="-", marker="o", ms=3, lw=1.4, label=f"{label}: W_Q")
         ax.plot(blocks, k, color=c, ls="--", marker="s", ms=3, lw=1.4, label=f"{label}: W_K")
-        if target is None and isinstance(alloc, Mapping) and alloc.get("qk_total"):
-            ax.axhline(100 * alloc["qk_removed"] / alloc["qk_total"], color=c, ls=":", lw=1.0)
+        overall = _overall_removal(alloc) if target is None else None
+        if overall is not None:
+            ax.axhline(overall, color=c, ls=":", lw=1.0)
     if target is not None:
         ax.axhline(100 * target, color="0.4", ls=":", lw=1.0, label=f"{100 * target:.0f}% overall")
     ax.set_xlabel("transformer block")

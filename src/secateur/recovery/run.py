@@ -139,16 +139,7 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
         adapter_sha, n_adapter = lora.tensors_sha256(adapter), sum(p.numel() for p in adapter.values())
         info = {"run": str(Path(opts.run_dir).name), "adapter_sha256": adapter_sha, "command": command}
         with lora_output(pm, opts, info):
-            merged, delta = lora.merge(pm, masks, conv1d)
-            mask_info = None
-            if masks:
-                held_unmasked = heldout(merged)
-                lora.remask(merged, masks, conv1d)
-                rs = lora.realized(merged, masks, conv1d)
-                _same_sparsity(rs, run.report.get("realized_sparsity"))
-                mask_info = {"reapplied": True, **(delta or {}), "realized_sparsity": rs,
-                             "heldout_before_remask": held_unmasked}
-            held_output = heldout(merged)
+            merged, mask_info, held_output = _merge(pm, masks, conv1d, run, heldout)
             report = _report(opts, run, teacher_found, manifest, result, names, roles, n_adapter, adapter_sha,
                              mask_info, (held_pruned, held_adapters, held_output), plan, available, command, t0)
             from secateur.recovery.output import save_output
@@ -166,6 +157,24 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
         raise
     ckpt.remove()
     return RecoverResult(report, merged, tok)
+
+
+def _merge(pm, masks, conv1d: bool, run, heldout):
+    """``(merged model, mask record, held-out loss of the output)``: the adapters merged; a masked run's masks
+    re-applied exactly (the held-out loss before re-masking measures what the discarded delta cost) and its
+    realized sparsity checked against the run's."""
+    from secateur.recovery import lora
+
+    merged, delta = lora.merge(pm, masks, conv1d)
+    mask_info = None
+    if masks:
+        held_unmasked = heldout(merged)
+        lora.remask(merged, masks, conv1d)
+        rs = lora.realized(merged, masks, conv1d)
+        _same_sparsity(rs, run.report.get("realized_sparsity"))
+        mask_info = {"reapplied": True, **(delta or {}), "realized_sparsity": rs,
+                     "heldout_before_remask": held_unmasked}
+    return merged, mask_info, heldout(merged)
 
 
 def _adapter(model):
