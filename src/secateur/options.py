@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from secateur.export.card import RECIPE_SCHEMA, read_recipe
 from secateur.export.folder import check_output_dir, model_paths
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import STREAMABLE, method_options, resolve
-from secateur.methods.structured_stream import REFUSED
+from secateur.methods.structured import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
 from secateur.models.loading import check_device
@@ -279,8 +279,9 @@ def check_recipe_model(opts: PruneOptions) -> None:
     want = (opts.recipe_check or {}).get("model_sha256")
     if want and not opts.in_memory:
         got = local_digest(opts.model)
-        if got is None and (found := known_model(want, Path(opts.model).name)) is not None:  # named portably, hashed here before: the
-            opts.model, got = str(found), want  # same content, so the same run (the report names it portably)
+        # named portably, hashed here before: the same content, so the same run (the report names it portably)
+        if got is None and (found := known_model(want, Path(opts.model).name)) is not None:
+            opts.model, got = str(found), want
         if got is None:
             raise SecateurError(f"the recipe's model {opts.model!r} (a local model, sha256 {want[:12]}...) is not "
                                 "there from this directory; pass --model with the path to the same weights")
