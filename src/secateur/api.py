@@ -28,11 +28,12 @@ from secateur.export.folder import check_free_space, check_writable_output, expo
 from secateur.export.outputs import SavedAtEnd, StreamedOutput
 from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
-from secateur.models.adapters import get_adapter
+from secateur.models import streaming
+from secateur.models.adapters import Adapter, get_adapter
 from secateur.models.blocks import RESIDENT, Blocks, BlockSource, ResidentSource
 from secateur.models.loading import check_device, check_seqlen, load_model
+from secateur.models.memory import Shape
 from secateur.models.spec import ModelSpec
-from secateur.models.streaming import saved_tensors
 from secateur.options import STREAM_REFUSED as STREAM_REFUSED
 from secateur.options import STREAMABLE as STREAMABLE
 from secateur.options import PruneOptions as PruneOptions
@@ -133,10 +134,10 @@ class _Run:
     spec: ModelSpec
     model: torch.nn.Module
     tokenizer: object
-    adapter: object
+    adapter: Adapter
     source: BlockSource
-    stream: object | None = None
-    shape: object | None = None
+    stream: streaming.BlockStream | None = None
+    shape: Shape | None = None
     plan: dict | None = None
 
     def ready(self, timer: Timer) -> None:
@@ -161,8 +162,6 @@ def _open(opts: PruneOptions, spec: ModelSpec, method, needs_calibration: bool, 
     if needs_calibration:
         spec.check_seqlen(opts.seqlen)
     if opts.stream:
-        from secateur.models import streaming
-
         with timer("load"):
             stream = streaming.open_streamed(opts.model, opts.dtype, opts.device, folder=spec.local_folder())
         run = _Run(spec, stream.model, None, get_adapter(stream.model), stream, stream)
@@ -183,7 +182,7 @@ def _output(opts: PruneOptions, method, run: _Run, needs_calibration: bool) -> S
     and written as blocks finish."""
     structured = method.kind == "structured"
     if run.stream is not None:
-        specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(run.model).items()]
+        specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in streaming.saved_tensors(run.model).items()]
         dense = sum(s.nbytes for s in specs)
         need = int(dense * (1 - opts.sparsity)) if structured else dense + run.shape.prunable // 8
         return StreamedOutput(opts.out, opts.overwrite, structured, need, specs, run.stream.resident_items)
@@ -235,7 +234,8 @@ def _eval_pruned(opts: PruneOptions, model, tokenizer, timer: Timer) -> dict:
                         progress=not opts.quiet, stream=isinstance(model, str))
 
 
-def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter) -> tuple[object, dict]:
+def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: streaming.BlockStream,
+                 adapter: Adapter) -> tuple[Shape, dict]:
     """``(shape, report entry)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
     from secateur.compensate import solver_matrices
     from secateur.methods.structured import selection_kinds
@@ -454,19 +454,19 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
     return res
 
 
-def _eval_model(spec: ModelSpec, device: str, stream: bool):
+def _eval_model(spec: ModelSpec, device: str, stream: bool
+                ) -> tuple[torch.nn.Module, object, streaming.BlockStream | None]:
     """``(model, tokenizer, stream)``: loaded whole (``stream`` None), or built on the meta device with its blocks
     read from the folder when visited (residents loaded once the memory plan fits, :func:`_eval_plan`)."""
     if not stream:
         model, tok = load_model(spec.given, spec.dtype, device)
         return model, tok, None
-    from secateur.models import streaming
-
     src = streaming.open_streamed(spec.given, spec.dtype, device, folder=spec.local_folder())
     return src.model, src.tokenizer(), src
 
 
-def _eval_plan(stream, ids: torch.Tensor, seqlen: int, stride: int | None, max_windows: int | None):
+def _eval_plan(stream: streaming.BlockStream, ids: torch.Tensor, seqlen: int, stride: int | None,
+               max_windows: int | None):
     """The streamed evaluation's memory plan, printed and refused when it does not fit; then the tensors outside
     the blocks are loaded."""
     from secateur.eval.ppl import window_plan
