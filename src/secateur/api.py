@@ -110,8 +110,8 @@ def prune(**kwargs) -> PruneResult:
 
 
 def _options(kwargs: dict) -> PruneOptions:
-    """The run's validated options from ``prune``'s keywords (``options=``, ``recipe=`` or plain keywords), the
-    recipe's model and the evaluation checked before anything reads the model."""
+    """The run's validated options from ``prune``'s keywords (``options=``, ``recipe=`` or plain keywords), a
+    recipe's model checked (and found by its digest) before anything reads the model spec."""
     opts = kwargs.pop("options", None)
     recipe = kwargs.pop("recipe", None)
     if opts is not None and (kwargs or recipe is not None):
