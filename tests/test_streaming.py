@@ -51,6 +51,22 @@ def small_shards(monkeypatch):
     monkeypatch.setattr(shards, "DEFAULT_MAX_SHARD_BYTES", 30_000)  # several output shards on a tiny model
 
 
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """Every block source a streamed run opens (:func:`secateur.models.streaming.open_streamed`), in order."""
+    import secateur.models.streaming as streaming
+
+    seen: list = []
+    orig = streaming.open_streamed
+
+    def spy(*a, **k):
+        seen.append(orig(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(streaming, "open_streamed", spy)
+    return seen
+
+
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in sorted(folder.glob("*.safetensors")):
@@ -61,7 +77,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("family,method,dtype", [("llama", "magnitude", "float32"), ("llama", "wanda", "float32"),
                                                  ("llama", "sparsegpt", "float32"), ("gpt2", "wanda", "float32"),
                                                  ("llama", "wanda", "bfloat16")])
-def test_streamed_prune_equals_the_in_memory_prune(folders, tmp_path, small_shards, family, method, dtype):
+def test_streamed_prune_equals_the_in_memory_prune(folders, tmp_path, small_shards, opened, family, method, dtype):
     from transformers import AutoModelForCausalLM
 
     kw = dict(model=folders[family], method=method, calib=folders["text"], dtype=dtype, **COMMON)
@@ -86,7 +102,9 @@ def test_streamed_prune_equals_the_in_memory_prune(folders, tmp_path, small_shar
     assert rep["options"]["stream"] is True and "stream" not in json.loads((mem / "secateur-report.json").read_text())[
         "options"]
     assert rep["memory_plan"]["total_bytes"] > 0
-    assert isinstance(rep.model.secateur_stream, object) and not rep.model.secateur_stream.loaded
+    # the run's block source: every block released; the model carries no context of its own
+    assert len(opened) == 1 and opened[0].model is rep.model and not opened[0].loaded
+    assert opened[0].materialized_blocks() == [] and not hasattr(rep.model, "secateur_stream")
 
 
 def test_one_block_materialized_at_a_time(folders, tmp_path, monkeypatch):

@@ -41,6 +41,22 @@ def folders(tmp_path_factory):
     return out | {"text": text}
 
 
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """Every block source a streamed run opens (:func:`secateur.models.streaming.open_streamed`), in order."""
+    import secateur.models.streaming as streaming
+
+    seen: list = []
+    orig = streaming.open_streamed
+
+    def spy(*a, **k):
+        seen.append(orig(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(streaming, "open_streamed", spy)
+    return seen
+
+
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in sorted(folder.glob("*.safetensors")):
@@ -59,7 +75,7 @@ def _same_details(a: dict, b: dict) -> None:
     assert strip(a) == strip(b)
 
 
-def _compare(mem: Path, st: Path, rep: dict) -> None:
+def _compare(mem: Path, st: Path, rep: dict, opened: list) -> None:
     a, b = _weights(mem), _weights(st)
     assert a.keys() == b.keys()
     bad = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
@@ -75,7 +91,8 @@ def _compare(mem: Path, st: Path, rep: dict) -> None:
     assert {k: v for k, v in ra.items() if k not in VOLATILE} == {k: v for k, v in rb.items() if k not in VOLATILE}
     _same_details(ra["details"], rb["details"])
     assert rb["options"]["stream"] is True and rep["memory_plan"]["total_bytes"] > 0
-    assert rep.model.secateur_stream.materialized_blocks() == []
+    assert len(opened) == 1 and opened[0].model is rep.model and opened[0].materialized_blocks() == []
+    assert not hasattr(rep.model, "secateur_stream")  # the block source travels as an argument, not on the model
 
 
 CASES = {  # id: (family, method, knobs)
@@ -103,13 +120,13 @@ CASES = {  # id: (family, method, knobs)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_streamed_structured_prune_equals_the_in_memory_prune(folders, tmp_path, monkeypatch, case):
+def test_streamed_structured_prune_equals_the_in_memory_prune(folders, tmp_path, monkeypatch, opened, case):
     family, method, knobs = CASES[case]
     monkeypatch.setattr(shards, "DEFAULT_MAX_SHARD_BYTES", 30_000)  # several output shards
     kw = dict(model=folders[family], method=method, calib=folders["text"]) | COMMON | knobs
     api.prune(out=str(tmp_path / "mem"), **kw)
     rep = api.prune(out=str(tmp_path / "str"), stream=True, **kw)
-    _compare(tmp_path / "mem", tmp_path / "str", rep)
+    _compare(tmp_path / "mem", tmp_path / "str", rep, opened)
     index = json.loads((tmp_path / "str" / shards.INDEX_NAME).read_text())
     assert len(set(index["weight_map"].values())) > 1
     if "head-slot" in case and family != "gemma3_text":  # slots removed (Gemma-3 is MQA: head units)
@@ -211,7 +228,7 @@ def test_optional_tensors_of_the_shard_plan(tmp_path):
         assert set(got) == {"a", "d", *present} and all(torch.equal(got[k], vals[k]) for k in got)
 
 
-def test_a_bias_the_guard_drops_is_left_out_of_the_shards(folders, tmp_path, monkeypatch):
+def test_a_bias_the_guard_drops_is_left_out_of_the_shards(folders, tmp_path, monkeypatch, opened):
     """FLAP's bias on a bias-free family, the slice-only fallback forced on layer 1: its projections stay
     bias-free, the other layers get one (a per-layer config); the optional tensors absent from the shard plan."""
     from secateur.methods import materialize as compensation
@@ -227,7 +244,7 @@ def test_a_bias_the_guard_drops_is_left_out_of_the_shards(folders, tmp_path, mon
     kw = dict(model=folders["llama"], method="flap", calib=folders["text"]) | COMMON
     api.prune(out=str(tmp_path / "mem"), **kw)
     rep = api.prune(out=str(tmp_path / "str"), stream=True, **kw)
-    _compare(tmp_path / "mem", tmp_path / "str", rep)
+    _compare(tmp_path / "mem", tmp_path / "str", rep, opened)
     names = set(_weights(tmp_path / "str"))
     assert "model.layers.0.mlp.down_proj.bias" in names and "model.layers.1.mlp.down_proj.bias" not in names
     assert rep["export_route"] == "hetero"

@@ -24,18 +24,16 @@ from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
 from secateur.export.card import base_license, card_files
-from secateur.export.folder import (
-    check_free_space,
-    check_writable_output,
-    export_size,
-    write_file_atomic,
-    write_report,
-)
-from secateur.export.hf import save_run
-from secateur.export.sliced import save_structured
+from secateur.export.folder import check_free_space, check_writable_output, export_size, write_file_atomic
+from secateur.export.outputs import SavedAtEnd, StreamedOutput
+from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
-from secateur.models.adapters import get_adapter
-from secateur.models.loading import check_device, check_model, check_seqlen, load_model, model_source
+from secateur.models import streaming
+from secateur.models.adapters import Adapter, get_adapter
+from secateur.models.blocks import RESIDENT, Blocks, BlockSource, ResidentSource
+from secateur.models.loading import check_device, check_seqlen, load_model
+from secateur.models.memory import Shape
+from secateur.models.spec import ModelSpec
 from secateur.options import STREAM_REFUSED as STREAM_REFUSED
 from secateur.options import STREAMABLE as STREAMABLE
 from secateur.options import PruneOptions as PruneOptions
@@ -82,7 +80,40 @@ def prune(**kwargs) -> PruneResult:
 
     ``model``: a name, folder or ``.gguf`` file, or an already loaded model with its ``tokenizer`` (pruned in
     place; its model-file checks are skipped). The method's knobs are plain keywords (``compensation="coec",
-    coec_rounds=2``; see ``secateur prune --help``), or pass a ready ``options=PruneOptions(...)``."""
+    coec_rounds=2``; see ``secateur prune --help``), or pass a ready ``options=PruneOptions(...)``.
+
+    One sequence for every run: checks -> the block source (the model loaded whole, or ``stream``: built on the
+    meta device, its memory plan printed and checked) -> the output and its block sink (free space; streamed: the
+    shards, written as blocks finish) -> calibration set -> recipe check -> run -> report -> card -> save ->
+    checkpoint removal (resident runs checkpoint for ``--resume``; streamed ones do not)."""
+    opts = _options(kwargs)
+    spec = ModelSpec(opts.model, opts.dtype)  # resolved once; every later stage reads it
+    _check_eval(opts, spec)
+    method = METHODS[opts.method]
+    needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
+    timer = Timer()
+    run = _open(opts, spec, method, needs_calibration, timer)
+    if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
+        method.check(run.adapter, opts)
+    output = _output(opts, method, run, needs_calibration)
+    run.ready(timer)
+    ids, manifest = _calibration(opts, run, needs_calibration, timer)
+    ckpt = None if output.streamed else _checkpoint(opts, run.model, manifest)
+    with output.opened():  # streamed: the atomic output folder, written during the run
+        with timer("prune"):
+            result = _run_checkpointed(method, run, ids, opts, ckpt, Blocks(run.source, output.sink))
+        with _kept_on_interrupt(ckpt):  # the final save: an interruption names the checkpoint it leaves
+            report = _finish(opts, method, run, output, result, manifest, timer)
+    report["timings"]["phases"] = timer.phases
+    report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
+    if ckpt is not None:  # the output is in place: the checkpoint has served
+        ckpt.remove()
+    return PruneResult(report, run.model, run.tokenizer)
+
+
+def _options(kwargs: dict) -> PruneOptions:
+    """The run's validated options from ``prune``'s keywords (``options=``, ``recipe=`` or plain keywords), a
+    recipe's model checked (and found by its digest) before anything reads the model spec."""
     opts = kwargs.pop("options", None)
     recipe = kwargs.pop("recipe", None)
     if opts is not None and (kwargs or recipe is not None):
@@ -93,123 +124,121 @@ def prune(**kwargs) -> PruneResult:
     opts = opts or PruneOptions.from_kwargs(**kwargs)
     opts.validate()
     check_recipe_model(opts)  # before anything reads the model spec: a portable name may resolve to a local path
-    _check_eval(opts)
-    method = METHODS[opts.method]
-    needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
-    timer = Timer()
-    if opts.stream:
-        return _prune_streamed(opts, method, needs_calibration, timer)
-    model, tok, adapter = _load(opts, needs_calibration, timer)
-    if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
-        method.check(adapter, opts)
-    if opts.out:  # a full disk is known now, not after the prune (sliced models: at least the kept share), with
-        # the checkpoint beside --out, which holds every pruned block until the export is in place
-        keep = 1.0 - opts.sparsity if method.kind == "structured" else 1.0
-        ckpt_bytes = _resume.size_estimate(model, opts.nsamples, opts.seqlen) if needs_calibration else 0
-        check_free_space(opts.out, export_size(model, keep=keep) + ckpt_bytes,
-                         f" (with its checkpoint, about {ckpt_bytes / 2**20:.0f} MB)" if ckpt_bytes else "")
-    ids, manifest = None, None
+    return opts
+
+
+@dataclass
+class _Run:
+    """The model a run prunes and its block source: loaded whole (:class:`ResidentSource`), or built on the meta
+    device with each block read from the files when visited (``stream``: the :class:`BlockStream`; ``shape`` and
+    ``plan``: its memory plan's model shape and report entry)."""
+
+    spec: ModelSpec
+    model: torch.nn.Module
+    tokenizer: object
+    adapter: Adapter
+    source: BlockSource
+    stream: streaming.BlockStream | None = None
+    shape: Shape | None = None
+    plan: dict | None = None
+
+    def ready(self, timer: Timer) -> None:
+        """Streamed: the tensors outside the blocks loaded (an untied head is not: no prune computes logits, it
+        goes file to file) and the tokenizer read; a resident model is ready already."""
+        if self.stream is not None:
+            with timer("load"):
+                self.stream.load_resident(defer_head=True)
+                self.tokenizer = self.stream.tokenizer()
+
+
+def _open(opts: PruneOptions, spec: ModelSpec, method, needs_calibration: bool, timer: Timer) -> _Run:
+    """The run's model and block source: the model files checked (family, shipped code, weight files, context)
+    before any weight is read, then loaded whole, or (``--stream``) built on the meta device with its memory plan
+    printed and refused when it does not fit; an in-memory model is used as it is (its context checked)."""
+    if spec.in_memory:
+        if needs_calibration:
+            spec.check_seqlen(opts.seqlen)
+        with timer("load"):
+            return _Run(spec, opts.model, opts.tokenizer, get_adapter(opts.model), ResidentSource())
+    cfg = spec.config
     if needs_calibration:
-        with timer("calibration_data"):
-            ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed,
-                                            opts.data_dir, model=model)
-        check_recipe_calibration(opts, manifest)
-        stall.point("calibration")
-    ckpt = _checkpoint(opts, model, manifest)
-    with timer("prune"):
-        result = _run_checkpointed(method, model, adapter, ids, opts, ckpt)
-    with _kept_on_interrupt(ckpt):  # the final save: an interruption names the checkpoint it leaves
-        return _finish(opts, method, model, tok, result, manifest, timer, ckpt)
+        spec.check_seqlen(opts.seqlen)
+    if opts.stream:
+        with timer("load"):
+            stream = streaming.open_streamed(opts.model, opts.dtype, opts.device, folder=spec.local_folder())
+        run = _Run(spec, stream.model, None, get_adapter(stream.model), stream, stream)
+        run.shape, run.plan = _stream_plan(opts, method, needs_calibration, stream, run.adapter)
+        return run
+    if opts.method in STREAMABLE and cfg:
+        _check_whole_memory(opts, spec, cfg, needs_calibration)
+    with timer("load"):
+        model, tok = load_model(opts.model, opts.dtype, opts.device)
+        return _Run(spec, model, tok, get_adapter(model), ResidentSource())
 
 
-def _finish(opts: PruneOptions, method, model, tok, result, manifest, timer: Timer, ckpt) -> PruneResult:
-    """The report, ``--eval-ppl``, and the output folder of a pruned in-memory model; the checkpoint removed once
-    the output is in place."""
-    report = _report(opts, method, model, result, manifest, timer)
-    if opts.eval_ppl:
-        with timer("eval_ppl"):
-            report["perplexity"] = [_eval_entry(eval_ppl(model, opts.eval_ppl, seqlen=_eval_seqlen(opts),
-                                                         max_windows=opts.eval_windows, data_dir=opts.data_dir,
-                                                         tokenizer=tok, progress=not opts.quiet))]
+def _output(opts: PruneOptions, method, run: _Run, needs_calibration: bool) -> SavedAtEnd | StreamedOutput:
+    """Where the pruned model goes, its size known now rather than after the prune: a resident run's folder is
+    written at the end (the free space checked now: sliced models at least the kept share, with the checkpoint
+    beside ``--out``, which holds every pruned block until the export is in place); a streamed run's shards are
+    planned from the dense tensors (structured: at least the kept share; unstructured: every weight + the masks)
+    and written as blocks finish."""
+    structured = method.kind == "structured"
+    if run.stream is not None:
+        specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in streaming.saved_tensors(run.model).items()]
+        dense = sum(s.nbytes for s in specs)
+        need = int(dense * (1 - opts.sparsity)) if structured else dense + run.shape.prunable // 8
+        return StreamedOutput(opts.out, opts.overwrite, structured, need, specs, run.stream.resident_items)
     if opts.out:
-        result.extra_files |= _card_files(opts, report)
+        keep = 1.0 - opts.sparsity if structured else 1.0
+        ckpt_bytes = _resume.size_estimate(run.model, opts.nsamples, opts.seqlen) if needs_calibration else 0
+        check_free_space(opts.out, export_size(run.model, keep=keep) + ckpt_bytes,
+                         f" (with its checkpoint, about {ckpt_bytes / 2**20:.0f} MB)" if ckpt_bytes else "")
+    return SavedAtEnd(opts.out, opts.overwrite, structured)
+
+
+def _calibration(opts: PruneOptions, run: _Run, needs_calibration: bool, timer: Timer):
+    """``(ids, manifest)``: the calibration set checked against a recipe's digest (``(None, None)`` without one)."""
+    if not needs_calibration:
+        return None, None
+    with timer("calibration_data"):
+        ids, manifest = calibration_set(opts.calib, run.tokenizer, opts.nsamples, opts.seqlen, opts.seed,
+                                        opts.data_dir, model=run.model)
+    check_recipe_calibration(opts, manifest)
+    stall.point("calibration")
+    return ids, manifest
+
+
+def _finish(opts: PruneOptions, method, run: _Run, output, result, manifest, timer: Timer) -> dict:
+    """The report, ``--eval-ppl`` and the output folder. A resident model is evaluated in memory before the save;
+    a streamed one's pruned blocks are in the (temporary) output folder only, so it is evaluated block by block
+    there after the save, then its card and report are written again with the perplexity."""
+    report = _report(opts, run.spec, method, run.model, result, manifest, timer)
+    if run.plan is not None:
+        report["memory_plan"] = run.plan
+    if opts.eval_ppl and not output.streamed:
+        report["perplexity"] = [_eval_entry(_eval_pruned(opts, run.model, run.tokenizer, timer))]
+    if opts.out:
+        files = result.extra_files | _card_files(opts, report)
         stall.point("save")
         with timer("save"):
-            if method.kind == "structured":  # sliced widths: stock or heterogeneous config, no masks
-                save_structured(model, tok, opts.out, report, result.extra_files, opts.overwrite)
-            else:
-                save_run(model, tok, opts.out, report, result.masks, opts.overwrite, result.extra_files)
-        report["timings"]["phases"] = timer.phases
-    report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
-    if ckpt is not None:  # the output is in place: the checkpoint has served
-        ckpt.remove()
-    return PruneResult(report, model, tok)
+            output.save(run.model, run.tokenizer, report, result.masks, files)
+    if opts.eval_ppl and output.streamed:
+        report["perplexity"] = [_eval_entry(_eval_pruned(opts, str(output.folder), None, timer))]
+        output.rewrite(report, _card_files(opts, report))
+    return report
 
 
-def _prune_streamed(opts: PruneOptions, method, needs_calibration: bool, timer: Timer) -> PruneResult:
-    """``prune --stream``: the model built on the meta device, its memory plan printed and checked, then each
-    block loaded, pruned, written to ``--out``'s shards and freed (:mod:`secateur.models.streaming`,
-    :mod:`secateur.export.shards`; structured methods: two passes, :mod:`secateur.methods.structured_stream`);
-    the output folder is atomic as always."""
-    from secateur.export.folder import atomic_dir
-    from secateur.export.shards import Spec, finish_export
-    from secateur.export.sliced import finish_structured_export
-    from secateur.models.streaming import open_streamed, saved_tensors
-
-    cfg = check_model(opts.model)
-    if needs_calibration:
-        check_seqlen(opts.model, opts.seqlen, cfg)
-    with timer("load"):
-        stream = open_streamed(opts.model, opts.dtype, opts.device)
-    model, adapter = stream.model, get_adapter(stream.model)
-    shape, plan, available = _stream_plan(opts, method, needs_calibration, stream, adapter)
-    if method.check is not None:  # an unreachable structured target: from the shapes, before any data
-        method.check(adapter, opts)
-    specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in saved_tensors(model).items()]
-    dense = sum(s.nbytes for s in specs)
-    # structured: at least the kept share (as the in-memory run checks); unstructured: every weight + the masks
-    need = int(dense * (1 - opts.sparsity)) if method.kind == "structured" else dense + shape.prunable // 8
-    with timer("load"):
-        stream.load_resident(defer_head=True)  # no prune computes logits: an untied head goes file to file
-        tok = stream.tokenizer()
-    ids, manifest = None, None
-    if needs_calibration:
-        with timer("calibration_data"):
-            ids, manifest = calibration_set(opts.calib, tok, opts.nsamples, opts.seqlen, opts.seed, opts.data_dir)
-        check_recipe_calibration(opts, manifest)
-    with atomic_dir(opts.out, opts.overwrite, need=need) as tmp:
-        with timer("prune"):
-            result = _run_streamed(method, stream, adapter, ids, opts, tmp, specs)
-        report = _report(opts, method, model, result, manifest, timer)
-        report["memory_plan"] = {"total_bytes": plan.total, "available_bytes": available,
-                                 "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
-        with timer("save"):
-            files = result.extra_files | _card_files(opts, report)
-            if method.kind == "structured":  # stock or per-layer config, as save_structured writes it
-                finish_structured_export(tmp, model, tok, report, files)
-            else:
-                finish_export(tmp, model, tok, report, result.masks, files)
-        if opts.eval_ppl:
-            _eval_streamed_folder(opts, tmp, report, timer)
-    report["timings"]["phases"] = timer.phases
-    return PruneResult(report, model, tok)
-
-
-def _eval_streamed_folder(opts: PruneOptions, tmp, report: dict, timer: Timer) -> None:
-    """``--eval-ppl`` of a streamed prune: the pruned blocks are in the (temporary) folder only, so it is evaluated
-    block by block there, then its report and card are written again with the perplexity."""
+def _eval_pruned(opts: PruneOptions, model, tokenizer, timer: Timer) -> dict:
+    """``--eval-ppl`` of the pruned model: in memory, or (a folder) read block by block as it was streamed."""
     with timer("eval_ppl"):
-        res = eval_ppl(str(tmp), opts.eval_ppl, seqlen=_eval_seqlen(opts), max_windows=opts.eval_windows,
-                       data_dir=opts.data_dir, dtype=opts.dtype, device=opts.device, progress=not opts.quiet,
-                       stream=True)
-    report["perplexity"] = [_eval_entry(res)]
-    for name, data in _card_files(opts, report).items():
-        (tmp / name).write_bytes(data)
-    write_report(tmp, report)
+        return eval_ppl(model, opts.eval_ppl, seqlen=_eval_seqlen(opts), max_windows=opts.eval_windows,
+                        data_dir=opts.data_dir, tokenizer=tokenizer, dtype=opts.dtype, device=opts.device,
+                        progress=not opts.quiet, stream=isinstance(model, str))
 
 
-def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, adapter):
-    """``(shape, plan, available)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
+def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: streaming.BlockStream,
+                 adapter: Adapter) -> tuple[Shape, dict]:
+    """``(shape, report entry)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
     from secateur.compensate import solver_matrices
     from secateur.methods.structured import selection_kinds
     from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
@@ -226,36 +255,11 @@ def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream, ad
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)
     plan.check(available)
-    return shape, plan, available
+    return shape, {"total_bytes": plan.total, "available_bytes": available,
+                   "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
 
 
-def _run_streamed(method, stream, adapter, ids, opts: PruneOptions, tmp, specs):
-    """Run ``method`` over the streamed model, its tensors written into ``tmp``'s shards: unstructured methods
-    with the dense plan ``specs`` (shapes kept), structured ones open the writer once the selection has fixed the
-    output's tensors."""
-    from secateur.export.shards import ShardWriter, Spec
-
-    writers: list[ShardWriter] = []
-
-    def open_writer(out_specs: list[Spec]):  # the output's tensors, known before any block is written
-        writers.append(ShardWriter(tmp, out_specs))
-        for name, t in stream.resident_items():
-            writers[0].write(name, t)
-        return writers[0].write
-
-    if method.kind == "structured":  # two streamed passes; the writer opens between them
-        result = method.stream(stream.model, adapter, ids, opts, open_writer)
-    else:
-        stream.writer = open_writer(specs)
-        try:
-            result = method.run(stream.model, adapter, ids, opts)
-        finally:
-            stream.writer = None
-    writers[0].close()
-    return result
-
-
-def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -> dict:
+def _report(opts: PruneOptions, spec: ModelSpec, method, model, result, manifest, timer: Timer) -> dict:
     """The run's report (``secateur-report.json``); adds the method's figures to ``result.extra_files``."""
     result.extra_files |= _figures(result.details)
     calibration = manifest.to_dict() if manifest else None
@@ -270,7 +274,7 @@ def _report(opts: PruneOptions, method, model, result, manifest, timer: Timer) -
         "model": portable(opts.model_name),
         "base_license": base_license(opts.model_name),  # read from the model's own folder (its card, config)
         # GGUF input: file (by name), sha256, cached folder (by name); else None
-        "model_source": None if opts.in_memory else portable_source(model_source(opts.model, opts.dtype)),
+        "model_source": None if opts.in_memory else portable_source(spec.source),
         "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
         "pattern": opts.pattern,
         "options": options,
@@ -301,7 +305,7 @@ def _eval_seqlen(opts: PruneOptions) -> int:
     return min(opts.seqlen, 2048)
 
 
-def _check_eval(opts: PruneOptions) -> None:
+def _check_eval(opts: PruneOptions, spec: ModelSpec) -> None:
     """``eval_ppl``'s corpus, window count and context, before anything is loaded."""
     if opts.eval_windows is not None and not opts.eval_ppl:
         raise SecateurError("--eval-windows limits --eval-ppl; pass --eval-ppl DATASET too")
@@ -310,7 +314,7 @@ def _check_eval(opts: PruneOptions) -> None:
     check_ppl_args(_eval_seqlen(opts), None, opts.eval_windows)
     eval_text(opts.eval_ppl, opts.data_dir)
     if not opts.in_memory:
-        check_seqlen(opts.model, _eval_seqlen(opts), check_model(opts.model), "--seqlen (of --eval-ppl)")
+        spec.check_seqlen(_eval_seqlen(opts), "--seqlen (of --eval-ppl)")
 
 
 def _eval_entry(res: dict) -> dict:
@@ -334,33 +338,15 @@ def _figures(details: dict) -> dict[str, bytes]:
     return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
 
 
-def _load(opts: PruneOptions, needs_calibration: bool, timer: Timer):
-    """``(model, tokenizer, adapter)``: the model files checked (family, shipped code, weight files, context)
-    before any weight is read, then loaded; an in-memory model is used as it is (its context checked)."""
-    if opts.in_memory:
-        if needs_calibration:
-            check_seqlen(opts.model_name, opts.seqlen, opts.model.config.to_dict())
-        with timer("load"):
-            return opts.model, opts.tokenizer, get_adapter(opts.model)
-    cfg = check_model(opts.model)
-    if needs_calibration:
-        check_seqlen(opts.model, opts.seqlen, cfg)
-    if opts.method in STREAMABLE and cfg:
-        _check_whole_memory(opts, cfg, needs_calibration)
-    with timer("load"):
-        model, tok = load_model(opts.model, opts.dtype, opts.device)
-        return model, tok, get_adapter(model)
-
-
-def _check_whole_memory(opts: PruneOptions, cfg: dict, needs_calibration: bool) -> None:
+def _check_whole_memory(opts: PruneOptions, spec: ModelSpec, cfg: dict, needs_calibration: bool) -> None:
     """A prune of a local model folder (a method ``--stream`` could run) that cannot fit in memory is refused before
     loading, naming ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
     from pathlib import Path
 
-    from secateur.models.loading import parse_dtype, resolve
+    from secateur.models.loading import parse_dtype
     from secateur.models.memory import whole_prune_plan
 
-    folder = Path(resolve(opts.model, opts.dtype)[0])
+    folder = Path(spec.location[0])
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return
     elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
@@ -388,12 +374,14 @@ def _kept_on_interrupt(ckpt: _resume.Checkpoint | None):
         raise
 
 
-def _run_checkpointed(method, model, adapter, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None):
-    """``method.run`` with its checkpoint active: kept for ``--resume`` when interrupted, removed when the
-    input was at fault (fixing it changes the run, so the checkpoint could never be resumed)."""
+def _run_checkpointed(method, run: _Run, ids, opts: PruneOptions, ckpt: _resume.Checkpoint | None,
+                      blocks: Blocks):
+    """``method.run`` over ``blocks`` with its checkpoint active (None: a streamed run, or nothing to resume): kept
+    for ``--resume`` when interrupted, removed when the input was at fault (fixing it changes the run, so the
+    checkpoint could never be resumed)."""
     with _resume.active(ckpt):
         try:
-            return method.run(model, adapter, ids, opts)
+            return method.run(run.model, run.adapter, ids, opts, blocks=blocks)
         except SecateurError as e:
             if ckpt is not None and not isinstance(e, _resume.CheckpointError):
                 ckpt.remove()
@@ -431,8 +419,8 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
              tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
              progress: bool = True, stream: bool = False) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus.
-    ``stream``: one decoder block in memory at a time over all windows (a model folder larger than memory; its
-    memory plan printed and checked first; :mod:`secateur.eval.ppl_stream`)."""
+    ``stream``: the same window loop over a streamed block source, one decoder block in memory at a time over all
+    windows (a model folder larger than memory; its memory plan printed and checked first)."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
     check_tokenizer(model, tokenizer)
@@ -443,51 +431,56 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
                             "its folder, or drop stream=True")
     if isinstance(model, str):
         check_device(device)
-        check_seqlen(model, seqlen, check_model(model))
+        spec = ModelSpec(model, dtype)
+        spec.check_seqlen(seqlen)
+        model, tokenizer, stream_src = _eval_model(spec, device, stream)
+        name = spec.name
     else:
-        check_seqlen(getattr(model.config, "_name_or_path", "in-memory"), seqlen, model.config.to_dict())
-    if stream:
-        return _eval_ppl_streamed(model, dataset, text, seqlen, stride, max_windows, dtype, device, json_path,
-                                  progress)
-    model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
+        name = getattr(model.config, "_name_or_path", "in-memory")
+        check_seqlen(name, seqlen, model.config.to_dict())
+        stream_src = None
     ids = eval_ids(text, tokenizer)
     if ids.numel() < seqlen:
         raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
                             f"{seqlen}; use a longer text or a smaller --seqlen")
-    res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer)  # BOS rule: the tokenizer
+    plan = None if stream_src is None else _eval_plan(stream_src, ids, seqlen, stride, max_windows)
+    blocks = RESIDENT if stream_src is None else Blocks(stream_src)
+    res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer,  # BOS rule: the tokenizer
+                     blocks=blocks)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine(), "schema_version": SCHEMA_VERSION})
+    if plan is not None:
+        res["memory_plan_bytes"] = plan.total
     if json_path:
         write_file_atomic(json_path, json.dumps(res, indent=2))
     return res
 
 
-def _eval_ppl_streamed(spec: str, dataset: str, text: str, seqlen: int, stride: int | None,
-                       max_windows: int | None, dtype: str, device: str, json_path: str | None, progress: bool) -> dict:
-    from secateur.eval.ppl import window_plan
-    from secateur.eval.ppl_stream import perplexity_streamed
-    from secateur.models.memory import available_bytes, eval_plan, shape_of
-    from secateur.models.streaming import open_streamed
+def _eval_model(spec: ModelSpec, device: str, stream: bool
+                ) -> tuple[torch.nn.Module, object, streaming.BlockStream | None]:
+    """``(model, tokenizer, stream)``: loaded whole (``stream`` None), or built on the meta device with its blocks
+    read from the folder when visited (residents loaded once the memory plan fits, :func:`_eval_plan`)."""
+    if not stream:
+        model, tok = load_model(spec.given, spec.dtype, device)
+        return model, tok, None
+    src = streaming.open_streamed(spec.given, spec.dtype, device, folder=spec.local_folder())
+    return src.model, src.tokenizer(), src
 
-    stream = open_streamed(spec, dtype, device)
-    tokenizer = stream.tokenizer()
-    ids = eval_ids(text, tokenizer)
-    if ids.numel() < seqlen:
-        raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
-                            f"{seqlen}; use a longer text or a smaller --seqlen")
+
+def _eval_plan(stream: streaming.BlockStream, ids: torch.Tensor, seqlen: int, stride: int | None,
+               max_windows: int | None):
+    """The streamed evaluation's memory plan, printed and refused when it does not fit; then the tensors outside
+    the blocks are loaded."""
+    from secateur.eval.ppl import window_plan
+    from secateur.models.memory import available_bytes, eval_plan, shape_of
+
     n_windows = len(window_plan(ids.numel(), seqlen, stride)[:max_windows])
     plan = eval_plan(shape_of(stream.model, get_adapter(stream.model), stream), n_windows, seqlen)
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)
     plan.check(available)
     stream.load_resident()
-    res = perplexity_streamed(stream.model, ids, seqlen=seqlen, stride=stride, max_windows=max_windows,
-                              progress=progress, tokenizer=tokenizer)
-    res.update({"model": spec, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
-                "machine": machine(), "schema_version": SCHEMA_VERSION, "memory_plan_bytes": plan.total})
-    if json_path:
-        write_file_atomic(json_path, json.dumps(res, indent=2))
-    return res
+    return plan
 
 
 def eval_zeroshot(model: str | torch.nn.Module = "smollm2-135m", tasks=None, limit: int | None = None,

@@ -22,7 +22,7 @@ from secateur.export.card import RECIPE_SCHEMA, read_recipe
 from secateur.export.folder import check_output_dir, model_paths
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import STREAMABLE, method_options, resolve
-from secateur.methods.structured_stream import REFUSED
+from secateur.methods.structured import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
 from secateur.models.loading import check_device

@@ -20,6 +20,7 @@ from secateur.calib.engine import BlockContext, Handler, Walk
 from secateur.calib.stats import Accumulator, BlockInfluence, make_accumulators
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 
 # accumulators over the o_proj / down_proj inputs that each score reads
 REQUIRED_STATS: dict[str, tuple[str, ...]] = {
@@ -76,12 +77,14 @@ class StatsCollector(Handler):
             self.stats[index] = {g: {k: unpack_accumulator(a) for k, a in accs.items()} for g, accs in state.items()}
 
 
-def block_influence(model, adapter: Adapter, ids: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+def block_influence(model, adapter: Adapter, ids: torch.Tensor, batch_size: int = 8,
+                    blocks: Blocks = RESIDENT) -> torch.Tensor:
     """ShortGPT's BI of every block (:class:`BlockInfluence`) from one dense pass over ``ids [N, T]``: the
-    calibration engine's block walker, ``batch_size`` sequences per chunk (``model``: unused, the adapter's)."""
+    calibration engine's block walker, ``batch_size`` sequences per chunk (``model``: unused, the adapter's;
+    ``blocks``: where the walk's blocks come from)."""
     accs = [BlockInfluence() for _ in range(adapter.n_layers)]
     with torch.no_grad():
-        walk = Walk(adapter, ids, batch_size)
+        walk = Walk(adapter, ids, batch_size, blocks=blocks)
         for visit in walk.blocks():
             for j in range(len(visit.inputs)):
                 h = visit.input(j)
@@ -112,16 +115,18 @@ class StructuredStats:
 
 def collect_stats(model: torch.nn.Module, adapter, ids: torch.Tensor, kinds: tuple[str, ...] = SCORE_STATS,
                   chunk_size: int = 8, device=None, progress: bool = False,
-                  on_block: Callable[[int, dict], None] | None = None) -> StructuredStats:
+                  on_block: Callable[[int, dict], None] | None = None, blocks: Blocks = RESIDENT) -> StructuredStats:
     """One dense engine pass (COEC Sec. 3.1 "a single forward pass accumulates all Grams"; CORP Alg. 1
     "global" schedule) collecting ``kinds`` on the o_proj / down_proj inputs of every layer. No ``kinds``:
     empty statistics (ShortGPT's block influence is its own forward, see
     :func:`secateur.methods.structured.add_block_influence`). ``on_block(index, stats)``: called after each block's
-    statistics, while the block is loaded (a block-streamed run scores it then)."""
+    statistics, while the block is loaded (a block-streamed run scores it then); ``blocks``: the walk's block
+    source and sink (:mod:`secateur.models.blocks`)."""
     if not kinds:
         return StructuredStats()
     h = StatsCollector(tuple(kinds), tuple(GROUP_ROLE), on_block)
     t = time.perf_counter()
-    rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress)
+    rep = engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device, progress=progress,
+                     blocks=blocks)
     return StructuredStats(h.stats, None, rep.n_tokens, {"stats_s": time.perf_counter() - t,
                                                          **{f"engine_{k}": v for k, v in rep.timings.items()}})

@@ -18,7 +18,6 @@ is moved to the compute device. Inside a block the four groups (``attn_in``, ``a
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,8 +29,8 @@ from tqdm.auto import tqdm
 from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
 from secateur.models.adapters import GROUPS, Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 from secateur.models.linear import LinearRef
-from secateur.models.streaming import STREAM_ATTR
 
 MODES = ("sequential", "dense-block", "dense")
 
@@ -189,14 +188,17 @@ class Walk:
     (kwargs captured at batch size 1, moved to ``device``, default the model's); :meth:`blocks` yields a
     :class:`BlockVisit` per block (each block visits ``device`` and goes back home afterwards) and feeds
     its :attr:`BlockVisit.outputs` to the next. Chunks are kept on ``store`` between blocks (the CPU by
-    default; ``None`` keeps them where they were computed). Used by the calibration engine, the held-out
-    QK error, ShortGPT's block influence and the CoCurve sweep's dense pass.
+    default; ``None`` keeps them where they were computed). ``blocks``: where the blocks come from and where the
+    finished ones go (:mod:`secateur.models.blocks`; default: in memory, kept there): each visit happens inside
+    :meth:`~secateur.models.blocks.Blocks.scope`, so a streamed block is loaded for its visit only. Used by the
+    calibration engine, the held-out QK error, ShortGPT's block influence and the CoCurve sweep's dense pass.
     """
 
     def __init__(self, adapter: Adapter, ids: torch.Tensor, chunk_size: int,
                  device: str | torch.device | None = None, *, store: str | torch.device | None = "cpu",
-                 kwargs: dict | None = None) -> None:
+                 kwargs: dict | None = None, blocks: Blocks = RESIDENT) -> None:
         self.adapter = adapter
+        self.block_context = blocks
         self.home = adapter.device
         self.device = torch.device(device) if device is not None else self.home
         self.store = None if store is None else torch.device(store)
@@ -215,7 +217,7 @@ class Walk:
         todo = list(range(self.adapter.n_layers) if layers is None else layers)
         for pos in tqdm(range(start, len(todo)), desc=desc, disable=not progress, initial=start, total=len(todo)):
             layer = self.adapter.layers[todo[pos]]
-            with block_scope(self.adapter, todo[pos]):
+            with self.block_context.scope(todo[pos]):
                 layer.to(self.device)
                 try:
                     kw = self.adapter.layer_kwargs(todo[pos], self.kwargs)
@@ -226,37 +228,20 @@ class Walk:
                     layer.to(self.home)
 
 
-@contextlib.contextmanager
-def block_scope(adapter: Adapter, index: int) -> Iterator[None]:
-    """Block ``index`` of a block-streamed model (:mod:`secateur.models.streaming`) materialized for the duration,
-    then released (handed to the stream's writer first when the visit finished); a no-op for an ordinary model."""
-    stream = getattr(adapter.model, STREAM_ATTR, None)
-    if stream is None:
-        yield
-        return
-    stream.load(index)
-    done = False
-    try:
-        yield
-        done = True
-    finally:
-        stream.release(index, done)
-
-
 def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler, mode: str = "sequential",
         chunk_size: int = 8, device: str | torch.device | None = None, progress: bool = True,
-        layers: list[int] | None = None, keep_outputs: bool = False) -> EngineReport:
+        layers: list[int] | None = None, keep_outputs: bool = False, blocks: Blocks = RESIDENT) -> EngineReport:
     """Run the calibration set ``ids [N, T]`` through the model block by block, calling ``handler``.
 
     Embeddings and head stay where the model is; each block visits ``device`` (default: the model's).
-    Returns per-phase timings (seconds).
+    ``blocks``: the block source and sink of the walk (:class:`Walk`). Returns per-phase timings (seconds).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     adapter.check_calibration_length(ids.shape[1])
     rep = EngineReport(mode=mode, n_tokens=int(ids.numel()))
     t0 = time.perf_counter()
-    walk = Walk(adapter, ids, chunk_size, device)
+    walk = Walk(adapter, ids, chunk_size, device, blocks=blocks)
     rep.add("embed", time.perf_counter() - t0)
     todo = list(range(adapter.n_layers) if layers is None else layers)
     ck = resume.current() if handler.resumable else None

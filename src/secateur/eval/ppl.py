@@ -17,6 +17,13 @@ of the token stream, as when it tokenizes the corpus as one text: window 0 start
 one token (``nonoverlap-1024+bos-first``). A tokenizer that adds no BOS (SmolLM2, Qwen2, GPT-2) gets none and
 keeps the bare protocol name (``nonoverlap-1024``, ``bos = "none"``). ``bos="every"`` (a comparison only) starts
 every window with BOS followed by ``L - 1`` corpus tokens (``nonoverlap-1024+bos-every``).
+
+Block-streamed (a model larger than memory: ``blocks=`` a streamed :class:`secateur.models.blocks.Blocks`,
+:mod:`secateur.models.streaming`): the same windows and sums, walked block-major. Every window is embedded first;
+then each decoder block is loaded once, runs every window's hidden states (each window alone, batch 1, with the
+block kwargs its own length gives) and is freed; the final norm and the head then score each window with
+:func:`nll_from_hidden`. Only the route through the blocks differs (the family's block forward instead of the
+model's own loop).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from secateur.errors import SecateurError
+from secateur.models.adapters import get_adapter
+from secateur.models.blocks import RESIDENT, Blocks
 
 
 def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
@@ -40,7 +49,7 @@ def _nll_sum(model: nn.Module, ids: torch.Tensor, n_score: int, chunk: int = 512
 
 def nll_from_hidden(head: nn.Module, h: torch.Tensor, ids: torch.Tensor, n_score: int, chunk: int = 512) -> float:
     """:func:`_nll_sum` from the final hidden states ``h [T, d]`` of the window ``ids [1, T]`` (shared with the
-    block-streamed evaluator, :mod:`secateur.eval.ppl_stream`)."""
+    block-streamed route of :func:`perplexity`)."""
     T = ids.shape[1]
     start = T - 1 - n_score  # first position whose prediction is scored
     total = 0.0
@@ -139,21 +148,45 @@ def eval_windows(ids: torch.Tensor, seqlen: int, stride: int | None, max_windows
 @torch.no_grad()
 def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: int | None = None,
                max_windows: int | None = None, progress: bool = True, tokenizer=None,
-               bos: str | None = None) -> dict:
+               bos: str | None = None, blocks: Blocks = RESIDENT) -> dict:
     """Perplexity of a 1-D token tensor (tokenized without special tokens). Returns the number, its protocol
     and the counts.
 
     ``tokenizer`` (the one that produced ``ids``) decides the BOS rule: ``first`` when it prepends BOS to a
     text, else ``none`` (module docstring); ``bos`` overrides it (``none``/``first``/``every``; the last two need
-    a tokenizer with a BOS token)."""
+    a tokenizer with a BOS token). ``blocks``: where the blocks come from; a streamed source walks the windows
+    block by block (module docstring; the result says ``streamed``)."""
     ids, plan, rule, corpus = eval_windows(ids, seqlen, stride, max_windows, tokenizer, bos)
     full = len(plan)
     plan = plan[:max_windows] if max_windows is not None else plan
-    device = next(model.parameters()).device
     t0 = time.perf_counter()
+    if blocks.streamed:
+        sums = _block_major_sums(model, ids, plan, blocks, progress)
+        return ppl_result(sums, seqlen, stride, rule, full, corpus, t0) | {"streamed": True}
+    device = next(model.parameters()).device
     sums = [(_nll_sum(model, ids[b:e].unsqueeze(0).to(device), n), n)
             for b, e, n in tqdm(plan, desc="perplexity", disable=not progress)]
     return ppl_result(sums, seqlen, stride, rule, full, corpus, t0)
+
+
+def _block_major_sums(model: nn.Module, ids: torch.Tensor, plan: list[tuple[int, int, int]], blocks: Blocks,
+                      progress: bool) -> list[tuple[float, int]]:
+    """Each window's (summed NLL, scored tokens), every block loaded once for all windows (module docstring)."""
+    adapter = get_adapter(model)
+    device = adapter.device
+    windows = [ids[b:e].unsqueeze(0).to(device) for b, e, _ in plan]
+    kwargs: dict[int, dict] = {}  # block kwargs per window length (RoPE tables, masks): the tail may be shorter
+    hs = []
+    for w in windows:
+        h, kw = adapter.capture_inputs(w)
+        kwargs.setdefault(w.shape[1], kw)
+        hs.append(h)
+    for i in tqdm(range(adapter.n_layers), desc="perplexity (streamed blocks)", disable=not progress):
+        layer = adapter.layers[i]
+        with blocks.scope(i):
+            hs = [adapter.block_forward(layer, h, adapter.layer_kwargs(i, kwargs[h.shape[1]])) for h in hs]
+    head = model.get_output_embeddings()
+    return [(nll_from_hidden(head, adapter.final_hidden(h)[0], w, n), n) for w, h, (_, _, n) in zip(windows, hs, plan)]
 
 
 def ppl_result(sums: list[tuple[float, int]], seqlen: int, stride: int | None, rule: str, full: int, corpus: int,

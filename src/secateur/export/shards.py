@@ -13,11 +13,14 @@ planned tensors by :meth:`ShardWriter.close`, which writes the header then; the 
 optional tensor present and padded with spaces (as safetensors allows) when some are absent.
 
 The folder is the temporary folder of :func:`secateur.export.folder.atomic_dir`, so a failed run leaves nothing.
+:class:`ShardSink` is the streamed run's block sink (:mod:`secateur.models.blocks`): each finished block goes to the
+writer as its block source releases it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +169,45 @@ class ShardWriter:
             index = {"metadata": {"total_size": self.total_bytes},
                      "weight_map": {s.name: sh.file for sh in self.shards for s in sh.specs if s.name in self.written}}
             (self.folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+class ShardSink:
+    """A streamed prune's block sink (:class:`secateur.models.blocks.BlockSink`): the tensors of each finished block
+    written to their shards under ``folder`` when the block is released, so no pruned block is held.
+
+    The shards are planned from ``specs``, the dense plan (an unstructured prune keeps every shape), unless a method
+    plans the output first (:meth:`plan`: a structured selection fixes the sliced tensors before any block is
+    written). The writer opens with the first block written, the tensors outside the blocks (``residents()``:
+    embeddings, final norm, head) first; :meth:`close` checks that every planned tensor came."""
+
+    def __init__(self, folder: str | Path, specs: list[Spec],
+                 residents: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        self.folder = Path(folder)
+        self.specs = list(specs)
+        self.residents = residents
+        self.writer: ShardWriter | None = None
+
+    def plan(self, specs: list[Spec]) -> None:
+        """The output's tensors, now known (before any block is written)."""
+        if self.writer is not None:
+            raise SecateurError("the export plan changed after the first block was written")
+        self.specs = list(specs)
+
+    def _open(self) -> ShardWriter:
+        if self.writer is None:
+            self.writer = ShardWriter(self.folder, self.specs)
+            for name, t in self.residents():
+                self.writer.write(name, t)
+        return self.writer
+
+    def write_block(self, index: int, state: Mapping[str, torch.Tensor]) -> None:
+        writer = self._open()
+        for name, t in state.items():
+            writer.write(name, t.detach())
+
+    def close(self) -> None:
+        """Every planned tensor written: the optional ones, the headers and the index (:meth:`ShardWriter.close`)."""
+        self._open().close()
 
 
 def finish_export(folder: str | Path, model, tokenizer, report: dict, masks=None,

@@ -48,6 +48,7 @@ from secateur.methods.materialize import (
 )
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
 from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep
 from secateur.structured.selection import Selection
@@ -275,15 +276,17 @@ def _compensate(model, adapter, selection, ccfg: CompensationConfig, graph_ids, 
     return compensation_details(ccfg, records, timings["compensation_s"], memory), timings
 
 
-def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts,
+        blocks: Blocks = RESIDENT) -> MethodResult:
     """``secateur prune --method cocurve|cocurve-diag``: slice in place; artifacts travel as extra files.
 
     The in-memory model's config is replaced by its export config (stock or heterogeneous, see
     :mod:`secateur.export.sliced`) so that the generic saver writes a folder that one
-    ``from_pretrained`` reloads."""
+    ``from_pretrained`` reloads (``blocks``: in memory only, see :data:`secateur.methods.structured.REFUSED`)."""
     from secateur.export.sliced import export_config
     from secateur.models import hetero
 
+    blocks.resident_only(f"--method {name}")
     cfg, ccfg = cocurve_config(opts)
     n = calib_ids.shape[0]
     if n <= cfg.heldout:

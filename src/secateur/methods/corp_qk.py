@@ -36,6 +36,7 @@ from secateur.errors import SecateurError
 from secateur.methods.knobs import MethodOptions
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 from secateur.models.linear import LinearRef
 
 
@@ -178,8 +179,10 @@ def corp_qk_config(opts) -> CorpQKConfig:
     return cfg
 
 
-def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts) -> MethodResult:
-    """Registry runner: prune q/k dims in place, return the masks of the zeroed rows."""
+def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts, blocks: Blocks = RESIDENT) -> MethodResult:
+    """Registry runner: prune q/k dims in place, return the masks of the zeroed rows (``blocks``: in memory only,
+    ``--stream`` is refused for this method before anything is loaded)."""
+    blocks.resident_only("--method corp-qk")
     res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
                         device=opts.device, progress=not opts.quiet)
     return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])

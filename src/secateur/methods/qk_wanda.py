@@ -64,6 +64,7 @@ from secateur.methods.unstructured import (  # noqa: F401 (segment_calibration: 
     segment_calibration,
 )
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 from secateur.models.linear import LinearRef
 from secateur.scoring import QKStats, QKVariant
 
@@ -337,8 +338,11 @@ def qk_wanda_config(opts) -> QKWandaConfig:
     return cfg
 
 
-def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
-    """Registry runner: prune in place; the details carry the per-block Q/K allocation (the report draws it)."""
+def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts,
+        blocks: Blocks = RESIDENT) -> MethodResult:
+    """Registry runner: prune in place; the details carry the per-block Q/K allocation (the report draws it).
+    ``blocks``: in memory only (``--stream`` is refused for this method before anything is loaded)."""
+    blocks.resident_only("--method qk-wanda")
     res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
                          device=opts.device, progress=not opts.quiet)
     return MethodResult(masks=res.masks, timings=res.timings, details=res.details)

@@ -4,10 +4,11 @@ A method is declared here and nowhere else: its kind, whether the CLI must build
 typed options class (:class:`secateur.methods.knobs.MethodOptions`: the CLI flags and the API keywords are built
 from it), its config builder ``config(opts)`` (the one path from ``PruneOptions`` to the method's validated
 configuration, used for model-free validation before anything is loaded) and its runner
-``run(model, adapter, calib_ids, opts) -> MethodResult``; ``check(adapter, opts)`` refuses a model before
-calibration data is built. The composition modules (:mod:`~secateur.methods.unstructured`,
-:mod:`~secateur.methods.qk_wanda`, :mod:`~secateur.methods.corp_qk`, :mod:`~secateur.methods.structured`,
-:mod:`~secateur.methods.cocurve`) never import this module.
+``run(model, adapter, calib_ids, opts, blocks=...) -> MethodResult`` (``blocks``: where the blocks come from and
+where the finished ones go, :mod:`secateur.models.blocks`; in memory unless the method is ``streamable``);
+``check(adapter, opts)`` refuses a model before calibration data is built. The composition modules
+(:mod:`~secateur.methods.unstructured`, :mod:`~secateur.methods.qk_wanda`, :mod:`~secateur.methods.corp_qk`,
+:mod:`~secateur.methods.structured`, :mod:`~secateur.methods.cocurve`) never import this module.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from secateur.errors import SecateurError
-from secateur.methods import cocurve, corp_qk, qk_wanda, structured, structured_stream, unstructured
+from secateur.methods import cocurve, corp_qk, qk_wanda, structured, unstructured
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.result import MethodResult
 
@@ -35,12 +36,10 @@ class Method:
     options: type[MethodOptions] = MethodOptions
     config: Callable[[Any], Any] | None = None  # config(opts): the validated method config (model-free checks)
     check: Callable[..., None] | None = None  # check(adapter, opts): refuse a model before calibration data
-    # stream(model, adapter, calib_ids, opts, open_writer): the block-streamed runner of a structured method
-    # (``--stream``; secateur.methods.structured_stream), None: not streamed this way
-    stream: Callable[..., MethodResult] | None = None
-    # block-streamed by the calibration engine itself (``--stream`` of an unstructured method: each block pruned
-    # as it is visited); ``memory(shape) -> (bytes, formula)``: its statistics term in the streamed memory plan
-    engine_streamed: bool = False
+    # ``--stream`` runs it: its runner takes a streamed ``blocks`` (unstructured: each block pruned as the engine
+    # visits it; structured: two block passes); ``memory(shape) -> (bytes, formula)``: its statistics term in the
+    # streamed memory plan (unstructured methods; the structured plan reads the config)
+    streamable: bool = False
     memory: Callable[[Any], tuple[int, str]] | None = None
 
 
@@ -55,7 +54,7 @@ def register(method: Method) -> Method:
 def _unstructured(name: str, help_: str) -> Method:
     return Method(name, "unstructured", name != "magnitude", partial(unstructured.run, name), help_,
                   unstructured.UnstructuredOptions, partial(unstructured.unstructured_config, name),
-                  engine_streamed=True, memory=unstructured.MEMORY[name])
+                  streamable=True, memory=unstructured.MEMORY[name])
 
 
 register(_unstructured("magnitude", "|W| per layer (no data)"))
@@ -89,8 +88,7 @@ register(Method("corp-qk", "unstructured", True, corp_qk.run,
 def _structured(name: str, help_: str) -> Method:
     return Method(name, "structured", name not in ("magnitude-sp", "random"), partial(structured.run, name), help_,
                   structured.StructuredOptions, partial(structured.structured_config, name),
-                  partial(structured.check_reachable, name),
-                  partial(structured_stream.run, name) if name in structured_stream.STREAMED else None)
+                  partial(structured.check_reachable, name), streamable=name in structured.STREAMED)
 
 
 # structured selection scores (secateur.methods.structured); compensate with --compensation
@@ -103,8 +101,8 @@ register(_structured("shortgpt", "structured: remove whole blocks of lowest bloc
 register(_structured("corp", "structured: CORP MLP channel score E[h^2] ||W2_:,i||; native compensation: corp"))
 
 
-#: methods ``--stream`` runs: the engine-streamed unstructured ones and the structured ones with a streamed runner
-STREAMABLE = tuple(n for n, m in METHODS.items() if m.engine_streamed or m.stream is not None)
+#: methods ``--stream`` runs: the unstructured ones the engine streams and the score-based structured ones
+STREAMABLE = tuple(n for n, m in METHODS.items() if m.streamable)
 
 # --- names and options -----------------------------------------------------------------------------------
 

@@ -26,6 +26,20 @@ time) -> physical slicing::
    with CoCurve): every ``o_proj`` / ``down_proj`` that lost columns is repaired from the dense weight and the
    dense statistics, then the units are sliced out.
 
+Block-streamed (``prune --stream``, issue 16 §3; ``blocks=`` a streamed :class:`~secateur.models.blocks.Blocks`):
+the same sequence in two passes over a model built on the meta device, the output bit for bit that of the
+in-memory prune + :func:`secateur.export.sliced.save_structured`. Pass 1 loads each block, runs the dense
+statistics pass through it and scores its units while it is loaded (:func:`secateur.budgets.select
+.selection_scores` of that block's pools; magnitude loads each block only to score it, random needs none,
+ShortGPT's block influence is the streamed walk), then releases it unwritten. The selection then fixes the
+output's tensors: every kept block is sliced on a meta copy to learn them (uneven widths, the bias a compensator
+may add: an optional tensor, :class:`secateur.export.shards.Spec`) and the sink plans its shards. Pass 2 (the
+per-block Gram pass, :class:`secateur.methods.materialize.BlockCompensation`) loads each block, compensates it,
+slices it when its forward is done and hands it to the sink as it is released; blocks no forward needs are loaded,
+sliced and written alone; ShortGPT's removed blocks are never loaded again and the kept ones are written under
+their new index. At most one block is materialized at any time (memory plan:
+:func:`secateur.models.memory.structured_prune_plan`).
+
 Details for the report (:class:`StructuredResult.details`): per-layer reconstruction error before/after,
 the chosen GCV lambda and alternation rounds (COEC), the compensation time, the statistics' memory
 (``statistics_memory``: bytes and formula), realized fractions (overall, per unit kind, per layer), parameter
@@ -34,27 +48,39 @@ counts before/after.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from secateur.calib.collect import SCORE_STATS, StructuredStats, block_influence, collect_stats
+from secateur.budgets.select import select_units, selection_scores
+from secateur.calib import engine
+from secateur.calib.collect import GROUP_ROLE, SCORE_STATS, StructuredStats, block_influence, collect_stats
+from secateur.calib.engine import BlockContext
 from secateur.errors import SecateurError, check_fraction
+from secateur.export.shards import Spec
 from secateur.methods.knobs import knob
 from secateur.methods.materialize import (
+    BlockCompensation,
     CompensationConfig,
     CompensationOptions,
     compensation_details,
     materialize_selection,
+    statistics_memory,
 )
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks, BlockSink
+from secateur.models.streaming import saved_tensors
+from secateur.structured.slicing import Replacement, finish_slicing, slice_layers
+from secateur.structured.units import Inventory, inventory
 
 # --- names ---------------------------------------------------------------------------------------------
 
@@ -70,6 +96,11 @@ NATIVE: dict[str, str] = {"wanda-sp": "none", "flap": "bias", "rcpu": "rcpu", "m
                           "random": "none", "shortgpt": "none", "corp": "corp"}
 #: ``--allocation`` name -> allocator of :func:`secateur.budgets.select.select_units`
 STRUCTURED_ALLOCATIONS: dict[str, str] = {"uniform": "uniform", "flap-global": "flap"}
+#: the methods ``--stream`` runs block by block (CoCurve is refused: see REFUSED)
+STREAMED = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt", "corp")
+#: methods that stay in memory, with the reason the refusal gives
+REFUSED = {m: "its ablation sweep and held-out lambda choice read the whole model's output logits for every "
+              "candidate, which one block at a time cannot give" for m in ("cocurve", "cocurve-diag")}
 UNIT_CHOICES = ("kv_group", "head", "head_slot", "channel")
 ATTN_UNITS = ("kv_group", "head", "head_slot")
 
@@ -197,31 +228,214 @@ def prepared(cfg: StructuredConfig) -> StructuredConfig:
 
 def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
                      stats: StructuredStats | None = None, chunk_size: int = 8, device=None,
-                     progress: bool = False) -> StructuredResult:
+                     progress: bool = False, blocks: Blocks = RESIDENT) -> StructuredResult:
     """Select, compensate and slice ``model`` in place (see the module docstring); ``stats`` may be
-    reused across calls (it must hold :func:`stat_kinds` of ``cfg``)."""
-    from secateur.budgets.select import select_units
+    reused across calls (it must hold :func:`stat_kinds` of ``cfg``). ``blocks`` streamed: the two block passes
+    of the module docstring, each finished block handed to ``blocks.sink``; the meta model ends sliced, so its
+    config is the export's."""
     from secateur.eval.efficiency import count_params
 
     cfg = prepared(cfg)
     t_all = time.perf_counter()
-    need_bi = cfg.score == "shortgpt"
-    stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress)
+    scored = None
+    if blocks.streamed:  # pass 1: each block scored while it is loaded, released unwritten
+        if stats is not None:
+            raise SecateurError("statistics passed in are an in-memory run's; a block-streamed prune collects its own")
+        stats, inv, scores, timings = streamed_scores(model, adapter, ids, cfg, chunk_size, device, progress,
+                                                      blocks.without_sink())
+        scored = (inv, scores)
+    else:
+        stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress)
     params_before = count_params(model)
     t = time.perf_counter()
-    score_stats = stats.block_influence if need_bi else stats.groups
-    sel = select_units(adapter, cfg.score, cfg.sparsity, score_stats, kinds=cfg.kinds,
-                       allocation="blocks" if need_bi else STRUCTURED_ALLOCATIONS[cfg.allocation],
-                       rounding=cfg.rounding, seed=cfg.seed, width_multiple=cfg.width_multiple, **cfg.score_opts)
+    sel = _select(adapter, cfg, stats, scored)
     timings["select_s"] = time.perf_counter() - t
-    records, mt, memory = materialize_selection(model, adapter, sel, cfg, stats, ids, chunk_size=chunk_size,
-                                                device=device, progress=progress)
+    if blocks.streamed:  # pass 2: compensate, slice and write block by block
+        records, mt, memory = write_selection(model, adapter, ids, cfg, sel, stats, blocks, chunk_size=chunk_size,
+                                              device=device, progress=progress)
+    else:
+        records, mt, memory = materialize_selection(model, adapter, sel, cfg, stats, ids, chunk_size=chunk_size,
+                                                    device=device, progress=progress)
     timings.update(mt)
     if cfg.needs_gram and ids is not None:
         stats.n_tokens = stats.n_tokens or int(ids.numel())
     timings["total_s"] = time.perf_counter() - t_all
     details = structured_details(cfg, sel, stats, params_before, count_params(model), records, mt, memory)
     return StructuredResult(sel, details, timings)
+
+
+def _allocation(cfg: StructuredConfig) -> str:
+    return "blocks" if cfg.score == "shortgpt" else STRUCTURED_ALLOCATIONS[cfg.allocation]
+
+
+def _select(adapter: Adapter, cfg: StructuredConfig, stats: StructuredStats,
+            scored: tuple[Inventory, torch.Tensor] | None):
+    """The selection of ``cfg``: scored here from ``stats`` (in memory), or from the unit scores a streamed pass 1
+    assembled (``scored``: its inventory and scores)."""
+    if scored is None:
+        score_stats, extra = (stats.block_influence if cfg.score == "shortgpt" else stats.groups), {}
+    else:
+        score_stats, extra = None, {"inv": scored[0], "scores": scored[1]}
+    return select_units(adapter, cfg.score, cfg.sparsity, score_stats, kinds=cfg.kinds, allocation=_allocation(cfg),
+                        rounding=cfg.rounding, seed=cfg.seed, width_multiple=cfg.width_multiple, **extra,
+                        **cfg.score_opts)
+
+
+def _score_opts(cfg: StructuredConfig) -> tuple[dict, dict]:
+    """``cfg.score_opts`` split into the inventory's (FFN grouping) and the scorer's, as select_units splits them."""
+    inv = {k: cfg.score_opts[k] for k in ("n_ffn_groups", "ffn_order") if k in cfg.score_opts}
+    return inv, {k: v for k, v in cfg.score_opts.items() if k not in inv}
+
+
+def streamed_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
+                    chunk_size: int = 8, device=None, progress: bool = False, blocks: Blocks = RESIDENT
+                    ) -> tuple[StructuredStats, Inventory, torch.Tensor, dict]:
+    """Pass 1 of a streamed prune: ``(selection statistics, the inventory, its unit scores, timings)``, each block
+    scored while ``blocks`` holds it (module docstring); ``head_slot`` pools are ranked by the scores as scored."""
+    inv_opts, score_opts = _score_opts(cfg)
+    inv = inventory(adapter, cfg.kinds, **inv_opts)
+    alloc = _allocation(cfg)
+    scores = torch.zeros(len(inv), dtype=torch.float64)
+
+    def score(i: int, groups) -> None:
+        part = selection_scores(inv, adapter, cfg.score, groups, allocation=alloc, seed=cfg.seed, layers={i},
+                                **score_opts)
+        for p in inv.pools:
+            if p.layer == i:
+                scores[p.offset:p.offset + p.n] = part[p.offset:p.offset + p.n]
+
+    kinds = selection_kinds(cfg)
+    if (kinds or cfg.score == "shortgpt") and ids is None:
+        raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
+    if kinds:
+        stats = collect_stats(model, adapter, ids, kinds, chunk_size, device, progress, on_block=score, blocks=blocks)
+        return stats, inv, scores, dict(stats.timings)
+    stats = StructuredStats()
+    if cfg.score == "magnitude":  # weights only: each block loaded to be scored
+        t = time.perf_counter()
+        for i in range(adapter.n_layers):
+            with blocks.scope(i):
+                score(i, None)
+        stats.timings["stats_s"] = time.perf_counter() - t
+    elif cfg.score == "shortgpt":
+        t = time.perf_counter()
+        stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size, blocks=blocks)
+        stats.timings["block_influence_s"] = time.perf_counter() - t
+        stats.n_tokens = int(ids.numel())
+        scores = selection_scores(inv, adapter, "shortgpt", stats.block_influence, allocation=alloc, seed=cfg.seed,
+                                  **score_opts)
+    else:  # random: seeded, no statistics and no weights
+        scores = selection_scores(inv, adapter, cfg.score, None, allocation=alloc, seed=cfg.seed, **score_opts)
+    return stats, inv, scores, dict(stats.timings)
+
+
+def _block_specs(adapter: Adapter, sel, i: int, name: str, comp: BlockCompensation | None) -> list[Spec]:
+    """The tensors block ``i`` is written with (as ``{name}.{key}``): its meta copy sliced with placeholder
+    compensations, every bias a compensator could add to a bias-free projection optional."""
+    layer = adapter.layers[i]
+    todo = {} if comp is None else {g: kept for (j, g), (kept, _) in comp.todo.items() if j == i and kept.numel()}
+    if i not in sel.layers and not todo:
+        return [Spec(f"{name}.{k}", t.dtype, tuple(t.shape)) for k, t in layer.state_dict().items()]
+    dry = copy.deepcopy(layer)
+    where = {r.role: n for n, r in adapter.linears(layer).items()}
+    reps, optional = {}, set()
+    for g, kept in todo.items():
+        ref = adapter.role_refs(layer)[GROUP_ROLE[g]]
+        out = ref.weight.shape[0]
+        reps[(i, g)] = Replacement(torch.empty(out, kept.numel(), device="meta"), torch.empty(out, device="meta"))
+        if ref.bias is None:  # a compensator's bias, or none (the slice-only fallback): known when solved
+            optional.add(f"{where[GROUP_ROLE[g]]}.bias")
+    slice_layers(adapter, sel, reps, [i], layer_of=lambda _: dry)
+    return [Spec(f"{name}.{k}", t.dtype, tuple(t.shape), optional=k in optional) for k, t in dry.state_dict().items()]
+
+
+def plan_specs(model: nn.Module, adapter: Adapter, sel, comp: BlockCompensation | None) -> tuple[list[Spec], dict]:
+    """The output's tensors in state-dict order (residents as they are, each kept block sliced, removed blocks
+    gone, kept ones renumbered) and the new index of every kept block."""
+    prefix = adapter.base_prefix + "."
+    removed = set(sel.removed_blocks)
+    new_index = {i: n for n, i in enumerate(i for i in range(adapter.n_layers) if i not in removed)}
+    specs: list[Spec] = []
+    done: set[int] = set()
+    for name, t in saved_tensors(model).items():
+        if not name.startswith(prefix):
+            specs.append(Spec(name, t.dtype, tuple(t.shape)))
+            continue
+        i = int(name[len(prefix):].split(".", 1)[0])
+        if i in done or i in removed:
+            continue
+        done.add(i)
+        specs += _block_specs(adapter, sel, i, f"{prefix}{new_index[i]}", comp)
+    return specs, new_index
+
+
+@dataclass
+class _Renumbered:
+    """The run's sink with every kept block written under its new index (ShortGPT's removed blocks close up)."""
+
+    sink: BlockSink
+    prefix: str  # the block list's, with its trailing dot
+    new_index: dict[int, int]
+
+    def plan(self, specs: list) -> None:
+        self.sink.plan(specs)
+
+    def write_block(self, index: int, state: Mapping[str, torch.Tensor]) -> None:
+        p, new = self.prefix, self.new_index[index]
+        self.sink.write_block(new, {f"{p}{new}.{k[len(p):].split('.', 1)[1]}": t for k, t in state.items()})
+
+
+class _CompensateAndSlice(BlockCompensation):
+    """The per-block Gram pass of a streamed run: the block compensated (by the parent's ``on_group``), then
+    sliced as soon as its forward is done (the walk's outputs are the dense ones already), then written."""
+
+    def __init__(self, cfg, adapter: Adapter, sel, finish: Callable[[int], None]) -> None:
+        super().__init__(cfg, adapter, sel)
+        self.finish = finish
+
+    def on_block_end(self, ctx: BlockContext) -> None:
+        self.finish(ctx.index)
+
+
+def write_selection(model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig, sel,
+                    stats: StructuredStats, blocks: Blocks, *, chunk_size: int = 8, device=None,
+                    progress: bool = False) -> tuple[list[dict], dict[str, float], dict | None]:
+    """Pass 2 of a streamed prune (module docstring): the output's tensors planned (``blocks.sink.plan``), then
+    every kept block compensated (per-block Grams), sliced and handed to the sink; the meta model ends sliced.
+    Returns the compensation records, the timings (``gram_pass_s``, ``compensation_s``, ``slice_s``) and
+    ``statistics_memory``, as :func:`secateur.methods.materialize.materialize_selection` does in memory."""
+    if cfg.compensation != "none" and ids is None:
+        raise SecateurError(f"compensation {cfg.compensation!r} needs dense calibration statistics")
+    comp = None if cfg.compensation == "none" else _CompensateAndSlice(cfg, adapter, sel, lambda i: finish(i))
+    reps = {} if comp is None else comp.results.reps  # filled block by block by the Gram pass
+
+    def finish(i: int) -> None:  # block i loaded: slice it with its compensations; it is written when released
+        mine = {k: reps.pop(k) for k in [k for k in reps if k[0] == i]}  # freed with the block: no O(L) growth
+        slice_layers(adapter, sel, mine, [i])
+
+    memory = None if comp is None else statistics_memory(adapter, sel, cfg, stats, per_block=True)
+    specs, new_index = plan_specs(model, adapter, sel, comp)
+    if blocks.sink is not None:
+        blocks.sink.plan(specs)
+        blocks = blocks.with_sink(_Renumbered(blocks.sink, adapter.base_prefix + ".", new_index))
+    comp_s, visited, mt = 0.0, [], {}
+    if comp is not None and comp.todo:
+        t = time.perf_counter()
+        engine.run(model, adapter, ids, comp, mode="dense", chunk_size=chunk_size, device=device,
+                   progress=progress, layers=comp.layers, blocks=blocks)
+        comp_s = comp.results.seconds
+        mt["gram_pass_s"] = time.perf_counter() - t - comp_s
+        visited = comp.layers
+    t = time.perf_counter()
+    for i in range(adapter.n_layers):  # the blocks no forward needs: loaded, sliced, written
+        if i not in visited and i not in sel.removed_blocks:
+            with blocks.scope(i):
+                finish(i)
+    finish_slicing(model, sel)
+    mt.update(compensation_s=comp_s, slice_s=time.perf_counter() - t)
+    if memory is not None:
+        memory["grams_bytes_measured_peak"] = comp.peak_bytes
+    return ([] if comp is None else comp.results.records), mt, memory
 
 
 def structured_details(cfg: StructuredConfig, sel, stats: StructuredStats, params_before: int, params_after: int,
@@ -316,15 +530,17 @@ def check_reachable(name: str, adapter: Adapter, opts) -> None:
                             f"are kept (ceil rounding); use --sparsity {math.floor(reach * 1000) / 1000} or less")
 
 
-def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
-    """Registry runner: prune in place; the selection travels as ``secateur_selection.json``."""
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts,
+        blocks: Blocks = RESIDENT) -> MethodResult:
+    """Registry runner: prune in place (``blocks`` streamed: each finished block handed to its sink, see the
+    module docstring); the selection travels as ``secateur_selection.json``."""
     cfg = structured_config(name, opts)
     if cfg.needs_gram and calib_ids is not None:  # said up front: the compensation's passes are most of the run
         print(f"secateur: note: --compensation {cfg.compensation} takes the calibration set through the model again "
               f"after the statistics pass, block by block, for the Grams of the kept inputs (about 3-4 forwards of "
               f"{calib_ids.shape[0]} x {calib_ids.shape[1]} tokens in all)", file=sys.stderr)
     res = prune_structured(model, adapter, calib_ids, cfg, chunk_size=opts.chunk_size,
-                           device=opts.device, progress=not opts.quiet)
+                           device=opts.device, progress=not opts.quiet, blocks=blocks)
     return method_result(name, res)
 
 

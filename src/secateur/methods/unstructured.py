@@ -26,7 +26,8 @@ from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import MethodOptions, knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
-from secateur.models.streaming import STREAM_ATTR, PackedMasks
+from secateur.models.blocks import RESIDENT, Blocks
+from secateur.models.streaming import PackedMasks
 from secateur.scoring.wanda import wanda_scores
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
@@ -153,15 +154,17 @@ class UnstructuredResult:
 
 def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None,
                        cfg: UnstructuredConfig, mode: str = "sequential", chunk_size: int = 8,
-                       device: str | None = None, progress: bool = True) -> UnstructuredResult:
-    """Prune ``model`` in place; masks keyed by the full parameter-owner name (``model.layers.3.mlp.up_proj``)."""
+                       device: str | None = None, progress: bool = True,
+                       blocks: Blocks = RESIDENT) -> UnstructuredResult:
+    """Prune ``model`` in place; masks keyed by the full parameter-owner name (``model.layers.3.mlp.up_proj``).
+    ``blocks``: where the blocks come from and where the pruned ones go (:mod:`secateur.models.blocks`)."""
     cfg.validate()
     handler = UnstructuredHandler(cfg)
-    if getattr(adapter.model, STREAM_ATTR, None) is not None:  # block-streamed: masks kept bit-packed
+    if blocks.streamed:  # block-streamed: the masks grow with depth while one block is held, so kept bit-packed
         handler.masks = PackedMasks()
     if cfg.method == "magnitude":  # data-free: no engine pass
         for i, layer in enumerate(adapter.layers):
-            with engine.block_scope(adapter, i):  # a streamed model's block is loaded only here
+            with blocks.scope(i):  # a streamed model's block is loaded only here
                 ctx = engine.BlockContext(i, layer, adapter, adapter.linears(layer), {})
                 for names in adapter.groups(layer).values():
                     handler.on_group(ctx, "", names, {})
@@ -169,7 +172,7 @@ def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tens
     if calib_ids is None:
         raise SecateurError(f"{cfg.method} needs calibration data")
     rep = engine.run(model, adapter, calib_ids, handler, mode=mode, chunk_size=chunk_size, device=device,
-                     progress=progress)
+                     progress=progress, blocks=blocks)
     return UnstructuredResult(handler.masks, rep.timings)
 
 
@@ -211,14 +214,16 @@ def unstructured_config(name: str, opts) -> UnstructuredConfig:
     return cfg
 
 
-def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts) -> MethodResult:
-    """Registry runner: prune in place, return the masks."""
+def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts,
+        blocks: Blocks = RESIDENT) -> MethodResult:
+    """Registry runner: prune in place (``blocks``: streamed, each block written to the sink as it finishes),
+    return the masks."""
     cfg = unstructured_config(name, opts)
     chunk = opts.chunk_size
     if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
         calib_ids, chunk = segment_calibration(calib_ids, opts.method_options.segment_len, chunk)
     res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk, device=opts.device,
-                             progress=not opts.quiet)
+                             progress=not opts.quiet, blocks=blocks)
     return MethodResult(masks=res.masks, timings=res.timings)
 
 

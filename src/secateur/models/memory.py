@@ -17,8 +17,9 @@ A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``)
                  sparsegpt the block's four float64 Grams + its OBS solver on the widest input)
   + masks        every pruned weight's mask bit-packed (P / 8 bytes) + one block's boolean masks
 
-A streamed structured prune (:mod:`secateur.methods.structured_stream`: two passes, one block at a time) holds
-resident + block + activations + workspace as above (without calibration data: none) and::
+A streamed structured prune (:func:`secateur.methods.structured.prune_structured` with a streamed block source:
+two passes, one block at a time) holds resident + block + activations + workspace as above (without calibration
+data: none) and::
 
   + statistics   the selection statistics of every layer 24 L (d_att + F) (sumsq, mean, M2 in float64; only the
                  scores that read them) + the unit scores 8 L (H + F)

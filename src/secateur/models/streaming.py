@@ -3,10 +3,11 @@
 :func:`load_streamed` builds the model from its config with every *parameter* on the meta device (buffers such as
 RoPE tables are built for real, as without streaming), then loads the tensors outside the decoder blocks
 (embeddings, final norm, LM head; tied weights tied again) from the model's safetensors files. Decoder blocks stay
-on the meta device until :class:`BlockStream` loads one: the calibration engine (and the streamed evaluator)
-calls :meth:`BlockStream.load` before visiting block ``i`` and :meth:`BlockStream.release` after it
-(:func:`secateur.calib.engine.block_scope`), which hands the finished block to a writer
-(:class:`secateur.export.shards.ShardWriter`) and puts its parameters back on the meta device.
+on the meta device until :class:`BlockStream` loads one: :class:`BlockStream` is the streamed *block source* of
+:mod:`secateur.models.blocks`, so the calibration engine (and the perplexity evaluator) calls
+:meth:`BlockStream.load` before visiting block ``i`` and :meth:`BlockStream.release` after it
+(:meth:`secateur.models.blocks.Blocks.scope`), which hands the finished block to the run's sink (the shard writer,
+:class:`secateur.export.shards.ShardSink`) and puts its parameters back on the meta device.
 
 Tensors are read lazily with :func:`safetensors.safe_open` from one ``*.safetensors`` file or a sharded folder
 (``model.safetensors.index.json``), cast to the model's dtype exactly as ``from_pretrained(dtype=...)`` casts them.
@@ -16,17 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.models.blocks import BlockSink
 
-STREAM_ATTR = "secateur_stream"  # the model attribute the engine looks for (secateur.calib.engine.block_scope)
 SAFE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
                "BOOL": torch.bool}
@@ -135,17 +137,16 @@ def saved_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @dataclass
 class BlockStream:
-    """Loads and frees decoder blocks of a model built by :func:`load_streamed` (see the module docstring).
+    """The streamed block source (:class:`secateur.models.blocks.BlockSource`): loads and frees decoder blocks of a
+    model built by :func:`open_streamed` (see the module docstring); a finished block goes to the run's sink."""
 
-    ``writer(name, tensor)``: called for each tensor of a finished block before it is freed (the shard writer of
-    a streamed prune; None while evaluating)."""
+    streamed: ClassVar[bool] = True
 
     model: nn.Module
     weights: LazyWeights
     prefix: str  # qualified name of the block list, e.g. "model.layers"
     file_keys: dict[str, str]  # model state-dict name -> the file's name
     device: torch.device
-    writer: Callable[[str, torch.Tensor], None] | None = None
     loaded: set[int] = field(default_factory=set)
     deferred: set[str] = field(default_factory=set)  # resident tensors left on meta (see load_resident)
 
@@ -178,14 +179,13 @@ class BlockStream:
         p = f"{self.prefix}.{index}."
         return {p + k: v for k, v in layer.state_dict(keep_vars=True).items()}
 
-    def release(self, index: int, done: bool = True) -> None:
-        """Block ``index`` is finished (``done``: hand its tensors to the writer first); back to meta."""
+    def release(self, index: int, sink: BlockSink | None = None) -> None:
+        """Block ``index`` is finished (``sink``: hand it its tensors first); back to meta."""
         if index not in self.loaded:
             return
         state = self.block_state(index)
-        if done and self.writer is not None:
-            for name, t in state.items():
-                self.writer(name, t.detach())
+        if sink is not None:
+            sink.write_block(index, state)
         for name, t in state.items():
             _set_tensor(self.model, name, torch.empty_like(t, device="meta"))
         self.loaded.discard(index)
@@ -203,7 +203,7 @@ class BlockStream:
         return [k for k, v in self.model.named_parameters() if v is head.weight and k in self.file_keys]
 
     def load_resident(self, defer_head: bool = False) -> None:
-        """Load the tensors outside the blocks, tie tied weights, attach the stream to the model.
+        """Load the tensors outside the blocks and tie tied weights (the blocks stay on meta until loaded).
 
         ``defer_head``: an untied LM head stays on the meta device (a prune never computes logits; the head is
         copied from the input files to the output by :meth:`resident_items`): its bytes (0.55 GB for
@@ -224,7 +224,6 @@ class BlockStream:
         for name, b in list(model.named_buffers()):  # buffers are real already; move them with the model
             if b.device != device:
                 _set_tensor(model, name, b.to(device))
-        setattr(model, STREAM_ATTR, self)
 
     def resident_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of every resident tensor for the writer; a deferred one is read from the files
@@ -251,11 +250,12 @@ def _is_param(model: nn.Module, name: str) -> bool:
     return leaf in (model.get_submodule(mod_name) if mod_name else model)._parameters
 
 
-def local_folder(spec: str, dtype: str | torch.dtype) -> Path:
-    """The local folder of a model spec (GGUF inputs: their cached folder); a hub id is refused."""
+def local_folder(spec: str, dtype: str | torch.dtype, resolved: str | Path | None = None) -> Path:
+    """The local folder of a model spec (GGUF inputs: their cached folder); a hub id is refused. ``resolved``: the
+    spec's path as :func:`secateur.models.loading.resolve` gave it already (not resolved again)."""
     from secateur.models.loading import resolve
 
-    path = Path(resolve(spec, dtype)[0])
+    path = Path(resolve(spec, dtype)[0] if resolved is None else resolved)
     if not path.is_dir():
         raise SecateurError(f"--stream reads a local model folder; {spec} is not one (download it first, e.g. "
                             "huggingface-cli download, and pass the folder)")
@@ -281,14 +281,16 @@ def build_meta(folder: Path, dtype: torch.dtype) -> nn.Module:
     return model.eval()
 
 
-def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> BlockStream:
+def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
+                  folder: Path | None = None) -> BlockStream:
     """The model of ``spec`` built on the meta device and its :class:`BlockStream` (nothing loaded yet; the
-    memory plan is computed from it, then :meth:`BlockStream.load_resident`)."""
+    memory plan is computed from it, then :meth:`BlockStream.load_resident`). ``folder``: the spec's local folder
+    when the caller resolved it already (:class:`secateur.models.spec.ModelSpec`)."""
     from secateur.models.adapters import get_adapter
     from secateur.models.folder_check import check_layer_count, check_sizes, compare
     from secateur.models.loading import parse_dtype
 
-    folder = local_folder(spec, dtype)
+    folder = local_folder(spec, dtype) if folder is None else folder
     weights = LazyWeights(folder)
     held = {name: info.shape for name, info in weights.info.items()}
     cfg = _folder_config(spec, folder)
@@ -309,7 +311,7 @@ def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str =
 def load_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu"
                   ) -> tuple[nn.Module, object, BlockStream]:
     """``(model, tokenizer, stream)``: embeddings, final norm and head loaded, every decoder block on the meta
-    device until ``stream.load(i)``; the stream is attached to the model as ``model.secateur_stream``."""
+    device until ``stream.load(i)`` (pass ``Blocks(stream)`` to whatever visits the blocks)."""
     stream = open_streamed(spec, dtype, device)
     stream.load_resident()
     return stream.model, stream.tokenizer(), stream

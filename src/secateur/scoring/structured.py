@@ -286,7 +286,7 @@ def unit_scores(inv: Inventory, adapter: Adapter, method: str, stats=None, *, se
     ``stats``: per-layer group accumulators, ``stats[layer]['attn_out'|'mlp_out']`` -> accumulator or
     ``{name: accumulator}`` (what the calibration engine hands to ``Handler.on_group``). ``layers``: score
     only the pools of these layers (the others stay 0; a block-streamed run scores each block while it is
-    loaded, :mod:`secateur.methods.structured_stream`); each pool's scores are those of a full call.
+    loaded, :func:`secateur.methods.structured.streamed_scores`); each pool's scores are those of a full call.
     """
     if method in _SCORERS:
         out = _SCORERS[method](inv, adapter, stats, seed=seed, **opts).to(torch.float64)
