@@ -24,9 +24,10 @@ from safetensors.torch import load_file
 from secateur import api
 from secateur.cli import _explicit_prune_args, build_parser, main
 from secateur.errors import SecateurError
-from secateur.export.card import CARD_NAME, RECIPE_NAME, RECIPE_SCHEMA, front_matter
-from secateur.export.hf import load_masks
+from secateur.export.card import CARD_NAME, RECIPE_NAME, front_matter
+from secateur.masks_file import load_masks
 from secateur.methods.registry import resolve
+from secateur.schemas.recipe import RECIPE_SCHEMA
 from secateur.testing import save_tiny, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

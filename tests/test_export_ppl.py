@@ -8,10 +8,11 @@ from transformers import AutoModelForCausalLM
 
 from secateur.errors import SecateurError
 from secateur.eval.ppl import perplexity, window_plan
-from secateur.export.folder import atomic_dir
-from secateur.export.hf import load_masks, save_run
+from secateur.export.hf import save_run
+from secateur.masks_file import load_masks
 from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
+from secateur.safe_write import atomic_dir
 from secateur.testing import FAMILIES, random_ids, tiny_model, tiny_tokenizer
 
 

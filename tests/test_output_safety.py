@@ -19,7 +19,7 @@ import pytest
 import secateur.api
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export.folder import REPORT_INDEX, REPORT_NAME, TEMP_MARKER, atomic_dir, remove_stale_temps
+from secateur.safe_write import REPORT_INDEX, REPORT_NAME, TEMP_MARKER, atomic_dir, remove_stale_temps
 from secateur.testing import save_tiny, tiny_model, tiny_tokenizer
 
 
@@ -336,7 +336,7 @@ def test_atomic_dir_removes_the_parents_it_made(tmp_path):
 
 def test_tokenizer_files_are_export_names(tmp_path):
     """Every file a tokenizer save writes is one the overwrite check knows (else a rerun would be refused)."""
-    from secateur.export.folder import check_replaceable
+    from secateur.safe_write import check_replaceable
 
     tiny_tokenizer().save_pretrained(tmp_path)
     tiny_model("llama").save_pretrained(tmp_path)

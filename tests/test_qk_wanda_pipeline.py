@@ -14,8 +14,7 @@ from transformers import AutoModelForCausalLM
 from secateur.budgets.masks import budget_counts, deletion_count, lowest_k_masks, prune_masks, row_mask
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export.folder import MASKS_NAME
-from secateur.export.hf import load_masks
+from secateur.masks_file import load_masks
 from secateur.methods.qk_wanda import (
     QKWandaConfig,
     QKWandaHandler,
@@ -23,6 +22,7 @@ from secateur.methods.qk_wanda import (
 )
 from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
 from secateur.models.adapters import get_adapter
+from secateur.safe_write import MASKS_NAME
 from secateur.scoring import VARIANTS, QKStats, model_rope_tables, qk_wanda_scores
 from secateur.scoring.wanda import wanda_scores
 from secateur.testing import random_ids, save_tiny, tiny_model

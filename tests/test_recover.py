@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from secateur import api
 from secateur.cli import main
-from secateur.export.hf import load_masks
+from secateur.masks_file import load_masks
 from secateur.models.loading import load_model
 from secateur.recovery import recover, train
 from secateur.recovery.data import load_documents, recovery_windows

@@ -11,7 +11,7 @@ import torch
 
 from secateur.cli import main
 from secateur.eval.zeroshot import PROTOCOL as ZS_PROTOCOL
-from secateur.export.folder import REPORT_NAME
+from secateur.safe_write import REPORT_NAME
 from secateur.testing import save_tiny
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -230,8 +230,8 @@ def test_schema_version_written_and_older_runs_read(runs, tmp_path, capsys):
     before it existed) reads as before; a newer schema is refused, not misread."""
     import shutil
 
-    from secateur.export.folder import REPORT_INDEX
     from secateur.runinfo import SCHEMA_VERSION
+    from secateur.safe_write import REPORT_INDEX
 
     _, dirs = runs
     assert isinstance(SCHEMA_VERSION, int) and SCHEMA_VERSION >= 1

@@ -30,7 +30,7 @@ from secateur import api
 from secateur.calib import engine
 from secateur.cli import main
 from secateur.errors import SecateurError
-from secateur.export.hf import load_masks
+from secateur.masks_file import load_masks
 from secateur.models.streaming import PackedMasks
 from secateur.testing import tiny_model, tiny_tokenizer
 

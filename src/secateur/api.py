@@ -24,7 +24,7 @@ from secateur.data.windows import calibration_set, eval_ids, token_sha256
 from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
 from secateur.export.card import base_license, card_files
-from secateur.export.folder import check_free_space, check_writable_output, export_size, write_file_atomic
+from secateur.export.hf import export_size
 from secateur.export.outputs import SavedAtEnd, StreamedOutput
 from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
@@ -43,6 +43,7 @@ from secateur.options import recipe_of as recipe_of
 from secateur.recovery import RecoverResult as RecoverResult
 from secateur.recovery import recover as recover
 from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, portable, portable_source, versions
+from secateur.safe_write import check_free_space, check_writable_output, write_file_atomic
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:

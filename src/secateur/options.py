@@ -18,15 +18,15 @@ import torch
 from secateur.calib import resume as _resume
 from secateur.data.sources import read_text_file, resolve_data_dir
 from secateur.errors import SecateurError, check_fraction
-from secateur.export.card import RECIPE_SCHEMA, read_recipe
-from secateur.export.folder import check_output_dir, model_paths
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import STREAMABLE, method_options, resolve
 from secateur.methods.structured import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
 from secateur.models.loading import check_device
+from secateur.safe_write import check_output_dir, model_paths
 from secateur.schemas.api import check_common, plain_paths
+from secateur.schemas.recipe import RECIPE_SCHEMA, read_recipe
 
 
 @dataclass

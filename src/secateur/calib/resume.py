@@ -213,7 +213,7 @@ class Checkpoint:
     def save(self, name: str, obj: Any) -> None:
         """Write one piece atomically; a full disk is one line naming the checkpoint (the partial temporary
         removed, the finished pieces kept for ``--resume`` once there is space)."""
-        from secateur.export.folder import _disk_full
+        from secateur.safe_write import _disk_full
 
         tmp = self.path / f".{name}.tmp"
         try:

@@ -293,8 +293,8 @@ def _cmd_efficiency(args) -> int:
     import gc
     import json
 
-    from secateur.export.folder import check_writable_output, write_file_atomic
     from secateur.models.loading import load_model
+    from secateur.safe_write import check_writable_output, write_file_atomic
 
     if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
         raise SecateurError("--prompt-len, --new-tokens, --repeats and --batch-size must be >= 1, --warmup >= 0; "

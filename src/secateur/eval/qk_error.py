@@ -382,7 +382,7 @@ def register_cli(eval_subparsers) -> argparse.ArgumentParser:
 
 
 def _masks_path(spec: str) -> Path:
-    from secateur.export.folder import MASKS_NAME
+    from secateur.safe_write import MASKS_NAME
 
     p = Path(spec)
     if p.is_dir():
@@ -395,7 +395,7 @@ def _masks_path(spec: str) -> Path:
 def _dense_spec(args) -> str:
     if args.dense:
         return args.dense
-    from secateur.export.folder import REPORT_NAME
+    from secateur.safe_write import REPORT_NAME
 
     folder = Path(args.model or args.masks)
     folder = folder if folder.is_dir() else folder.parent
@@ -418,10 +418,10 @@ def _dense_spec(args) -> str:
 
 
 def cli_qk_error(args) -> int:
-    from secateur.export.folder import check_writable_output, write_file_atomic
-    from secateur.export.hf import load_masks
+    from secateur.masks_file import load_masks
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
+    from secateur.safe_write import check_writable_output, write_file_atomic
 
     if (args.model is None) == (args.masks is None):
         raise SecateurError("give exactly one of --model PRUNED or --masks FILE")

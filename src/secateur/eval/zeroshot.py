@@ -443,7 +443,7 @@ def cli_zeroshot(args) -> int:
     if args.batch_size < 1 or (args.threads is not None and args.threads < 1):
         raise SecateurError("--batch-size and --threads must be >= 1; pass positive counts or omit them")
     if args.json is not None:  # the output first, as for prune: its message does not depend on the data
-        from secateur.export.folder import check_writable_output
+        from secateur.safe_write import check_writable_output
 
         check_writable_output(args.json, folder=False)
     zeroshot_data_dir(args.data_dir)  # fail before loading the model

@@ -10,12 +10,11 @@
   ``secateur prune --recipe FILE --out DIR`` replays it (:func:`read_recipe` reads it back).
 
 Both are built from the report and handed to the exporters as extra files, so they are written inside the same
-atomic folder (:func:`secateur.export.folder.atomic_dir`) as the weights.
+atomic folder (:func:`secateur.safe_write.atomic_dir`) as the weights.
 """
 
 from __future__ import annotations
 
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from secateur.errors import SecateurError
 
 CARD_NAME = "README.md"
 RECIPE_NAME = "secateur-recipe.yaml"
-RECIPE_SCHEMA = 1  # bump when a recipe's meaning changes; a newer recipe is refused by an older secateur
 # Hub relations (https://huggingface.co/docs/hub/model-cards#specifying-a-base-model): adapter, merge, quantized,
 # finetune. None describes pruning, so the card names none (the Hub infers one) and says "pruned" in its tags.
 BASE_MODEL_RELATION: str | None = None
@@ -40,48 +38,6 @@ def recipe_text(recipe: dict) -> str:
     head = ("# secateur recipe: every option that determines this run's weights and masks.\n"
             "# Replay: secateur prune --recipe secateur-recipe.yaml --out DIR   (flags given explicitly override it)\n")
     return head + yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False)
-
-
-def read_recipe(source: str | Path | dict) -> tuple[dict, str]:
-    """A recipe (a file or a dict) and how to name it in messages; its schema must be one this secateur reads.
-    The types of its values are checked by :func:`secateur.options.options_from_recipe`
-    (:mod:`secateur.schemas.recipe`)."""
-    if isinstance(source, dict):
-        data, name = dict(source), "recipe"
-    elif isinstance(source, (str, PathLike)):
-        name = f"recipe {source}"
-        path = Path(source)
-        if path.exists() and not path.is_file():
-            raise SecateurError(f"{name} is not a regular file; pass a secateur-recipe.yaml file")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise SecateurError(f"{name} cannot be read ({e.strerror or e}); check the path") from None
-        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" (line {where.line + 1})" if where is not None else ""
-            raise SecateurError(f"{name} is not valid YAML{at}; write it as secateur does (key: value)") from None
-    else:
-        raise SecateurError(f"recipe: {type(source).__name__} {source!r:.60} is not a recipe; pass the path of a "
-                            "secateur-recipe.yaml or its dict")
-    if not isinstance(data, dict):
-        raise SecateurError(f"{name} is {'empty' if data is None else _a(type(data).__name__)}, not a mapping of "
-                            "option names to values; write it as secateur does (key: value per line)")
-    schema = data.get("secateur_recipe")
-    if not isinstance(schema, int) or isinstance(schema, bool):
-        raise SecateurError(f"{name} has no secateur_recipe schema number; it was not written by secateur: start "
-                            "from a secateur-recipe.yaml that secateur prune --out wrote")
-    if schema > RECIPE_SCHEMA:
-        raise SecateurError(f"{name} has schema {schema}, newer than this secateur reads ({RECIPE_SCHEMA}); "
-                            "upgrade secateur")
-    if schema < 1:
-        raise SecateurError(f"{name}: secateur_recipe: schema {schema} does not exist; write the schema number "
-                            f"secateur wrote ({RECIPE_SCHEMA})")
-    return data, name
-
-
-def _a(noun: str) -> str:
-    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
 def base_license(model: str | None) -> str | None:
@@ -207,7 +163,7 @@ def model_card(report: dict, recipe: dict, command: str) -> str:
              f"- `{RECIPE_NAME}`: the recipe above"]
     if kind == "unstructured":
         body.append("- `secateur-masks.npz`: the masks, bit-packed (True = pruned; "
-                    "`secateur.export.hf.load_masks` reads them)")
+                    "`secateur.masks_file.load_masks` reads them)")
     body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(\"<this folder>\")`"
              + (" (when `config.json` has a `secateur_*` model type, the widths differ per layer: import secateur "
                 "first, or pass `trust_remote_code=True`)." if kind == "structured" else ".")]

@@ -61,7 +61,6 @@ from pathlib import Path
 import numpy as np
 
 from secateur.errors import SecateurError
-from secateur.export.folder import atomic_file
 from secateur.export.gguf_run import (
     FAMILY_ARCH,
     RUN_FIX,
@@ -74,6 +73,7 @@ from secateur.export.gguf_tokenizer import (
     hf_tokenizer,
     source_gguf,
 )
+from secateur.safe_write import atomic_file
 
 TYPES = ("f32", "f16", "bf16", "q8_0")
 ROUTE_KEY = "secateur.export.route"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from secateur.errors import SecateurError
-from secateur.export.folder import REPORT_NAME
+from secateur.safe_write import REPORT_NAME
 
 # families this exporter writes -> their llama.cpp architecture (the converter writes Mistral as llama)
 FAMILY_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}

@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 from secateur.errors import SecateurError
-from secateur.export.folder import REPORT_NAME
 from secateur.export.gguf_run import (
     RUN_FIX,
     first_line,
     gguf_module,
     read_checked,
 )
+from secateur.safe_write import REPORT_NAME
 
 # tokenizer.json pre-tokenizer regexes -> llama.cpp's tokenizer.ggml.pre
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"

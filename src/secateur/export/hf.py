@@ -1,5 +1,5 @@
 """A masked (same-shape) run as a Hugging Face folder: safetensors weights, tokenizer, ``secateur-report.json``
-and the bit-packed masks (``secateur-masks.npz``), written through :func:`secateur.export.folder.atomic_dir`."""
+and the bit-packed masks (``secateur-masks.npz``), written through :func:`secateur.safe_write.atomic_dir`."""
 
 from __future__ import annotations
 
@@ -8,29 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from secateur.export.folder import MASKS_NAME, atomic_dir, export_size, write_report
-
-
-def pack_masks(masks: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Bit-pack boolean masks (True = pruned): 1 bit per weight, plus the shape of each."""
-    arrays: dict[str, np.ndarray] = {}
-    for name, m in masks.items():
-        arrays[name + "::bits"] = np.packbits(m.cpu().numpy().astype(bool).ravel())
-        arrays[name + "::shape"] = np.array(m.shape, dtype=np.int64)
-    return arrays
-
-
-def load_masks(path: str | Path) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`pack_masks` from a saved ``secateur-masks.npz``."""
-    z = np.load(path)
-    out = {}
-    for key in z.files:
-        if key.endswith("::bits"):
-            name = key[: -len("::bits")]
-            shape = tuple(int(s) for s in z[name + "::shape"])
-            n = int(np.prod(shape))
-            out[name] = torch.from_numpy(np.unpackbits(z[key])[:n].astype(bool).reshape(shape))
-    return out
+from secateur.masks_file import pack_masks
+from secateur.safe_write import MASKS_NAME, atomic_dir, write_report
 
 
 def save_run(model, tokenizer, out: str | Path, report: dict, masks: dict[str, torch.Tensor] | None = None,
@@ -54,3 +33,21 @@ def write_run_files(folder: Path, tokenizer, report: dict, masks=None, extra_fil
     for name, data in (extra_files or {}).items():
         (folder / name).write_bytes(data)
     write_report(folder, report)
+
+
+_SPACE_OVERHEAD = 16 << 20  # tokenizer, config, report, zip headers: a few MB at most
+
+
+def export_size(model: torch.nn.Module | None, masks: dict[str, torch.Tensor] | None = None,
+                keep: float = 1.0) -> int:
+    """Bytes an export of ``model`` takes, about: its tensors in their saved dtype (tied ones once),
+    ``keep`` times that for a model still to be sliced, the bit-packed masks, a fixed overhead."""
+    seen, n = set(), 0
+    if model is not None:
+        for t in model.state_dict().values():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                n += t.numel() * t.element_size()
+    n = int(n * keep) + sum(m.numel() for m in (masks or {}).values()) // 8
+    return n + _SPACE_OVERHEAD

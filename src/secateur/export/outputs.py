@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from secateur.export.folder import atomic_dir, write_report
 from secateur.export.hf import save_run
 from secateur.export.shards import ShardSink, Spec, finish_export
 from secateur.export.sliced import finish_structured_export, save_structured
+from secateur.safe_write import atomic_dir, write_report
 
 
 class SavedAtEnd:

@@ -12,7 +12,7 @@ projection, unknown until it is solved) is kept aside when written (it is small)
 planned tensors by :meth:`ShardWriter.close`, which writes the header then; the header's room is planned for every
 optional tensor present and padded with spaces (as safetensors allows) when some are absent.
 
-The folder is the temporary folder of :func:`secateur.export.folder.atomic_dir`, so a failed run leaves nothing.
+The folder is the temporary folder of :func:`secateur.safe_write.atomic_dir`, so a failed run leaves nothing.
 :class:`ShardSink` is the streamed run's block sink (:mod:`secateur.models.blocks`): each finished block goes to the
 writer as its block source releases it.
 """

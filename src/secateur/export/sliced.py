@@ -30,15 +30,15 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
-from secateur.export.folder import (
+from secateur.export.hf import export_size
+from secateur.models import hetero
+from secateur.models.families import ADAPTERS, family_of, layout_of
+from secateur.safe_write import (
     EXPORT_MARKER,
     atomic_dir,
     check_output_dir,
-    export_size,
     write_report,
 )
-from secateur.models import hetero
-from secateur.models.families import ADAPTERS, family_of, layout_of
 
 _DROP = ("model_type", "transformers_version", "architectures", "auto_map", "secateur_layers",
          "_name_or_path")
@@ -111,7 +111,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
                 extra_files: dict[str, dict | bytes] | None = None) -> dict:
     """Write ``model`` (and ``tokenizer``) to ``out_dir`` atomically; returns ``{"path", "route"}``.
     ``secateur-export.json`` (the route) marks the folder as secateur's, so ``overwrite`` may replace it
-    later; ``overwrite`` replaces nothing else (:func:`secateur.export.folder.check_replaceable`).
+    later; ``overwrite`` replaces nothing else (:func:`secateur.safe_write.check_replaceable`).
 
     ``extra_files``: files to add inside the same atomic folder: JSON documents (e.g.
     ``{"secateur_selection.json": selection.to_dict()}``) or raw bytes (written as they are).

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from secateur.errors import SecateurError
 from secateur.export.card import CARD_NAME, RECIPE_NAME
-from secateur.export.folder import MASKS_NAME, METHOD_NAMES, REPORT_NAME, usual_permissions
+from secateur.safe_write import MASKS_NAME, METHOD_NAMES, REPORT_NAME, usual_permissions
 
 ADAPTER_MARKER = "secateur-adapter.json"
 ADAPTER_NAMES = {"adapter_config.json", "adapter_model.safetensors", "README.md", ADAPTER_MARKER}
@@ -103,7 +103,7 @@ def save_output(model, tokenizer, run, out: str, report: dict, masks, overwrite:
 
 def check_adapter_dest(dest: str, overwrite: bool) -> None:
     """``--save-adapter``: a new folder, or (with ``--overwrite``) an adapter folder this command wrote."""
-    from secateur.export.folder import check_writable_output
+    from secateur.safe_write import check_writable_output
 
     p = Path(dest)
     if os.path.lexists(p):

@@ -46,12 +46,12 @@ def _log(msg: str) -> None:
 
 def _checks(opts: RecoverOptions):
     """Every check before loading: ``(run, recipe, teacher spec and how found (or None), documents, plan)``."""
-    from secateur.export.folder import check_output_dir
     from secateur.models.loading import check_device, check_model, check_seqlen, parse_dtype
     from secateur.recovery.data import load_documents
     from secateur.recovery.output import check_adapter_dest
     from secateur.recovery.runfolder import open_run, read_recipe
     from secateur.recovery.teacher import teacher_spec
+    from secateur.safe_write import check_output_dir
 
     check_device(opts.device)
     parse_dtype(opts.dtype)

@@ -4,7 +4,7 @@
   ``unstructured`` (same shapes, zeros where ``secateur-masks.npz`` says) or ``structured`` (sliced: smaller dense
   tensors, stock or per-layer config, :mod:`secateur.models.hetero`);
 * the weights and config: :func:`secateur.models.loading.check_model` (family, files, every tensor's shape);
-* the masks of a masked run: ``secateur-masks.npz`` (:func:`secateur.export.hf.load_masks`), required.
+* the masks of a masked run: ``secateur-masks.npz`` (:func:`secateur.masks_file.load_masks`), required.
 
 The model itself loads with one :func:`secateur.models.loading.load_model` call (per-layer widths included).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from secateur.errors import SecateurError
-from secateur.export.folder import MASKS_NAME, REPORT_NAME
+from secateur.safe_write import MASKS_NAME, REPORT_NAME
 
 FIX = "pass a folder that secateur prune --out wrote"
 
@@ -38,7 +38,7 @@ class PrunedRun:
         return self.kind == "unstructured"
 
     def masks(self) -> dict[str, torch.Tensor]:
-        from secateur.export.hf import load_masks
+        from secateur.masks_file import load_masks
 
         try:
             return load_masks(self.path / MASKS_NAME)

@@ -20,7 +20,7 @@ Inputs (``RUN_DIRS``), each one of
   ``calibration``. A later row with the same ``(preset, row)`` replaces an earlier one (as the bench
   renderers do); ``kind: "qk-error"`` rows attach their QK error to the row of the same name.
 
-Output (``--out DIR``, written atomically with :func:`secateur.export.folder.atomic_dir`): ``report.md`` (plots as
+Output (``--out DIR``, written atomically with :func:`secateur.safe_write.atomic_dir`): ``report.md`` (plots as
 ``plots/*.png`` next to it), ``secateur-report-index.json`` (schema version, title and inputs; the marker that lets
 ``--overwrite`` replace the folder later) and ``report.html`` (one self-contained file: inline CSS, the same plots
 embedded as base64 PNG). Numbers: perplexity 3 decimals, percentages 2 decimals, seconds 2 decimals, MiB
@@ -40,11 +40,11 @@ import json
 from pathlib import Path
 
 from secateur.errors import SecateurError
-from secateur.export.folder import REPORT_INDEX, atomic_dir, check_output_dir
 from secateur.report import sections
 from secateur.report.load import Run, load_inputs
 from secateur.report.render import Doc
 from secateur.runinfo import SCHEMA_VERSION
+from secateur.safe_write import REPORT_INDEX, atomic_dir, check_output_dir
 
 
 def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:

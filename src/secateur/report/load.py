@@ -20,8 +20,8 @@ from secateur.errors import SecateurError
 from secateur.eval.qk_error import PROTOCOL as QK_PROTOCOL
 from secateur.eval.zeroshot import PROTOCOL as ZEROSHOT_PROTOCOL
 from secateur.eval.zeroshot import suite_summary
-from secateur.export.folder import EXPORT_MARKER, REPORT_NAME
 from secateur.runinfo import SCHEMA_VERSION
+from secateur.safe_write import EXPORT_MARKER, REPORT_NAME
 from secateur.schemas.report import (
     ROW_FIX,
     RUN_FIX,

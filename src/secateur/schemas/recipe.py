@@ -19,11 +19,15 @@ import functools
 import re
 import types
 import typing
+from os import PathLike
+from pathlib import Path
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BeforeValidator, Field, create_model
 from pydantic_core import PydanticCustomError
 
+from secateur.errors import SecateurError
 from secateur.schemas import Sha256, Strict
 
 _EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
@@ -174,3 +178,48 @@ def recipe_schema(common: typing.Iterable[str], option_classes: typing.Iterable[
 
 
 __all__ = ["COMMON", "CHECK_FIX", "FIXES", "knob_types", "recipe_schema"]
+
+
+RECIPE_SCHEMA = 1  # bump when a recipe's meaning changes; a newer recipe is refused by an older secateur
+
+
+def read_recipe(source: str | Path | dict) -> tuple[dict, str]:
+    """A recipe (a file or a dict) and how to name it in messages; its schema must be one this secateur reads.
+    The types of its values are checked by :func:`secateur.options.options_from_recipe`
+    (:mod:`secateur.schemas.recipe`)."""
+    if isinstance(source, dict):
+        data, name = dict(source), "recipe"
+    elif isinstance(source, (str, PathLike)):
+        name = f"recipe {source}"
+        path = Path(source)
+        if path.exists() and not path.is_file():
+            raise SecateurError(f"{name} is not a regular file; pass a secateur-recipe.yaml file")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise SecateurError(f"{name} cannot be read ({e.strerror or e}); check the path") from None
+        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" (line {where.line + 1})" if where is not None else ""
+            raise SecateurError(f"{name} is not valid YAML{at}; write it as secateur does (key: value)") from None
+    else:
+        raise SecateurError(f"recipe: {type(source).__name__} {source!r:.60} is not a recipe; pass the path of a "
+                            "secateur-recipe.yaml or its dict")
+    if not isinstance(data, dict):
+        raise SecateurError(f"{name} is {'empty' if data is None else _a(type(data).__name__)}, not a mapping of "
+                            "option names to values; write it as secateur does (key: value per line)")
+    schema = data.get("secateur_recipe")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise SecateurError(f"{name} has no secateur_recipe schema number; it was not written by secateur: start "
+                            "from a secateur-recipe.yaml that secateur prune --out wrote")
+    if schema > RECIPE_SCHEMA:
+        raise SecateurError(f"{name} has schema {schema}, newer than this secateur reads ({RECIPE_SCHEMA}); "
+                            "upgrade secateur")
+    if schema < 1:
+        raise SecateurError(f"{name}: secateur_recipe: schema {schema} does not exist; write the schema number "
+                            f"secateur wrote ({RECIPE_SCHEMA})")
+    return data, name
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun

@@ -1,4 +1,7 @@
-"""Write pruned models as Hugging Face folders, atomically, with their report and masks.
+"""Writing outputs safely: atomic folders and files, the overwrite rules, free space, stale temporaries.
+
+The ground floor every stage that writes uses (export/, eval/, report/, recovery/, options checks): nothing here
+knows a model.
 
 ``DIR`` is built in a temporary sibling folder and renamed into place only when everything is
 written, so a failure (including a full disk or an interruption) leaves no ``DIR`` behind.
@@ -28,8 +31,6 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import torch
-
 from secateur.errors import SecateurError
 
 REPORT_NAME = "secateur-report.json"
@@ -54,7 +55,6 @@ _KINDS: dict[str, tuple[set[str], set[str], tuple[str, ...], dict[str, tuple[str
               MODEL_PATTERNS, {}),
     "report": ({REPORT_INDEX}, REPORT_NAMES, (), {"plots": ("*.png",)}),
 }
-_SPACE_OVERHEAD = 16 << 20  # tokenizer, config, report, zip headers: a few MB at most
 
 
 def _mb(n: float) -> str:
@@ -185,21 +185,6 @@ def check_free_space(out: str | Path, need: int, including: str = "") -> None:
     if free < need:
         raise SecateurError(f"not enough disk space for {out}: the export{including} needs about {_mb(need)}, "
                             f"{_mb(free)} free on {where}; free some space or choose another --out")
-
-
-def export_size(model: torch.nn.Module | None, masks: dict[str, torch.Tensor] | None = None,
-                keep: float = 1.0) -> int:
-    """Bytes an export of ``model`` takes, about: its tensors in their saved dtype (tied ones once),
-    ``keep`` times that for a model still to be sliced, the bit-packed masks, a fixed overhead."""
-    seen, n = set(), 0
-    if model is not None:
-        for t in model.state_dict().values():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-            if key not in seen:
-                seen.add(key)
-                n += t.numel() * t.element_size()
-    n = int(n * keep) + sum(m.numel() for m in (masks or {}).values()) // 8
-    return n + _SPACE_OVERHEAD
 
 
 def _disk_full(e: BaseException | None) -> bool:
