@@ -77,18 +77,17 @@ import torch
 
 from secateur.calib.stats import Gram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare
+from secateur.compensate.coec_align import Alignment, ValueProjection, build_alignment, expand_value_to_query_heads
 from secateur.compensate.coec_gcv import _gcv_values, gcv_curve, gcv_rescale, gmul
 from secateur.compensate.coec_stiefel import (
     StiefelResult,
     reduced_stiefel_solve,
-    right_rotate,
 )
 from secateur.compensate.rcpu import global_scale, procrustes_left
 from secateur.errors import SecateurError
 from secateur.linalg import (
     all_finite,
     det_sum,
-    orth,
     psd_power,
     safe_eigh,
     safe_svd,
@@ -202,98 +201,6 @@ def coec_ablation_options(stage: str) -> COECOptions:
 
 
 # --------------------------------------------------------------------------------------------------
-# GQA value projection and the alignment penalty (COEC Sec. 4.5, coec.md Sec. 4.6)
-
-
-def expand_value_to_query_heads(w_v: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """Expand a value projection ``[n_kv_heads * m, d]`` to the query-head layout ``[n_heads * m, d]``
-    that ``o_proj`` reads (Hugging Face ``repeat_kv``: query head h uses KV head ``h // (n_heads //
-    n_kv_heads)``). Row ``h*m + t`` of the result is row ``(h // g)*m + t`` of ``w_v``. Works for any
-    trailing shape (a bias ``[n_kv_heads * m]`` too). MHA (``n_heads == n_kv_heads``) returns a copy."""
-    if n_kv_heads <= 0 or n_heads % n_kv_heads:
-        raise SecateurError(f"n_heads={n_heads} must be a positive multiple of n_kv_heads={n_kv_heads}")
-    if w_v.shape[0] % n_kv_heads:
-        raise SecateurError(f"value projection has {w_v.shape[0]} rows, not a multiple of {n_kv_heads} heads")
-    m = w_v.shape[0] // n_kv_heads
-    g = n_heads // n_kv_heads
-    idx = ((torch.arange(n_heads) // g)[:, None] * m + torch.arange(m)[None, :]).flatten()
-    return w_v[idx.to(w_v.device)]
-
-
-@dataclass(frozen=True)
-class ValueProjection:
-    """The dense (unpruned) value projection feeding an ``o_proj``: weight ``[n_kv_heads * m, d_model]``
-    (HF ``[out, in]``) and the head counts. Pass it to :func:`coec` for ``o_proj`` to enable the
-    anchored alignment penalty; leave it out for ``down_proj`` (lambda_a = 0 on the MLP, COEC Sec. 4.5)."""
-
-    weight: torch.Tensor
-    n_heads: int
-    n_kv_heads: int
-
-    def in_o_space(self, kept: torch.Tensor) -> torch.Tensor:
-        """Effective value map read by the kept o_proj columns: ``expand(W_v)[K]`` (``k x d_model``),
-        i.e. ``E W_v,pruned`` of coec.md [A3] for kept whole KV groups."""
-        return expand_value_to_query_heads(self.weight, self.n_heads, self.n_kv_heads)[kept.to(self.weight.device)]
-
-
-@dataclass
-class Alignment:
-    """Precomputed pieces of ``A(R) = ||U_v^T (R_1^T R_1 - Pi_anchor) U_v||_F^2 / r_p^2`` (COEC Sec. 4.5).
-
-    u_v: ``k x r`` leading left singular vectors of the value map in o_proj input space.
-    n_anchor: ``U_v^T Pi_anchor U_v`` (``r x r``).
-    r_norm: the ``r_p`` in the normalization (effective rank used, ``<= r_p``).
-    """
-
-    u_v: torch.Tensor
-    n_anchor: torch.Tensor
-    r_norm: int
-
-    @property
-    def r(self) -> int:
-        return self.u_v.shape[1]
-
-    def value(self, r1: torch.Tensor) -> float:
-        m = r1 @ self.u_v
-        d = m.mT @ m - self.n_anchor
-        return float(det_sum(d * d)) / self.r_norm**2
-
-    def grad(self, r1: torch.Tensor) -> torch.Tensor:
-        """``dA/dR_1 = (4 / r_p^2) R_1 U_v D U_v^T``, ``D = U_v^T (R_1^T R_1 - Pi_anchor) U_v``."""
-        m = r1 @ self.u_v
-        d = m.mT @ m - self.n_anchor
-        return (4.0 / self.r_norm**2) * (m @ d) @ self.u_v.mT
-
-    def of_weight(self, w: torch.Tensor) -> float:
-        """A evaluated at the leading right singular frame of a weight (coec.md Sec. 5 line 10)."""
-        _, s, vh = safe_svd(w)
-        b = int((s > 1e-12 * s[0]).sum()) if s.numel() and s[0] > 0 else 0
-        return self.value(vh[: min(self.r, b)])
-
-
-def build_alignment(w0: torch.Tensor, kept: torch.Tensor, value: ValueProjection, r_p: int = 16,
-                    dtype: torch.dtype = torch.float64) -> Alignment:
-    """Anchor and value frame of COEC Sec. 4.5.
-
-    ``V_anchor = orth(V_full,r_p[K, :])`` with ``V_full,r_p`` the top-r_p right singular vectors of the
-    unpruned ``W0`` (= o_proj); ``U_v`` = top-r_p left singular vectors of the value map expanded to the
-    query-head layout and restricted to K (GQA, coec.md [A3]). ``r = min(r_p, k)``.
-    """
-    w = w0.to(dtype)
-    k = kept.numel()
-    r = min(r_p, k)
-    _, _, vh = safe_svd(w)
-    v_anchor = orth(vh[:r].mT[kept])  # k x r_a (r_a <= r)
-    wv = value.in_o_space(kept).to(w.device, dtype)
-    if wv.shape[0] != k:
-        raise SecateurError("value projection rows do not match the o_proj input width")
-    u, _, _ = safe_svd(wv)
-    u_v = u[:, :r]
-    c = v_anchor.mT @ u_v
-    return Alignment(u_v=u_v, n_anchor=c.mT @ c, r_norm=r)
-
-
-# --------------------------------------------------------------------------------------------------
 # objective pieces
 
 
@@ -325,11 +232,49 @@ def coec_objective(w: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor, ynorm:
 
 
 # --------------------------------------------------------------------------------------------------
-# GCV per-mode rescale (COEC Sec. 4.3, App. B)
-
-
-# --------------------------------------------------------------------------------------------------
 # right rotation: projected gradient on St(b, k) (COEC Sec. 4.1-4.2, App. B; coec.md Sec. 4.5)
+
+
+def right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COECOptions,
+                  info: dict[str, Any]) -> torch.Tensor:
+    """One ``Q_r -> s`` block (Alg. 1 line 6-7 / coec.md line 7-8): returns ``s W Q_r``."""
+    update_scale = opts.rescale != "none"
+    common = dict(lmax_gxx=prob.lmax_gxx, align=prob.align, lam_a=prob.lam_a, delta=opts.delta,
+                  max_iter=opts.max_inner, update_scale=update_scale, retraction=opts.retraction,
+                  ns_dtype=opts.ns_dtype)
+    if opts.right_solver == "full":
+        k = w.shape[1]
+        frame = None
+        if prob.align is not None and prob.lam_a > 0:
+            _, sg, vh = safe_svd(w)
+            b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
+            frame = vh[: min(prob.align.r, b)]
+        res = reduced_stiefel_solve(w, prob.gyx, prob.gxx, prob.ynorm,
+                                    torch.eye(k, dtype=w.dtype, device=w.device), frame=frame, **common)
+        info.setdefault("right_iters", []).append(res.iters)
+        return res.s * (w @ res.r)
+    rows_all = w.shape[0]
+    step = rows_all if opts.slice_rows is None else opts.slice_rows
+    out = torch.empty_like(w)
+    iters = []
+    for lo in range(0, rows_all, step):
+        sl = slice(lo, min(lo + step, rows_all))
+        wg = w[sl]
+        u, sg, vh = safe_svd(wg)
+        b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
+        if b == 0:
+            out[sl] = wg
+            continue
+        u, sg, vh = u[:, :b], sg[:b], vh[:b]
+        y_const = None
+        if opts.slice_rows is not None and prob.gfull is not None:
+            y_const = float(det_sum((w0g[sl] @ prob.gfull) * w0g[sl]))
+        res = reduced_stiefel_solve(u * sg, prob.gyx[sl], prob.gxx, prob.ynorm, vh, a_sq=sg * sg,
+                                    y_const=y_const, **common)
+        iters.append(res.iters)
+        out[sl] = res.s * ((u * sg) @ res.r)
+    info.setdefault("right_iters", []).append(iters[0] if len(iters) == 1 else iters)  # [] if W = 0
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from secateur.compensate.coec_align import Alignment
 from secateur.compensate.coec_gcv import gmul
 from secateur.linalg import (
     cayley_retract,
@@ -20,12 +21,8 @@ from secateur.linalg import (
     newton_schulz_polar,
     one_thread,
     polar_retract,
-    safe_svd,
     sym,
 )
-
-if TYPE_CHECKING:  # annotations only: coec.py imports this module
-    from secateur.compensate.coec import Alignment, COECOptions, _Problem
 
 
 @dataclass
@@ -169,45 +166,3 @@ def _reorthonormalized(obj: _StiefelObjective, r: torch.Tensor, s: float, f: flo
         if f_c <= f:
             return r_c, s_c, f_c
     return r, s, f
-
-
-def right_rotate(w: torch.Tensor, w0g: torch.Tensor, prob: _Problem, opts: COECOptions,
-                  info: dict[str, Any]) -> torch.Tensor:
-    """One ``Q_r -> s`` block (Alg. 1 line 6-7 / coec.md line 7-8): returns ``s W Q_r``."""
-    update_scale = opts.rescale != "none"
-    common = dict(lmax_gxx=prob.lmax_gxx, align=prob.align, lam_a=prob.lam_a, delta=opts.delta,
-                  max_iter=opts.max_inner, update_scale=update_scale, retraction=opts.retraction,
-                  ns_dtype=opts.ns_dtype)
-    if opts.right_solver == "full":
-        k = w.shape[1]
-        frame = None
-        if prob.align is not None and prob.lam_a > 0:
-            _, sg, vh = safe_svd(w)
-            b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
-            frame = vh[: min(prob.align.r, b)]
-        res = reduced_stiefel_solve(w, prob.gyx, prob.gxx, prob.ynorm,
-                                    torch.eye(k, dtype=w.dtype, device=w.device), frame=frame, **common)
-        info.setdefault("right_iters", []).append(res.iters)
-        return res.s * (w @ res.r)
-    rows_all = w.shape[0]
-    step = rows_all if opts.slice_rows is None else opts.slice_rows
-    out = torch.empty_like(w)
-    iters = []
-    for lo in range(0, rows_all, step):
-        sl = slice(lo, min(lo + step, rows_all))
-        wg = w[sl]
-        u, sg, vh = safe_svd(wg)
-        b = int((sg > 1e-12 * sg[0]).sum()) if sg.numel() and sg[0] > 0 else 0
-        if b == 0:
-            out[sl] = wg
-            continue
-        u, sg, vh = u[:, :b], sg[:b], vh[:b]
-        y_const = None
-        if opts.slice_rows is not None and prob.gfull is not None:
-            y_const = float(det_sum((w0g[sl] @ prob.gfull) * w0g[sl]))
-        res = reduced_stiefel_solve(u * sg, prob.gyx[sl], prob.gxx, prob.ynorm, vh, a_sq=sg * sg,
-                                    y_const=y_const, **common)
-        iters.append(res.iters)
-        out[sl] = res.s * ((u * sg) @ res.r)
-    info.setdefault("right_iters", []).append(iters[0] if len(iters) == 1 else iters)  # [] if W = 0
-    return out
