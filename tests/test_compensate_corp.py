@@ -10,7 +10,6 @@ from secateur.calib.stats import PerSampleGram
 from secateur.compensate import InputStats, ls_refit
 from secateur.compensate.corp import (
     QKHeadStats,
-    corp_keep,
     corp_lambda,
     corp_mlp,
     corp_qk_layer,
@@ -20,7 +19,7 @@ from secateur.compensate.corp import (
     qk_logit_errors,
 )
 from secateur.errors import SecateurError
-from secateur.scoring.corp import corp_mlp_scores, corp_qk_scores
+from secateur.scoring.corp import corp_keep, corp_mlp_scores, corp_qk_kept, corp_qk_scores
 
 F64 = torch.float64
 
@@ -279,8 +278,8 @@ def test_qk_layer_mha_and_gqa(n_heads, n_kv):
     qa, ka = PerSampleGram(d_h, n_heads), PerSampleGram(d_h, n_kv)
     qa.update(q)
     ka.update(k)
-    out = corp_qk_layer(w_q, b_q, w_k, b_k, qa, ka, n_heads=n_heads, n_kv_heads=n_kv, ratio=0.5, lam=0.0,
-                        min_qk_dim=2)
+    kept = corp_qk_kept(qa, ka, n_heads, n_kv, 0.5, min_qk_dim=2)
+    out = corp_qk_layer(w_q, b_q, w_k, b_k, qa, ka, kept, n_heads=n_heads, n_kv_heads=n_kv, lam=0.0)
     ds = d_h - 4
     assert out.w_q.shape == (n_heads * ds, d) and out.w_k.shape == (n_kv * ds, d) and out.kept.shape == (n_kv, ds)
     assert out.diagnostics["fold"] == ("balanced" if n_heads == n_kv else "one_sided")
@@ -307,7 +306,7 @@ def test_qk_layer_refuses_rope():
     qa, ka = PerSampleGram(4, 2), PerSampleGram(4, 2)
     w = torch.zeros(8, 6, dtype=F64)
     with pytest.raises(SecateurError, match="RoPE"):
-        corp_qk_layer(w, None, w, None, qa, ka, n_heads=2, n_kv_heads=2, ratio=0.5, rope=True)
+        corp_qk_layer(w, None, w, None, qa, ka, corp_qk_kept(qa, ka, 2, 2, 0.5), n_heads=2, n_kv_heads=2, rope=True)
 
 
 def test_qk_layer_on_tiny_opt():
@@ -335,8 +334,8 @@ def test_qk_layer_on_tiny_opt():
     assert qa.n_seqs == 6 and qa.n_tokens == 96
     w_q, b_q = refs["q"].weight.detach().to(F64), refs["q"].bias.detach().to(F64)
     w_k, b_k = refs["k"].weight.detach().to(F64), refs["k"].bias.detach().to(F64)
-    out = corp_qk_layer(w_q, b_q, w_k, b_k, qa, ka, n_heads=n_h, n_kv_heads=geo.n_kv_heads, ratio=0.5,
-                        rope=geo.rope, min_qk_dim=1)
+    kept = corp_qk_kept(qa, ka, n_h, geo.n_kv_heads, 0.5, min_qk_dim=1)
+    out = corp_qk_layer(w_q, b_q, w_k, b_k, qa, ka, kept, n_heads=n_h, n_kv_heads=geo.n_kv_heads, rope=geo.rope)
     assert out.diagnostics["fold"] == "balanced"
     x = torch.cat(xs).to(F64)
     q, k = x @ w_q.T + b_q, x @ w_k.T + b_k

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from secateur.budgets.masks import count, prune_mask
+from secateur.budgets.masks import count, deletion_count, prune_mask
 from secateur.calib.stats import SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.methods.unstructured import UnstructuredConfig, prune_unstructured
@@ -110,7 +110,7 @@ def _layer_problem(seed=0, rows=4, cols=12):
 
 def test_sparsegpt_zero_sparsity_leaves_weights():
     W, H = _layer_problem()
-    new, mask = sparsegpt_prune(W, H, 0.0, percdamp=0.0)
+    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, 0.0), percdamp=0.0)
     assert not mask.any()
     torch.testing.assert_close(new, W)
 
@@ -120,7 +120,7 @@ def test_sparsegpt_single_weight_matches_obs_closed_form():
     W, H = _layer_problem(rows=1)
     W[0, 0] = 1e-3  # the least salient weight, first column
     rho = 1 / W.numel()
-    new, mask = sparsegpt_prune(W, H, rho, percdamp=0.0)
+    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, rho), percdamp=0.0)
     assert mask.sum() == 1 and mask[0, 0]
     dW = new - W
     loss = (dW @ H @ dW.T).item()
@@ -137,7 +137,7 @@ def test_sparsegpt_beats_wanda_mask_without_update():
     wins = 0
     for seed in range(10):
         W, H = _layer_problem(seed, rows=8, cols=32)
-        new, mask = sparsegpt_prune(W, H, 0.5, percdamp=0.0)
+        new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, 0.5), percdamp=0.0)
         zeroed = W.masked_fill(mask, 0)
         wins += _err(new, W, H) < _err(zeroed, W, H)
     assert wins == 10
@@ -145,7 +145,7 @@ def test_sparsegpt_beats_wanda_mask_without_update():
 
 def test_sparsegpt_nm():
     W, H = _layer_problem(rows=6, cols=16)
-    _, mask = sparsegpt_prune(W, H, 0.0, n=2, m=4)
+    _, mask = sparsegpt_prune(W, H, None, n=2, m=4)
     assert (mask.view(6, 4, 4).sum(-1) == 2).all()
 
 

@@ -44,10 +44,9 @@ from secateur.calib.stats import Gram, PerSampleGram
 from secateur.compensate.base import Compensation, InputStats, finish, prepare, pruned_index
 from secateur.errors import SecateurError
 from secateur.linalg import one_thread, safe_eigh, safe_svd, solve_spd
-from secateur.scoring.corp import corp_qk_scores
 
 __all__ = [
-    "corp_lambda", "corp_mlp", "corp_keep", "QKHeadStats", "corp_qk_solve", "qk_logit_errors",
+    "corp_lambda", "corp_mlp", "QKHeadStats", "corp_qk_solve", "qk_logit_errors",
     "fold_qk_balanced", "fold_q_one_sided", "QKCompensation", "corp_qk_layer",
 ]
 
@@ -77,18 +76,6 @@ def corp_lambda(sigma: torch.Tensor, n: int, *, lam0: float = 1e-3, auto: bool =
     den = (n + 1 - 2 / p) * (tr2 - tr * tr / p)
     rho = 1.0 if not den > 0 else min(1.0, ((1 - 2 / p) * tr2 + tr * tr) / den)
     return max(float(lam0), rho * tr / p), rho
-
-
-def corp_keep(scores: torch.Tensor, ratio: float, *, min_keep: int = 0) -> torch.Tensor:
-    """Kept indices (ascending) after pruning ``floor(ratio * n)`` lowest scores (corp.md Sec. 2 [C]),
-    never keeping fewer than ``min(min_keep, n)`` (CORP guards: 64 MLP channels, 8 Q/K dims).
-    Ties: among equal scores the lower index is kept (stable descending sort)."""
-    if not 0 <= ratio < 1:
-        raise SecateurError(f"pruning ratio must be in [0, 1), got {ratio}")
-    n = scores.numel()
-    n_keep = max(n - int(ratio * n), min(min_keep, n))
-    order = torch.argsort(scores.flatten(), descending=True, stable=True)
-    return torch.sort(order[:n_keep]).values
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,26 +314,23 @@ class QKCompensation:
 
 
 def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor, b_k: torch.Tensor | None,
-                  q_stats: PerSampleGram, k_stats: PerSampleGram, *, n_heads: int, n_kv_heads: int,
-                  ratio: float, rope: bool = False, kept: torch.Tensor | None = None,
-                  lam: float | Literal["auto", "fixed"] = "auto", lam0: float = 1e-3,
-                  mode: Literal["exact", "pooled"] = "exact",
-                  fold: Literal["auto", "balanced", "one_sided"] = "auto", min_qk_dim: int = 8) -> QKCompensation:
+                  q_stats: PerSampleGram, k_stats: PerSampleGram, kept: torch.Tensor, *, n_heads: int,
+                  n_kv_heads: int, rope: bool = False, lam: float | Literal["auto", "fixed"] = "auto",
+                  lam0: float = 1e-3, mode: Literal["exact", "pooled"] = "exact",
+                  fold: Literal["auto", "balanced", "one_sided"] = "auto") -> QKCompensation:
     """CORP Q/K dim pruning + logit compensation of one attention layer (corp.md Sec. 2, 4, 5).
 
     w_q ``[n_heads * d_h, d]``, w_k ``[n_kv_heads * d_h, d]`` (``[out, in]``), biases or None;
     q_stats / k_stats: :class:`PerSampleGram` of the q and k projection outputs (``n_heads`` /
     ``n_kv_heads`` heads, the logits' q and k - e.g. OPT's q before or after its constant scaling,
-    consistently). Per KV head g, the kept dims are shared by its query heads (group score = sum of the
-    heads' :func:`corp_qk_scores`), ``d_s = d_h - floor(ratio d_h)`` (at least ``min_qk_dim``) unless
-    ``kept`` ``[n_kv_heads, d_s]`` is given. fold: ``'auto'`` = balanced for MHA, one-sided under GQA.
+    consistently). ``kept`` ``[n_kv_heads, d_s]``: the dims each KV head keeps, shared by its query heads, chosen
+    by the method (:func:`secateur.scoring.corp.corp_qk_kept`: the paper's group score). fold: ``'auto'`` =
+    balanced for MHA, one-sided under GQA.
     Raises for RoPE models (rotary embeddings do not commute with dim pruning/mixing, corp.md [A8]).
     """
     fold_mode = _check_layer(w_q, w_k, q_stats, k_stats, n_heads, n_kv_heads, rope, fold)
     d_h, g = w_q.shape[0] // n_heads, n_heads // n_kv_heads
     head_stats = [QKHeadStats.from_accumulators(q_stats, k_stats, h, h // g) for h in range(n_heads)]
-    if kept is None:
-        kept = _kept_dims(head_stats, n_kv_heads, g, ratio, min_qk_dim)
     kept = torch.as_tensor(kept, dtype=torch.long)
     if kept.shape[0] != n_kv_heads:
         raise SecateurError(f"kept must be [n_kv_heads={n_kv_heads}, d_s], got {tuple(kept.shape)}")
@@ -399,17 +383,6 @@ def _check_layer(w_q: torch.Tensor, w_k: torch.Tensor, q_stats: PerSampleGram, k
     if fold_mode == "balanced" and g != 1:
         raise SecateurError("the balanced Q/K fold needs MHA; under GQA the key head is shared - use one_sided")
     return fold_mode
-
-
-def _kept_dims(head_stats: list[QKHeadStats], n_kv_heads: int, g: int, ratio: float, min_qk_dim: int
-               ) -> torch.Tensor:
-    """Kept dims per KV head ``[n_kv_heads, d_s]``: the group score is the sum of its query heads' scores."""
-    rows = []
-    for kv in range(n_kv_heads):
-        score = sum(corp_qk_scores(head_stats[h].q_grams, head_stats[h].k_grams)
-                    for h in range(kv * g, (kv + 1) * g))
-        rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
-    return torch.stack(rows)
 
 
 def _layer_diagnostics(per_head: list[dict], mode: str, fold_mode: str, ds: int, fold_info: dict) -> dict:

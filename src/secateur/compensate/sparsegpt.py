@@ -5,8 +5,9 @@ For a layer ``W [out, in]`` with input Hessian proxy ``H = X X^T`` (``secateur.c
 * damp: ``H += percdamp * mean(diag H) * I``; dead inputs (``H_jj = 0``) get ``H_jj = 1``, ``W[:, j] = 0``;
 * ``U = chol(H^-1)^T`` (upper Cholesky factor of the inverse);
 * columns in blocks of ``B = 128``; at the start of each block the mask is chosen by the OBS saliency
-  ``w_ij^2 / U_jj^2`` - unstructured: the ``k`` lowest entries of the whole ``out x B`` block with
-  ``k = round_rule(rho * out * B)``; N:M: per row, the ``M - N`` lowest of each group of ``M`` columns;
+  ``w_ij^2 / U_jj^2`` - unstructured: the ``k`` lowest entries of the whole ``out x B`` block, ``k`` =
+  ``deletions(out * B)``, the count the method gives (its budget rule: ``budgets.masks.deletion_count``,
+  ``ceil``/``floor`` of ``rho * out * B``); N:M: per row, the ``M - N`` lowest of each group of ``M`` columns;
 * per column: ``err = (w_j - q_j) / U_jj``, ``W[:, j+1:] -= err U[j, j+1:]`` (OBS update, paper Eq. 3-5),
   with the lazy batched update of later blocks.
 
@@ -16,17 +17,21 @@ Removing a single weight ``w_j`` with the optimal compensation raises ``tr(dW H 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from secateur.budgets.masks import deletion_count
 from secateur.errors import SecateurError
 from secateur.linalg import one_thread
 
 
-def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 0, m: int = 0,
-                    blocksize: int = 128, percdamp: float = 0.01, rounding: str = "ceil"
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(W_new, mask)`` with ``mask`` True where pruned. ``n:m`` = keep n of every m (0:0 = off)."""
+def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, deletions: Callable[[int], int] | None, n: int = 0,
+                    m: int = 0, blocksize: int = 128, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(W_new, mask)`` with ``mask`` True where pruned. ``deletions(size)``: how many of a block's
+    ``size`` weights to delete (unstructured; None with an N:M pattern); ``n:m`` = keep n of every m (0:0 =
+    off). The solver decides which weights and how the rest compensate; how many is the method's."""
+    if not m and deletions is None:
+        raise SecateurError("sparsegpt_prune needs a deletion count (unstructured) or an n:m pattern")
     W = W.detach().to(torch.float64).clone()
     H = H.detach().to(W.device, torch.float64).clone()  # statistics live on the CPU, W where its block is
     rows, cols = W.shape
@@ -48,7 +53,7 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, sparsity: float, n: int = 
         d = torch.diag(U1)
         if not m:
             sal = (W1**2 / d**2).flatten()
-            k = deletion_count(sal.numel(), sparsity, rounding)
+            k = deletions(sal.numel())
             m1 = torch.zeros(sal.numel(), dtype=torch.bool, device=sal.device)
             m1[torch.argsort(sal, stable=True)[:k]] = True
             m1 = m1.view_as(W1)

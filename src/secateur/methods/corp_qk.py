@@ -38,6 +38,7 @@ from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.models.blocks import RESIDENT, Blocks
 from secateur.models.linear import LinearRef
+from secateur.scoring.corp import corp_qk_kept
 
 
 @dataclass
@@ -92,9 +93,9 @@ class CorpQKHandler(engine.Handler):
         wq, wk = q.weight.detach().double().cpu(), k.weight.detach().double().cpu()
         bq = None if q.bias is None else q.bias.detach().double().cpu()
         bk = None if k.bias is None else k.bias.detach().double().cpu()
-        res = corp_qk_layer(wq, bq, wk, bk, acc.qa, acc.ka, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
-                            ratio=self.cfg.sparsity, lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode,
-                            fold=self.cfg.fold, min_qk_dim=self.cfg.min_qk_dim)
+        kept = corp_qk_kept(acc.qa, acc.ka, g.n_heads, g.n_kv_heads, self.cfg.sparsity, self.cfg.min_qk_dim)
+        res = corp_qk_layer(wq, bq, wk, bk, acc.qa, acc.ka, kept, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
+                            lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode, fold=self.cfg.fold)
         d_h, ds = g.head_dim, res.kept.shape[1]
         gs = g.n_heads // g.n_kv_heads
         new = {"q": (torch.zeros_like(wq), None if bq is None else torch.zeros_like(bq), g.n_heads),

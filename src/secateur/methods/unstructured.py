@@ -13,12 +13,13 @@ flat index (lower index pruned first). See :mod:`secateur.budgets.masks`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from secateur.budgets.masks import prune_mask
+from secateur.budgets.masks import deletion_count, prune_mask
 from secateur.calib import engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
@@ -135,8 +136,8 @@ def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accum
     """Prune one ``[out, in]`` weight in place (through ``ref`` when given); return the mask."""
     n, m = cfg.pattern or (0, 0)
     if cfg.method == "sparsegpt":
-        new, mask = sparsegpt_prune(W, accs["gram"].G, cfg.sparsity, n, m, cfg.blocksize, cfg.percdamp,
-                                    cfg.rounding)
+        count = None if m else functools.partial(deletion_count, rho=cfg.sparsity, rounding=cfg.rounding)
+        new, mask = sparsegpt_prune(W, accs["gram"].G, count, n, m, cfg.blocksize, cfg.percdamp)
         ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
         return mask
     scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])

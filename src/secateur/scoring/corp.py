@@ -40,3 +40,29 @@ def corp_qk_scores(q_grams: torch.Tensor, k_grams: torch.Tensor) -> torch.Tensor
     ``s_j = mean_b ||Q_b[:, j]||^2 ||K_b[:, j]||^2 = mean_b A_b[j, j] C_b[j, j]`` - the energy of the
     removed rank-1 logit term ``Q_b[:, j] K_b[:, j]^T``. Inputs ``[N, d_h, d_h]``."""
     return (q_grams.diagonal(dim1=-2, dim2=-1) * k_grams.diagonal(dim1=-2, dim2=-1)).mean(0)
+
+
+def corp_keep(scores: torch.Tensor, ratio: float, *, min_keep: int = 0) -> torch.Tensor:
+    """Kept indices (ascending) after pruning ``floor(ratio * n)`` lowest scores (corp.md Sec. 2 [C]),
+    never keeping fewer than ``min(min_keep, n)`` (CORP guards: 64 MLP channels, 8 Q/K dims).
+    Ties: among equal scores the lower index is kept (stable descending sort)."""
+    if not 0 <= ratio < 1:
+        raise SecateurError(f"pruning ratio must be in [0, 1), got {ratio}")
+    n = scores.numel()
+    n_keep = max(n - int(ratio * n), min(min_keep, n))
+    order = torch.argsort(scores.flatten(), descending=True, stable=True)
+    return torch.sort(order[:n_keep]).values
+
+
+def corp_qk_kept(q_stats, k_stats, n_heads: int, n_kv_heads: int, ratio: float, min_qk_dim: int = 8
+                 ) -> torch.Tensor:
+    """Kept Q/K dims per KV head ``[n_kv_heads, d_s]`` (CORP Sec. 3.3; corp.md Sec. 2): a KV head's dims are shared
+    by its query heads, scored by the sum of their :func:`corp_qk_scores`, ``d_s = d_h - floor(ratio d_h)`` kept
+    (at least ``min_qk_dim``; :func:`corp_keep`). ``q_stats`` / ``k_stats``: the projections' per-head output
+    Grams (:class:`secateur.calib.stats.PerSampleGram`)."""
+    g = n_heads // n_kv_heads
+    rows = []
+    for kv in range(n_kv_heads):
+        score = sum(corp_qk_scores(q_stats.head(h), k_stats.head(kv)) for h in range(kv * g, (kv + 1) * g))
+        rows.append(corp_keep(score, ratio, min_keep=min_qk_dim))
+    return torch.stack(rows)
