@@ -173,7 +173,7 @@ def _open(opts: PruneOptions, spec: ModelSpec, method, needs_calibration: bool, 
     if opts.method in STREAMABLE and cfg:
         _check_whole_memory(opts, spec, cfg, needs_calibration)
     with timer("load"):
-        model, tok = load_model(opts.model, opts.dtype, opts.device)
+        model, tok = spec.load(opts.device)
         return _Run(spec, model, tok, get_adapter(model), ResidentSource())
 
 
@@ -462,7 +462,7 @@ def _eval_model(spec: ModelSpec, device: str, stream: bool
     """``(model, tokenizer, stream)``: loaded whole (``stream`` None), or built on the meta device with its blocks
     read from the folder when visited (residents loaded once the memory plan fits, :func:`_eval_plan`)."""
     if not stream:
-        model, tok = load_model(spec.given, spec.dtype, device)
+        model, tok = spec.load(device)
         return model, tok, None
     src = streaming.open_streamed(spec.given, spec.dtype, device, folder=spec.local_folder())
     return src.model, src.tokenizer(), src

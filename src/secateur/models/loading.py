@@ -96,19 +96,25 @@ def _check_regular_files(spec: str, folder: Path) -> None:
                          "the model")
 
 
-def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> tuple[nn.Module, object]:
+def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
+               resolved: tuple[str, dict] | None = None) -> tuple[nn.Module, object]:
     """Load ``(model, tokenizer)`` in eval mode with SDPA attention.
 
     Models saved by secateur with uneven per-layer widths load through the same call (see
-    :mod:`secateur.models.hetero`; the family registry registers their classes).
+    :mod:`secateur.models.hetero`; the family registry registers their classes). ``resolved``: the spec's
+    ``(path, from_pretrained kwargs)`` when the caller has resolved and checked it already
+    (:class:`secateur.models.spec.ModelSpec`), so it is neither resolved nor checked again.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_device(device)
     parse_dtype(dtype)
     register_custom_classes()
-    path, extra = resolve(spec, dtype)
-    check_model(spec, path, extra)
+    if resolved is None:
+        path, extra = resolve(spec, dtype)
+        check_model(spec, path, extra)
+    else:
+        path, extra = resolved
     try:  # never run code shipped in a model folder (secateur's own classes are registered locally)
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
                                                            trust_remote_code=False, output_loading_info=True,

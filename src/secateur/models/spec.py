@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from secateur.models.loading import check_model, check_seqlen, gguf_file, model_source, resolve
+from secateur.models.loading import check_model, check_seqlen, gguf_file, load_model, model_source, resolve
 
 
 @dataclass
@@ -62,6 +62,14 @@ class ModelSpec:
         if gguf_file(self.given) is not None:  # from the header: nothing dequantized for a check
             return check_model(self.given)
         return check_model(self.given, *self.location)
+
+    def load(self, device: str = "cpu") -> tuple[nn.Module, object]:
+        """``(model, tokenizer)`` loaded whole, from the location resolved and the config checked here (once)."""
+        if self.kind == "gguf":  # its header was checked; the folder dequantized from it is checked as any folder
+            check_model(self.given, *self.location)
+        else:
+            _ = self.config  # the checks run before any weight is read, as they always have
+        return load_model(self.given, self.dtype, device, resolved=self.location)
 
     def check_seqlen(self, seqlen: int, flag: str = "--seqlen") -> None:
         """Refuse windows longer than the model's context (:func:`secateur.models.loading.check_seqlen`)."""
