@@ -24,6 +24,7 @@ from secateur.methods.structured import REFUSED
 from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
 from secateur.models.loading import check_device
+from secateur.models.spec import ModelSpec
 from secateur.safe_write import check_output_dir, model_paths
 from secateur.schemas.api import check_common, plain_paths
 from secateur.schemas.recipe import RECIPE_SCHEMA, read_recipe
@@ -84,14 +85,12 @@ class PruneOptions:
 
     @property
     def in_memory(self) -> bool:
-        return not isinstance(self.model, str)
+        return ModelSpec(self.model).in_memory
 
     @property
     def model_name(self) -> str:
-        """The model spec, or an in-memory model's ``config._name_or_path`` (``in-memory`` when unnamed)."""
-        if not self.in_memory:
-            return self.model
-        return getattr(getattr(self.model, "config", None), "_name_or_path", None) or "in-memory"
+        """The model spec, or an in-memory model's ``config._name_or_path`` (:attr:`ModelSpec.name`)."""
+        return ModelSpec(self.model).name
 
     @property
     def pattern_nm(self) -> tuple[int, int] | None:

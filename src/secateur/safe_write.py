@@ -272,6 +272,14 @@ def _missing_parents(p: Path) -> list[Path]:
     return missing
 
 
+def _room_for(target: Path, need: int | None) -> list[Path]:
+    """Before writing ``target``: its free space checked (``need`` bytes, when known); returns the parent folders
+    that do not exist yet (made by the writer, removed again if it fails)."""
+    if need is not None:
+        check_free_space(target, need)
+    return _missing_parents(target.parent)
+
+
 def _remove_empty(created: list[Path]) -> None:
     """Remove the parent folders a failed write created (``_missing_parents``), only while they are empty."""
     for p in created:
@@ -305,9 +313,7 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
     free space and named when the disk fills up. Parent folders created here are removed on failure."""
     out = Path(out)
     check_output_dir(out, overwrite, kind)
-    if need is not None:
-        check_free_space(out, need)
-    created = _missing_parents(out.parent)
+    created = _room_for(out, need)
     tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -383,9 +389,7 @@ def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: i
     ``path``, never a leftover. ``overwrite`` / ``is_ours``: see :func:`check_output_file` (checked again just
     before the rename); ``need``: bytes, checked against the free space and named when the disk fills up."""
     path = check_output_file(path, overwrite, is_ours, kind)
-    if need is not None:
-        check_free_space(path, need)
-    created = _missing_parents(path.parent)
+    created = _room_for(path, need)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,7 @@ F is the dense width read from the config (sliced runs: an upper bound).
 
 from __future__ import annotations
 
-import json
-import struct
+import math
 from pathlib import Path
 
 from secateur.models.memory import MemoryPlan
@@ -30,35 +29,24 @@ _ELEM = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, 
 
 
 def _headers(folder: Path) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every tensor of a folder's safetensors files (headers only)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            head = json.loads(fh.read(n))
-        out |= {k: tuple(v["shape"]) for k, v in head.items() if k != "__metadata__"}
-    return out
+    """name -> shape of every tensor of a folder's safetensors files (headers only: :class:`LazyWeights`)."""
+    from secateur.models.streaming import LazyWeights
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    return {name: tuple(i.shape) for name, i in LazyWeights(folder).info.items()}
 
 
 def folder_params(folder: str | Path | None) -> int | None:
     """Parameters of a local model folder (None: not a local safetensors folder)."""
     if folder is None or not Path(folder).is_dir() or not any(Path(folder).glob("*.safetensors")):
         return None
-    return sum(_numel(s) for s in _headers(Path(folder)).values())
+    return sum(math.prod(s) for s in _headers(Path(folder)).values())
 
 
 def lora_params(folder: str | Path, projections: list[str], rank: int) -> int:
     """``r x (in + out)`` summed over the folder's non-empty 2-D weights whose name ends with a projection name."""
     n = 0
     for name, shape in _headers(Path(folder)).items():
-        if len(shape) == 2 and _numel(shape) and any(name.endswith(f".{p}.weight") for p in projections):
+        if len(shape) == 2 and math.prod(shape) and any(name.endswith(f".{p}.weight") for p in projections):
             n += rank * (shape[0] + shape[1])
     return n
 
