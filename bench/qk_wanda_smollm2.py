@@ -185,7 +185,7 @@ def _reuse_dense_eval(dataset: str, p: dict, tok) -> dict | None:
 def qk_error_pass(preset: str) -> list[dict]:
     """Eq. 49 for every finished row of ``preset`` (one dense pass, masks applied to the dense weights)."""
     from secateur.eval.qk_error import heldout_ids, qk_errors
-    from secateur.export.hf import load_masks
+    from secateur.masks_file import load_masks
     from secateur.models.loading import load_model
     from secateur.runinfo import versions
 

@@ -9,7 +9,10 @@ For a layer ``W [out, in]`` with input Hessian proxy ``H = X X^T`` (``secateur.c
   ``deletions(out * B)``, the count the method gives (its budget rule: ``budgets.masks.deletion_count``,
   ``ceil``/``floor`` of ``rho * out * B``); N:M: per row, the ``M - N`` lowest of each group of ``M`` columns;
 * per column: ``err = (w_j - q_j) / U_jj``, ``W[:, j+1:] -= err U[j, j+1:]`` (OBS update, paper Eq. 3-5),
-  with the lazy batched update of later blocks.
+  with the lazy batched update of later blocks; inside a block the same update is applied in sub-blocks of
+  ``SUB = 16`` columns (rank-1 updates within the sub-block, one matrix product ``E_sub U[sub, rest]`` for the rest
+  of the block): the same sums in another order, so the result differs from the column-by-column loop only by
+  float64 rounding (tested: ~1e-14 relative), about twice as fast on the widths of small models.
 
 Removing a single weight ``w_j`` with the optimal compensation raises ``tr(dW H dW^T)`` by exactly
 ``w_j^2 / [H^-1]_jj`` (the OBS closed form) - tested.
@@ -44,6 +47,7 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, deletions: Callable[[int],
     with one_thread():  # LAPACK's result depends on the thread count; the OBS loop's GEMMs do not
         U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     mask = torch.zeros_like(W, dtype=torch.bool)
+    sub = _sub_block(blocksize, m)
     for i1 in range(0, cols, blocksize):
         i2 = min(i1 + blocksize, cols)
         W1 = W[:, i1:i2].clone()
@@ -59,18 +63,32 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, deletions: Callable[[int],
             m1 = m1.view_as(W1)
         else:
             m1 = torch.zeros_like(W1, dtype=torch.bool)
-        for i in range(i2 - i1):
-            if m and i % m == 0:
-                sal = W1[:, i:i + m] ** 2 / d[i:i + m] ** 2
-                idx = torch.argsort(sal, dim=1, stable=True)[:, : m - n]
-                m1.scatter_(1, i + idx, True)
-            w = W1[:, i]
-            q = torch.where(m1[:, i], torch.zeros_like(w), w)
-            Q1[:, i] = q
-            err = (w - q) / d[i]
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-            E1[:, i] = err
+        for s0 in range(0, i2 - i1, sub):  # the OBS loop in sub-blocks: rank-1 updates stay inside one
+            s1 = min(s0 + sub, i2 - i1)     # sub-block, the rest of the block gets one product per sub-block
+            for i in range(s0, s1):
+                if m and i % m == 0:
+                    sal = W1[:, i:i + m] ** 2 / d[i:i + m] ** 2
+                    idx = torch.argsort(sal, dim=1, stable=True)[:, : m - n]
+                    m1.scatter_(1, i + idx, True)
+                w = W1[:, i]
+                q = torch.where(m1[:, i], torch.zeros_like(w), w)
+                Q1[:, i] = q
+                err = (w - q) / d[i]
+                W1[:, i:s1] -= err.unsqueeze(1) * U1[i, i:s1].unsqueeze(0)
+                E1[:, i] = err
+            if s1 < i2 - i1:
+                W1[:, s1:] -= E1[:, s0:s1] @ U1[s0:s1, s1:]
         W[:, i1:i2] = Q1
         mask[:, i1:i2] = m1
         W[:, i2:] -= E1 @ U[i1:i2, i2:]
     return W, mask
+
+
+SUB = 16  # columns per sub-block of the OBS loop (a multiple of every N:M group size in use: 2:4, 4:8, 8:16)
+
+
+def _sub_block(blocksize: int, m: int) -> int:
+    """Sub-block width: ``SUB``, widened to a multiple of the N:M group ``m`` (a group's mask is chosen from its
+    columns fully updated, so a group must not straddle two sub-blocks)."""
+    sub = min(SUB, blocksize)
+    return sub if not m or sub % m == 0 else m * max(1, sub // m)
