@@ -40,10 +40,12 @@ _SETTLE_S = 0.5
 
 
 def env_world() -> tuple[int, int]:
-    """``(rank, world)`` from the environment (torchrun, ``--procs``); ``(0, 1)`` in a plain process."""
-    from secateur.calib.dist import env_world as _env
-
-    rank, world, _ = _env()
+    """``(rank, world)`` from the environment (torchrun, ``--procs``); ``(0, 1)`` in a plain process. Imports no
+    torch: the CLI's interrupt handler asks it, possibly while torch is half imported."""
+    try:
+        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    except ValueError:
+        raise SecateurError("WORLD_SIZE and RANK must be integers (torchrun sets them)") from None
     return rank, world
 
 
