@@ -30,7 +30,7 @@ from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
 from secateur.models import streaming
 from secateur.models.adapters import Adapter, get_adapter
-from secateur.models.blocks import RESIDENT, Blocks, BlockSource, ResidentSource
+from secateur.models.blocks import ALONE, RESIDENT, Blocks, BlockSource, ResidentSource, Shard
 from secateur.models.loading import check_device, check_seqlen, load_model
 from secateur.models.memory import Shape
 from secateur.models.spec import ModelSpec
@@ -86,8 +86,15 @@ def prune(**kwargs) -> PruneResult:
     One sequence for every run: checks -> the block source (the model loaded whole, or ``stream``: built on the
     meta device, its memory plan printed and checked) -> the output and its block sink (free space; streamed: the
     shards, written as blocks finish) -> calibration set -> recipe check -> run -> report -> card -> save ->
-    checkpoint removal (resident runs checkpoint for ``--resume``; streamed ones do not)."""
+    checkpoint removal (resident runs checkpoint for ``--resume``; streamed ones do not).
+
+    Called by every process of an initialized ``torch.distributed`` group (``secateur prune --procs N``, torchrun),
+    the run is split over them (:func:`shard`: chunks of calibration windows and evaluation windows) with the same
+    result as one process, bit for bit; rank 0 alone writes the output (:mod:`secateur.calib.dist`)."""
     opts = _options(kwargs)
+    split = shard()
+    if split.split:
+        opts.check_split()
     spec = ModelSpec(opts.model, opts.dtype)  # resolved once; every later stage reads it
     _check_eval(opts, spec)
     method = METHODS[opts.method]
@@ -99,12 +106,16 @@ def prune(**kwargs) -> PruneResult:
     output = _output(opts, method, run, needs_calibration)
     run.ready(timer)
     ids, manifest = _calibration(opts, run, needs_calibration, timer)
-    ckpt = None if output.streamed else _checkpoint(opts, run.model, manifest)
+    if split.split and ids is not None:  # every rank calibrates on rank 0's tokens (the same by construction)
+        from secateur.calib.dist import broadcast
+
+        ids = broadcast(ids, 0)
+    ckpt = None if output.streamed or split.split else _checkpoint(opts, run.model, manifest)
     with output.opened():  # streamed: the atomic output folder, written during the run
         with timer("prune"):
-            result = _run_checkpointed(method, run, ids, opts, ckpt, Blocks(run.source, output.sink))
+            result = _run_checkpointed(method, run, ids, opts, ckpt, Blocks(run.source, output.sink, split))
         with _kept_on_interrupt(ckpt):  # the final save: an interruption names the checkpoint it leaves
-            report = _finish(opts, method, run, output, result, manifest, timer)
+            report = _finish(opts, method, run, output, result, manifest, timer, split)
     report["timings"]["phases"] = timer.phases
     report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
     if ckpt is not None:  # the output is in place: the checkpoint has served
@@ -209,16 +220,20 @@ def _calibration(opts: PruneOptions, run: _Run, needs_calibration: bool, timer: 
     return ids, manifest
 
 
-def _finish(opts: PruneOptions, method, run: _Run, output, result, manifest, timer: Timer) -> dict:
-    """The report, ``--eval-ppl`` and the output folder. A resident model is evaluated in memory before the save;
-    a streamed one's pruned blocks are in the (temporary) output folder only, so it is evaluated block by block
-    there after the save, then its card and report are written again with the perplexity."""
+def _finish(opts: PruneOptions, method, run: _Run, output, result, manifest, timer: Timer,
+            split: Shard = ALONE) -> dict:
+    """The report, ``--eval-ppl`` and the output folder (split over processes: written by rank 0 alone, the report
+    saying ``processes``). A resident model is evaluated in memory before the save; a streamed one's pruned blocks are
+    in the (temporary) output folder only, so it is evaluated block by block there after the save, then its card
+    and report are written again with the perplexity."""
     report = _report(opts, run.spec, method, run.model, result, manifest, timer)
+    if split.split:
+        report["processes"] = split.world
     if run.plan is not None:
         report["memory_plan"] = run.plan
     if opts.eval_ppl and not output.streamed:
         report["perplexity"] = [_eval_entry(_eval_pruned(opts, run.model, run.tokenizer, timer))]
-    if opts.out:
+    if opts.out and split.rank == 0:
         files = result.extra_files | _card_files(opts, report)
         stall.point("save")
         with timer("save"):
@@ -406,6 +421,14 @@ def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume
     return _resume.Checkpoint.open(opts.out, fp, opts.resume)
 
 
+def shard() -> Shard:
+    """This process's share when ``torch.distributed`` is initialized with several processes (else the whole run)."""
+    from secateur.calib.dist import rank_world
+
+    rank, world = rank_world()
+    return Shard(rank, world)
+
+
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
     """A spec/folder is loaded; an in-memory model needs its tokenizer. Returns (model, tokenizer, name)."""
     if isinstance(model, str):
@@ -421,7 +444,9 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
              progress: bool = True, stream: bool = False) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus.
     ``stream``: the same window loop over a streamed block source, one decoder block in memory at a time over all
-    windows (a model folder larger than memory; its memory plan printed and checked first)."""
+    windows (a model folder larger than memory; its memory plan printed and checked first). Called by every process
+    of an initialized ``torch.distributed`` group, window ``w`` is scored by rank ``w % N`` and every rank returns the
+    same result as one process, bit for bit (rank 0 alone writes ``json_path``)."""
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
     check_tokenizer(model, tokenizer)
@@ -445,14 +470,17 @@ def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wiki
         raise SecateurError(f"evaluation text {dataset} has {ids.numel()} tokens, fewer than one window of --seqlen "
                             f"{seqlen}; use a longer text or a smaller --seqlen")
     plan = None if stream_src is None else _eval_plan(stream_src, ids, seqlen, stride, max_windows)
-    blocks = RESIDENT if stream_src is None else Blocks(stream_src)
+    split = shard()
+    blocks = (RESIDENT if stream_src is None else Blocks(stream_src)).with_shard(split)
     res = perplexity(model, ids, seqlen, stride, max_windows, progress, tokenizer=tokenizer,  # BOS rule: the tokenizer
                      blocks=blocks)
     res.update({"model": name, "dataset": dataset, "tokens_sha256": token_sha256(ids), "versions": versions(),
                 "machine": machine(), "schema_version": SCHEMA_VERSION})
     if plan is not None:
         res["memory_plan_bytes"] = plan.total
-    if json_path:
+    if split.split:
+        res["processes"] = split.world
+    if json_path and split.rank == 0:
         write_file_atomic(json_path, json.dumps(res, indent=2))
     return res
 

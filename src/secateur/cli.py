@@ -9,7 +9,7 @@ import signal
 import sys
 import textwrap
 
-from secateur import stall
+from secateur import launch, stall
 from secateur.errors import SecateurError
 
 EPILOG = textwrap.dedent("""\
@@ -41,6 +41,11 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smo
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device for the computation (default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="local data folder (default: $SECATEUR_DATA or ../shared/data)")
+
+
+PROCS_HELP = ("run as N processes on this machine, each with its share of the windows (gloo on CPU, NCCL with "
+              "--device cuda): the same result, bit for bit; torchrun --nproc-per-node N -m secateur ... does the same "
+              "across machines")
 
 
 def _cli_type(fn):
@@ -135,6 +140,7 @@ def _prune_parser(sub) -> argparse.ArgumentParser:
                         "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt and "
                         "the structured methods but cocurve)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--procs", type=int, default=None, metavar="N", help=PROCS_HELP)
     p.add_argument("--recipe", default=None, metavar="FILE",
                    help="replay a secateur-recipe.yaml (every output folder has one); flags given explicitly "
                         "override its values, e.g. --out")
@@ -147,13 +153,20 @@ def _cmd_prune(args) -> int:
 
     # the common fields and every knob (None = unset) by name: validated into the method's typed options; with
     # --recipe, the recipe's values and the flags given explicitly (a flag left at its default does not count)
-    drop = ("func", "command", "recipe", "argv")
+    drop = ("func", "command", "recipe", "argv", "procs")
     if args.recipe:
         given = _explicit_prune_args(args.argv)
         opts = api.options_from_recipe(args.recipe, **{k: v for k, v in given.items() if k not in drop})
     else:
         opts = api.PruneOptions.from_kwargs(**{k: v for k, v in vars(args).items() if k not in drop})
-    report = api.prune(options=opts).report  # --eval-ppl: measured before the folder is written, so the card has it
+    procs = launch.check_procs(args.procs)
+    if procs > 1:  # every check that needs no model, on every rank (and in the supervisor) before any rank waits
+        opts.validate()
+        opts.check_split()
+        if launch.env_world()[1] == 1:  # --procs: this process starts the ranks and watches them
+            return launch.supervise(args.argv, procs)
+    with launch.joined(opts.device):
+        report = api.prune(options=opts).report  # --eval-ppl: measured before the folder is written: the card has it
     rs = report["realized_sparsity"]
     print(f"{opts.method}: realized sparsity {rs['targeted']:.4f} of targeted weights "
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
@@ -194,6 +207,7 @@ def _eval_parser(sub) -> None:
     q.add_argument("--stream", action="store_true",
                    help="one decoder block in memory at a time over all windows (a model larger than memory)")
     q.add_argument("--quiet", action="store_true")
+    q.add_argument("--procs", type=int, default=None, metavar="N", help=PROCS_HELP)
     q.set_defaults(func=_cmd_ppl)
     for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency"):
         try:
@@ -206,10 +220,17 @@ def _eval_parser(sub) -> None:
 
 def _cmd_ppl(args) -> int:
     from secateur import api
+    from secateur.eval.ppl import check_ppl_args
 
-    res = api.eval_ppl(args.model, args.dataset, args.seqlen, args.stride, args.max_windows, args.data_dir,
-                       dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet,
-                       stream=args.stream)
+    procs = launch.check_procs(args.procs)
+    if procs > 1:  # the checks that need no model, before any rank waits for another
+        check_ppl_args(args.seqlen, args.stride, args.max_windows)
+        if launch.env_world()[1] == 1:
+            return launch.supervise(args.argv, procs)
+    with launch.joined(args.device):
+        res = api.eval_ppl(args.model, args.dataset, args.seqlen, args.stride, args.max_windows, args.data_dir,
+                           dtype=args.dtype, device=args.device, json_path=args.json, progress=not args.quiet,
+                           stream=args.stream)
     print(f"{args.dataset} perplexity [{res['protocol']}, {res['windows']}/{res['windows_total']} windows, "
           f"{res['scored_tokens']} tokens]: {res['ppl']:.4f}")
     return 0
@@ -322,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         with _sigterm_as_interrupt():  # from the first import on: Ctrl-C during start-up is exit 130 too
+            launch.quiet_ranks()  # several processes (torchrun, --procs): rank 0 alone prints
             stall.point("startup")
             parser = build_parser()
             args = parser.parse_args(argv)
@@ -333,14 +355,29 @@ def main(argv: list[str] | None = None) -> int:
                 transformers.utils.logging.disable_progress_bar()
             return int(args.func(args) or 0)
     except SecateurError as e:
-        print(f"secateur: error: {e}", file=sys.stderr)
-        return 2
+        return launch.fail("error", str(e), 2)  # one process: "secateur: error: ..."; several: "... rank R: ..."
     except Terminated:
+        if _split():
+            return launch.fail("stopped", "interrupted (SIGTERM)", 128 + signal.SIGTERM)
         print("secateur: interrupted (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
+        if _split():
+            return launch.fail("stopped", "interrupted", 130)
         print("secateur: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not _split():
+            raise
+        return launch.fail(*launch.describe(e), 2)  # a rank's crash or a lost peer: one line, never a hang
+
+
+def _split() -> bool:
+    """This process is one rank of several (torchrun, ``--procs``)."""
+    try:
+        return launch.env_world()[1] > 1
+    except SecateurError:
+        return False
 
 
 if __name__ == "__main__":

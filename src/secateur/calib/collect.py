@@ -86,6 +86,14 @@ def block_influence(model, adapter: Adapter, ids: torch.Tensor, batch_size: int 
     with torch.no_grad():
         walk = Walk(adapter, ids, batch_size, blocks=blocks)
         for visit in walk.blocks():
+            if walk.shard.split:  # each rank its chunks; the sums merged in chunk order on every rank
+                def pair(j: int, visit=visit) -> tuple[torch.Tensor, torch.Tensor]:
+                    h = visit.input(j)
+                    return h, visit.output(j, h)
+
+                engine.sharded_updates(len(visit.inputs), pair, {"bi": accs[visit.index]}, "", walk.shard,
+                                       update=lambda part, hy: part["bi"].update(*hy))
+                continue
             for j in range(len(visit.inputs)):
                 h = visit.input(j)
                 accs[visit.index].update(h, visit.output(j, h))

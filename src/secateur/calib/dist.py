@@ -1,4 +1,4 @@
-"""torch.distributed helpers for the CoCurve sweep (gloo on CPU, NCCL on GPUs).
+"""torch.distributed helpers: the CoCurve sweep, and every run split over processes (gloo on CPU, NCCL on GPUs).
 
 Work is split by blocks of sequences: block ``b`` runs on rank ``b % world``. The reduction is done in
 block order on every rank: for each block one ``all_reduce(SUM)`` of a tensor that is non-zero on the
@@ -6,17 +6,31 @@ owning rank only (``x + 0 = x`` exactly), then a local running sum in block orde
 summation order is therefore the same for any world size, and ``H`` is bit-identical for 1 and 2
 processes (given the same per-block kernels).
 
-Launch: ``torchrun --nproc_per_node 2 script.py`` (env init) or :func:`spawn_gloo` (tests, benches).
+A pruning run over ``N`` processes (``secateur prune --procs N`` or ``torchrun``; the run's
+:class:`secateur.models.blocks.Shard`) uses the same idea for every statistic: chunk ``c`` of calibration windows is
+computed on rank ``c % N`` into a fresh accumulator, whose state :func:`broadcast` sends to every rank, where it is
+merged into the running statistic in chunk order (:func:`ordered_merge`): the summation order is the single
+process's, and so are the bits. Evaluation windows travel back the same way (:func:`gather_ordered`).
+
+Launch: ``torchrun --nproc_per_node 2 script.py`` (env init: :func:`init_from_env`) or :func:`spawn_gloo` (tests,
+benches).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
+
+from secateur.errors import SecateurError
+
+#: seconds a rank waits for the others in one collective (``SECATEUR_DIST_TIMEOUT`` overrides it)
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def rank_world() -> tuple[int, int]:
@@ -36,6 +50,145 @@ def ordered_block_sum(local: dict[int, torch.Tensor], n_blocks: int, shape: tupl
             tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
         out += t
     return out
+
+
+def timeout_s() -> float:
+    raw = os.environ.get("SECATEUR_DIST_TIMEOUT")
+    try:
+        t = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise SecateurError(f"SECATEUR_DIST_TIMEOUT={raw!r} is not a number of seconds; set e.g. 600") from None
+    if t <= 0:
+        raise SecateurError(f"SECATEUR_DIST_TIMEOUT must be positive, got {raw}; set e.g. 600")
+    return t
+
+
+def env_world() -> tuple[int, int, int]:
+    """``(rank, world, local rank)`` from the environment torchrun (and ``--procs``) set; ``(0, 1, 0)`` outside."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise SecateurError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (torchrun sets them)") from None
+    if world < 1 or not 0 <= rank < world:
+        raise SecateurError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
+    return rank, world, local
+
+
+def init_from_env(device: str = "cpu") -> bool:
+    """Join the process group the environment describes (``WORLD_SIZE`` > 1: torchrun, ``--procs``): gloo on CPU,
+    NCCL when ``device`` is CUDA (each rank on its ``LOCAL_RANK``'s GPU); every collective waits at most
+    :func:`timeout_s`. Returns False (nothing to join) with one process or a group already initialized."""
+    rank, world, local = env_world()
+    if world == 1 or tdist.is_initialized():
+        return False
+    backend = "gloo"
+    if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise SecateurError("--device cuda but no CUDA device is visible to this process")
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        backend = "nccl"
+    tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
+    return True
+
+
+def finish() -> None:
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def _comm_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if tdist.get_backend() == "nccl" else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A tensor's place in a broadcast object (it travels by ``tdist.broadcast``, not by pickle)."""
+
+    i: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+
+def _strip(obj, tensors: list[torch.Tensor]):
+    if torch.is_tensor(obj):
+        tensors.append(obj)
+        return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
+    if isinstance(obj, dict):
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_strip(v, tensors) for v in obj)
+    return obj
+
+
+def _slots(obj) -> Iterable[_Slot]:
+    if isinstance(obj, _Slot):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _slots(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _slots(v)
+
+
+def _fill(obj, tensors: dict[int, torch.Tensor]):
+    if isinstance(obj, _Slot):
+        return tensors[obj.i]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast(obj, src: int):
+    """``obj`` (dicts / lists of tensors and plain values) from rank ``src`` to every rank, bit for bit: the
+    structure by pickle, each tensor by ``tdist.broadcast`` (on the GPU with NCCL, back where it was after)."""
+    rank, world = rank_world()
+    if world == 1:
+        return obj
+    tensors: list[torch.Tensor] = []
+    box = [_strip(obj, tensors) if rank == src else None]
+    tdist.broadcast_object_list(box, src=src)
+    skeleton, dev = box[0], _comm_device()
+    got: dict[int, torch.Tensor] = {}
+    for slot in _slots(skeleton):
+        if rank == src:
+            buf = tensors[slot.i].detach().contiguous().to(dev)
+        else:
+            buf = torch.empty(slot.shape, dtype=slot.dtype, device=dev)
+        if buf.numel():
+            tdist.broadcast(buf, src=src)
+        got[slot.i] = tensors[slot.i] if rank == src else buf.to("cpu" if slot.device == "cpu" else dev)
+    return _fill(skeleton, got)
+
+
+def ordered_merge(accs: dict, contribution: dict | None, owner: int) -> None:
+    """Merge one chunk's contribution (``{name: fresh accumulator updated with the chunk}`` on its ``owner`` rank,
+    or ``{"error": message}`` when the chunk failed a check there; None elsewhere) into ``accs`` on every rank.
+    Called for each chunk in chunk order, so every rank's ``accs`` end as the single process's, bit for bit."""
+    rank, _ = rank_world()
+    payload = None
+    if rank == owner:
+        payload = contribution if "error" in contribution else {k: a.state() for k, a in contribution.items()}
+    payload = broadcast(payload, owner)
+    if "error" in payload:
+        raise SecateurError(payload["error"])
+    for k, a in accs.items():
+        a.merge(a.with_state(payload[k]))
+
+
+def gather_ordered(local: dict[int, object], n: int) -> list:
+    """Items ``0 .. n-1`` spread over the ranks (``local``: this rank's, by index), on every rank, in index order."""
+    if rank_world()[1] == 1:
+        return [local[i] for i in range(n)]
+    parts: list[dict | None] = [None] * rank_world()[1]
+    tdist.all_gather_object(parts, local)
+    merged = {i: v for p in parts for i, v in p.items()}
+    return [merged[i] for i in range(n)]
 
 
 def sum_floats(values: list[float]) -> list[float]:

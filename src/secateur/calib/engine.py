@@ -28,8 +28,9 @@ from tqdm.auto import tqdm
 
 from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
+from secateur.errors import SecateurError
 from secateur.models.adapters import GROUPS, Adapter
-from secateur.models.blocks import RESIDENT, Blocks
+from secateur.models.blocks import ALONE, RESIDENT, Blocks, Shard
 from secateur.models.linear import LinearRef
 
 MODES = ("sequential", "dense-block", "dense")
@@ -88,8 +89,23 @@ class EngineReport:
         self.timings[key] = self.timings.get(key, 0.0) + dt
 
 
-def _map(chunks: list[torch.Tensor], fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-         accs: dict[str, Accumulator] | None = None, where: str = "") -> list[torch.Tensor]:
+def _map_chunks(chunks: list[torch.Tensor | None], fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                accs: dict[str, Accumulator] | None = None, where: str = "",
+                shard: Shard = ALONE) -> list[torch.Tensor | None]:
+    """``fn`` of every chunk (on ``device``, results on the CPU), ``accs`` updated with each result in chunk order.
+    Split over processes (``shard``): each rank maps its own chunks (None elsewhere) and the statistics are merged
+    chunk by chunk on every rank (:func:`sharded_updates`)."""
+    if shard.split:
+        out: list[torch.Tensor | None] = [None] * len(chunks)
+
+        def one(j: int):
+            y = fn(chunks[j].to(device))
+            out[j] = y.to("cpu")
+            return y
+
+        with torch.no_grad():
+            sharded_updates(len(chunks), one, accs, where, shard)
+        return out
     out = []
     with torch.no_grad():
         for c in chunks:
@@ -100,16 +116,48 @@ def _map(chunks: list[torch.Tensor], fn: Callable[[torch.Tensor], torch.Tensor],
     return out
 
 
-def _map2(a: list[torch.Tensor], b: list[torch.Tensor], fn, device) -> list[torch.Tensor]:
+def sharded_updates(n: int, compute: Callable[[int], object], accs: dict[str, Accumulator] | None, where: str,
+                    shard: Shard, update: Callable[[dict, object], None] | None = None) -> None:
+    """Chunks ``0 .. n-1`` over the ranks of ``shard`` in rounds of ``world`` chunks: each rank computes its chunk of
+    the round (``compute(j)``) into fresh accumulators, then every chunk of the round is merged into ``accs`` on
+    every rank, in chunk order (:func:`secateur.calib.dist.ordered_merge`): one chunk's contribution alive per
+    rank at a time, and the statistics bit for bit the single process's. ``update(accs, result)``: how a result
+    updates accumulators (default: :func:`update_all` with the finiteness check, whose failure every rank raises)."""
+    from secateur.calib import dist
+
+    for r0 in range(0, n, shard.world):
+        mine = r0 + shard.rank
+        part = None
+        if mine < n:
+            y = compute(mine)
+            if accs:
+                part = {k: a.fresh() for k, a in accs.items()}
+                try:
+                    (update or (lambda a, v: update_all(a, v, where)))(part, y)
+                except SecateurError as e:
+                    part = {"error": str(e)}
+            del y
+        if accs:
+            for j in range(r0, min(r0 + shard.world, n)):
+                dist.ordered_merge(accs, part if j == mine else None, shard.owner(j))
+            del part
+
+
+def _map2(a: list[torch.Tensor | None], b: list[torch.Tensor | None], fn, device) -> list[torch.Tensor | None]:
     with torch.no_grad():
-        return [fn(x.to(device), y.to(device)).to("cpu") for x, y in zip(a, b)]
+        return [None if x is None else fn(x.to(device), y.to(device)).to("cpu") for x, y in zip(a, b)]
 
 
-def embed_chunks(adapter: Adapter, ids: torch.Tensor, chunk_size: int) -> tuple[list[torch.Tensor], dict]:
-    """Block-0 inputs for every chunk (on the CPU) and the block kwargs (captured at batch size 1)."""
+def embed_chunks(adapter: Adapter, ids: torch.Tensor, chunk_size: int,
+                 shard: Shard = ALONE) -> tuple[list[torch.Tensor | None], dict]:
+    """Block-0 inputs for every chunk (on the CPU; split over processes: this rank's chunks, None for the others')
+    and the block kwargs (captured at batch size 1)."""
     _, kw = adapter.capture_inputs(ids[:1])
-    hs = []
-    for s in range(0, ids.shape[0], chunk_size):
+    hs: list[torch.Tensor | None] = []
+    for c, s in enumerate(range(0, ids.shape[0], chunk_size)):
+        if not shard.owns(c):
+            hs.append(None)
+            continue
         h, _ = adapter.capture_inputs(ids[s:s + chunk_size])
         hs.append(h.to("cpu"))
     return hs, kw
@@ -171,10 +219,14 @@ class BlockVisit:
         """Every chunk's output where the walk keeps them (computing those not yet asked for)."""
         if self._set is None:
             for j in range(len(self.inputs)):
-                if j not in self._out:
+                if j not in self._out and self.inputs[j] is not None:
                     self.output(j)
-            self._set = [self._out[j] for j in range(len(self.inputs))]
+            self._set = [self._out.get(j) for j in range(len(self.inputs))]
         return self._set
+
+    def mine(self) -> list[int]:
+        """The chunks this process holds (every chunk unless the walk is split over processes)."""
+        return [j for j, h in enumerate(self.inputs) if h is not None]
 
     @outputs.setter
     def outputs(self, hs: list[torch.Tensor]) -> None:
@@ -190,8 +242,10 @@ class Walk:
     its :attr:`BlockVisit.outputs` to the next. Chunks are kept on ``store`` between blocks (the CPU by
     default; ``None`` keeps them where they were computed). ``blocks``: where the blocks come from and where the
     finished ones go (:mod:`secateur.models.blocks`; default: in memory, kept there): each visit happens inside
-    :meth:`~secateur.models.blocks.Blocks.scope`, so a streamed block is loaded for its visit only. Used by the
-    calibration engine, the held-out QK error, ShortGPT's block influence and the CoCurve sweep's dense pass.
+    :meth:`~secateur.models.blocks.Blocks.scope`, so a streamed block is loaded for its visit only. Split over
+    processes (``blocks.shard``), a rank embeds and carries only its own chunks (``c % world == rank``; the others
+    are None) and the statistics are merged chunk by chunk (:func:`sharded_updates`). Used by the calibration
+    engine, the held-out QK error, ShortGPT's block influence and the CoCurve sweep's dense pass.
     """
 
     def __init__(self, adapter: Adapter, ids: torch.Tensor, chunk_size: int,
@@ -199,16 +253,18 @@ class Walk:
                  kwargs: dict | None = None, blocks: Blocks = RESIDENT) -> None:
         self.adapter = adapter
         self.block_context = blocks
+        self.shard = blocks.shard
         self.home = adapter.device
         self.device = torch.device(device) if device is not None else self.home
         self.store = None if store is None else torch.device(store)
         if kwargs is None:
-            self.hs, kw = embed_chunks(adapter, ids, chunk_size)
+            self.hs, kw = embed_chunks(adapter, ids, chunk_size, self.shard)
         else:  # kwargs captured elsewhere: only the hidden states are embedded
             kw = kwargs
-            self.hs = [adapter.capture_inputs(ids[s:s + chunk_size])[0] for s in range(0, ids.shape[0], chunk_size)]
+            self.hs = [adapter.capture_inputs(ids[s:s + chunk_size])[0] if self.shard.owns(c) else None
+                       for c, s in enumerate(range(0, ids.shape[0], chunk_size))]
         if self.store is not None:
-            self.hs = [h.to(self.store) for h in self.hs]
+            self.hs = [None if h is None else h.to(self.store) for h in self.hs]
         self.kwargs = kwargs_to(kw, self.device)
 
     def blocks(self, layers: list[int] | None = None, start: int = 0, progress: bool = False,
@@ -252,7 +308,7 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
         walk.hs = restored if restored is not None else walk.hs
     for pos, visit in enumerate(walk.blocks(todo, start, progress, f"blocks ({mode})"), start):
         ctx = BlockContext(visit.index, visit.layer, adapter, adapter.linears(visit.layer), visit.kwargs)
-        visit.outputs = _run_block(ctx, visit.inputs, handler, mode, walk.device, rep)
+        visit.outputs = _run_block(ctx, visit.inputs, handler, mode, walk.device, rep, walk.shard)
         handler.on_block_end(ctx)
         if ck is not None:
             _save_block(ck, stage, pos, ctx, handler, visit.outputs)
@@ -292,9 +348,13 @@ def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapte
     return done, saved["hs"]
 
 
-def _run_block(ctx: BlockContext, hs: list[torch.Tensor], handler: Handler, mode: str, device,
-               rep: EngineReport) -> list[torch.Tensor]:
+def _run_block(ctx: BlockContext, hs: list[torch.Tensor | None], handler: Handler, mode: str, device,
+               rep: EngineReport, shard: Shard = ALONE) -> list[torch.Tensor | None]:
     a, layer, kw = ctx.adapter, ctx.layer, ctx.kwargs
+
+    def _map(chunks, fn, device, accs=None, where=""):  # this run's share of the chunks
+        return _map_chunks(chunks, fn, device, accs, where, shard)
+
     groups = a.groups(layer)
     accs = {g: handler.accumulators(ctx, g, groups[g]) for g in GROUPS}
     o_mod, down_mod = a.out_module(layer, "attn_out"), a.out_module(layer, "mlp_out")

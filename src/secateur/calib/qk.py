@@ -7,6 +7,7 @@ them the model's own q/k outputs; :class:`QKOutputGrams` holds CORP's per-sequen
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -229,6 +230,7 @@ class QKStats(Accumulator):
     """
 
     name = "qk"
+    STATE = ("A_K", "A_Q", "n_seqs", "n_tokens")
 
     def __init__(self, Wq: torch.Tensor, Wk: torch.Tensor, bq: torch.Tensor | None, bk: torch.Tensor | None,
                  geometry: Any, variants: str | QKVariant | Iterable[str | QKVariant] = "base",
@@ -379,6 +381,14 @@ class QKStats(Accumulator):
         second = second.permute(2, 1, 0, 3).reshape(hk * 2 * h, d)  # raw coordinate order g*m + b*h + a
         return (first - second).clamp_(min=0)
 
+    def fresh(self) -> QKStats:
+        """Empty statistics for the same weights, variants and tables (they are shared, not copied)."""
+        acc = copy.copy(self)
+        acc.A_K = {v: torch.zeros_like(t) for v, t in self.A_K.items()}
+        acc.A_Q = {v: torch.zeros_like(t) for v, t in self.A_Q.items()}
+        acc.n_seqs = acc.n_tokens = 0
+        return acc
+
     def merge(self, other: Accumulator) -> None:
         if not isinstance(other, QKStats) or other.variants != self.variants:
             raise SecateurError("can only merge QKStats collected for the same variants")
@@ -515,6 +525,19 @@ class QKOutputGrams(Accumulator):
         for ref, acc in ((self.q, self.qa), (self.k, self.ka)):
             b = None if ref.bias is None else ref.bias.detach().float()
             acc.update(F.linear(x.float(), ref.weight.detach().float(), b))
+
+    def fresh(self) -> QKOutputGrams:
+        acc = copy.copy(self)
+        acc.qa, acc.ka = self.qa.fresh(), self.ka.fresh()
+        return acc
+
+    def state(self) -> dict:
+        return {"qa": self.qa.state(), "ka": self.ka.state()}
+
+    def with_state(self, state: dict) -> QKOutputGrams:
+        acc = copy.copy(self)
+        acc.qa, acc.ka = self.qa.with_state(state["qa"]), self.ka.with_state(state["ka"])
+        return acc
 
     def merge(self, other: QKOutputGrams) -> None:
         self.qa.merge(other.qa)

@@ -5,7 +5,11 @@ its state in float64 (or float32 where memory demands), so results are independe
 (batch-size invariant) and token-by-token matrices are never stored. Each chunk is reduced where it lives
 (the engine's compute device) and only the reduced ``d`` or ``d x d`` result is moved to the state, which
 stays on the CPU: a CUDA capture never mixes devices and the statistics outlive the block's visit.
-Accumulators are mergeable (``merge``), which is what multi-process capture relies on.
+Accumulators are mergeable (``merge``), which is what multi-process capture relies on: a run over several
+processes (:mod:`secateur.calib.dist`) updates a :meth:`~Accumulator.fresh` accumulator with one chunk on the
+chunk's rank, sends its :meth:`~Accumulator.state` to every rank and merges it there in chunk order. For every
+accumulator ``a.update(x)`` and ``a.merge(fresh-updated-with-x)`` perform the same floating-point operations
+(``0 + c = c`` exactly), so the merged state is bit for bit the single-process one.
 """
 
 from __future__ import annotations
@@ -26,12 +30,27 @@ class Accumulator:
     """Base class: ``update(x[B,T,d])`` then read the finalized properties."""
 
     name = "base"
+    STATE: tuple[str, ...] = ()  # the fields an update changes: what one chunk's contribution carries between ranks
 
     def update(self, x: torch.Tensor) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     def merge(self, other: Accumulator) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def fresh(self) -> Accumulator:
+        """An empty accumulator of the same kind and shape (one chunk's contribution is collected in it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be split over processes")
+
+    def state(self) -> dict:
+        """The fields :meth:`update` changes (tensors, numbers, lists of tensors), as they are now."""
+        return {k: getattr(self, k) for k in self.STATE}
+
+    def with_state(self, state: dict) -> Accumulator:
+        """A :meth:`fresh` accumulator holding ``state`` (another process's contribution, to :meth:`merge`)."""
+        acc = self.fresh()
+        acc.__dict__.update(state)
+        return acc
 
 
 class SumSq(Accumulator):
@@ -43,6 +62,7 @@ class SumSq(Accumulator):
     pairwise, so the chunk's relative error stays ~1e-7) and added to the float64 state."""
 
     name = "sumsq"
+    STATE = ("sumsq", "n_tokens", "n_seqs")
 
     def __init__(self, d: int, dtype: torch.dtype = torch.float64,
                  compute_dtype: torch.dtype = torch.float32) -> None:
@@ -57,6 +77,9 @@ class SumSq(Accumulator):
         self.sumsq += (xf * xf).sum(dim=(0, 1)).to(self.sumsq.device, self.sumsq.dtype)
         self.n_tokens += x.shape[0] * x.shape[1]
         self.n_seqs += x.shape[0]
+
+    def fresh(self) -> SumSq:
+        return SumSq(self.sumsq.shape[0], self.sumsq.dtype, self.compute_dtype)
 
     def merge(self, other: SumSq) -> None:
         self.sumsq += other.sumsq
@@ -77,6 +100,7 @@ class MeanVar(Accumulator):
     """Per-feature mean and population variance over tokens (Chan/Welford merge, float64)."""
 
     name = "meanvar"
+    STATE = ("n", "mean_", "m2")
 
     def __init__(self, d: int) -> None:
         self.n = 0
@@ -98,6 +122,9 @@ class MeanVar(Accumulator):
         self.mean_ = self.mean_ + delta * (nb / n)
         self.m2 = self.m2 + m2b + delta**2 * (self.n * nb / n)
         self.n = n
+
+    def fresh(self) -> MeanVar:
+        return MeanVar(self.mean_.shape[0])
 
     def merge(self, other: MeanVar) -> None:
         if other.n:
@@ -123,6 +150,7 @@ class Gram(Accumulator):
     """
 
     name = "gram"
+    STATE = ("G", "s", "n")
 
     def __init__(self, d: int, dtype: torch.dtype = torch.float64,
                  compute_dtype: torch.dtype = torch.float32) -> None:
@@ -136,6 +164,9 @@ class Gram(Accumulator):
         self.G += (xf.T @ xf).to(self.G.device, self.G.dtype)
         self.s += xf.sum(0).to(self.s.device, torch.float64)  # float32 chunk sum, float64 state (cheap cast)
         self.n += xf.shape[0]
+
+    def fresh(self) -> Gram:
+        return Gram(self.G.shape[0], self.G.dtype, self.compute_dtype)
 
     def merge(self, other: Gram) -> None:
         self.G += other.G
@@ -166,6 +197,7 @@ class BlockInfluence(Accumulator):
     """
 
     name = "block_influence"
+    STATE = ("sum_cos", "n")
 
     def __init__(self) -> None:
         self.sum_cos = 0.0
@@ -181,6 +213,9 @@ class BlockInfluence(Accumulator):
         cos = torch.where(denom > 0, (a * b).sum(1) / denom.clamp_min(1e-300), torch.ones_like(denom))
         self.sum_cos += float(cos.clamp(-1, 1).sum())
         self.n += a.shape[0]
+
+    def fresh(self) -> BlockInfluence:
+        return BlockInfluence()
 
     def merge(self, other: BlockInfluence) -> None:
         self.sum_cos += other.sum_cos
@@ -202,6 +237,7 @@ class PerSampleGram(Accumulator):
     """
 
     name = "per_sample_gram"
+    STATE = ("_grams", "_sums", "_counts")
 
     def __init__(self, head_dim: int, n_heads: int = 1, dtype: torch.dtype = torch.float64) -> None:
         self.head_dim = head_dim
@@ -221,6 +257,9 @@ class PerSampleGram(Accumulator):
         self._grams.append(torch.einsum("bthi,bthj->bhij", xf, xf).cpu())
         self._sums.append(xf.sum(1).to(torch.float64).cpu())
         self._counts.append(torch.full((b,), t, dtype=torch.long))
+
+    def fresh(self) -> PerSampleGram:
+        return PerSampleGram(self.head_dim, self.n_heads, self.dtype)
 
     def merge(self, other: PerSampleGram) -> None:
         if (other.head_dim, other.n_heads) != (self.head_dim, self.n_heads):

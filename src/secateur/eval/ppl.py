@@ -155,18 +155,26 @@ def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int = 2048, stride: 
     ``tokenizer`` (the one that produced ``ids``) decides the BOS rule: ``first`` when it prepends BOS to a
     text, else ``none`` (module docstring); ``bos`` overrides it (``none``/``first``/``every``; the last two need
     a tokenizer with a BOS token). ``blocks``: where the blocks come from; a streamed source walks the windows
-    block by block (module docstring; the result says ``streamed``)."""
+    block by block (module docstring; the result says ``streamed``); split over processes (``blocks.shard``), each
+    rank scores windows ``w % N == rank`` and every rank returns the result of all of them, summed in window
+    order (the same bits as one process)."""
     ids, plan, rule, corpus = eval_windows(ids, seqlen, stride, max_windows, tokenizer, bos)
     full = len(plan)
     plan = plan[:max_windows] if max_windows is not None else plan
     t0 = time.perf_counter()
+    mine = [w for w in range(len(plan)) if blocks.shard.owns(w)]  # split over processes: window w on rank w % N
     if blocks.streamed:
-        sums = _block_major_sums(model, ids, plan, blocks, progress)
-        return ppl_result(sums, seqlen, stride, rule, full, corpus, t0) | {"streamed": True}
-    device = next(model.parameters()).device
-    sums = [(_nll_sum(model, ids[b:e].unsqueeze(0).to(device), n), n)
-            for b, e, n in tqdm(plan, desc="perplexity", disable=not progress)]
-    return ppl_result(sums, seqlen, stride, rule, full, corpus, t0)
+        sums = _block_major_sums(model, ids, [plan[w] for w in mine], blocks, progress)
+    else:
+        device = next(model.parameters()).device
+        sums = [(_nll_sum(model, ids[b:e].unsqueeze(0).to(device), n), n)
+                for b, e, n in tqdm([plan[w] for w in mine], desc="perplexity", disable=not progress)]
+    if blocks.shard.split:  # every window's sums on every rank, in window order: the single process's sum
+        from secateur.calib.dist import gather_ordered
+
+        sums = gather_ordered(dict(zip(mine, sums)), len(plan))
+    res = ppl_result(sums, seqlen, stride, rule, full, corpus, t0)
+    return res | {"streamed": True} if blocks.streamed else res
 
 
 def _block_major_sums(model: nn.Module, ids: torch.Tensor, plan: list[tuple[int, int, int]], blocks: Blocks,

@@ -146,7 +146,8 @@ class CorpQKHandler(engine.Handler):
 
 
 def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, cfg: CorpQKConfig,
-                  mode: str = "sequential", chunk_size: int = 8, device=None, progress: bool = True) -> dict:
+                  mode: str = "sequential", chunk_size: int = 8, device=None, progress: bool = True,
+                  blocks: Blocks = RESIDENT) -> dict:
     """Prune q/k dims and fold CORP's compensation in place; returns ``{"masks", "timings", "details"}``."""
     cfg.validate()
     check_supported(adapter)
@@ -154,7 +155,7 @@ def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, c
         raise SecateurError("CORP Q/K needs calibration data")
     h = CorpQKHandler(cfg)
     rep = engine.run(model, adapter, calib_ids, h, mode=mode, chunk_size=chunk_size, device=device,
-                     progress=progress)
+                     progress=progress, blocks=blocks)
     n = len(h.layers)
     details = {"method": "corp-qk", "sparsity": cfg.sparsity, "lam": cfg.lam, "mode": cfg.mode, "layers": h.layers,
                "d_s": sorted({r["d_s"] for r in h.layers}),
@@ -185,5 +186,5 @@ def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts, block
     ``--stream`` is refused for this method before anything is loaded)."""
     blocks.resident_only("--method corp-qk")
     res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
-                        device=opts.device, progress=not opts.quiet)
+                        device=opts.device, progress=not opts.quiet, blocks=blocks)
     return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])

@@ -52,6 +52,7 @@ from secateur.compensate.coec import COEC_ABLATION_STAGES
 from secateur.errors import SecateurError
 from secateur.methods.knobs import MethodOptions, knob
 from secateur.models.adapters import Adapter
+from secateur.models.blocks import RESIDENT, Blocks
 
 #: compensation name (``--compensation``) -> registered compensator (secateur.compensate.COMPENSATORS)
 COMPENSATIONS: dict[str, str] = {"none": "none", "bias": "flap_bias", "ls": "ls", "rcpu": "rcpu", "coec": "coec",
@@ -436,13 +437,14 @@ def statistics_memory(adapter: Adapter, sel, cfg: CompensationConfig, stats: Str
 
 def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: CompensationConfig,
                           stats: StructuredStats | None = None, ids: torch.Tensor | None = None, *,
-                          chunk_size: int = 8, device=None,
-                          progress: bool = False) -> tuple[list[dict], dict[str, float], dict | None]:
+                          chunk_size: int = 8, device=None, progress: bool = False,
+                          blocks: Blocks = RESIDENT) -> tuple[list[dict], dict[str, float], dict | None]:
     """Compensate (``cfg.compensation``, from dense statistics) and slice ``sel`` out of ``model`` in place:
     the last two stages of every structured method, whatever made the selection. The dense Grams come from
     ``stats`` when it holds them (every layer's, reused by the caller), else from one dense engine pass over
     ``ids`` that keeps one block's Grams at a time (:class:`BlockCompensation`). Returns the per-layer
-    compensation records, the timings and the ``statistics_memory`` report (None without compensation)."""
+    compensation records, the timings and the ``statistics_memory`` report (None without compensation).
+    ``blocks``: the Gram pass's block context (in memory; split over processes, its shard)."""
     from secateur.calib import engine
     from secateur.structured.slicing import apply_selection
 
@@ -457,7 +459,7 @@ def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: Compensa
             h = BlockCompensation(cfg, adapter, sel)
             if h.todo:
                 engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device,
-                           progress=progress, layers=h.layers)
+                           progress=progress, layers=h.layers, blocks=blocks)
             reps, records, comp_s = h.results.reps, h.results.records, h.results.seconds
             timings["gram_pass_s"] = time.perf_counter() - t - comp_s
             memory = statistics_memory(adapter, sel, cfg, stats, per_block=True, peak_bytes=h.peak_bytes)

@@ -289,7 +289,7 @@ class QKWandaResult:
 
 def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, cfg: QKWandaConfig,
                    mode: str = "sequential", chunk_size: int = 8, device: str | None = None,
-                   progress: bool = True) -> QKWandaResult:
+                   progress: bool = True, blocks: Blocks = RESIDENT) -> QKWandaResult:
     """Prune ``model`` in place with QK-Wanda; masks keyed like the other unstructured methods
     (``model.layers.3.self_attn.q_proj``), details hold the configuration and the Q/K allocation."""
     cfg.validate()
@@ -297,8 +297,12 @@ def prune_qk_wanda(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
     if calib_ids is None:
         raise SecateurError("qk-wanda needs calibration data")
     ids, chunk = segment_calibration(calib_ids, cfg.segment_len, chunk_size)
+    if blocks.shard.split and (mode != "sequential" or cfg.progressive > 1):
+        raise SecateurError("qk-wanda over several processes runs --mode sequential without --progressive (its "
+                            "other paths read every chunk of the block inputs in one process); drop --procs or those")
     handler = QKWandaHandler(cfg, reuse_projections=mode != "sequential")
-    rep = engine.run(model, adapter, ids, handler, mode=mode, chunk_size=chunk, device=device, progress=progress)
+    rep = engine.run(model, adapter, ids, handler, mode=mode, chunk_size=chunk, device=device, progress=progress,
+                     blocks=blocks)
     timings = dict(rep.timings) | handler.timings
     details = {"method": QKVariant.parse(cfg.variant).method_name, "config": cfg.to_dict(), "mode": mode,
                "calibration_sequences": list(ids.shape), "projections_reused": handler.reuse,
@@ -344,5 +348,5 @@ def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts
     ``blocks``: in memory only (``--stream`` is refused for this method before anything is loaded)."""
     blocks.resident_only("--method qk-wanda")
     res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
-                         device=opts.device, progress=not opts.quiet)
+                         device=opts.device, progress=not opts.quiet, blocks=blocks)
     return MethodResult(masks=res.masks, timings=res.timings, details=res.details)

@@ -182,16 +182,17 @@ def stat_kinds(cfg: StructuredConfig) -> tuple[str, ...]:
 
 
 def add_block_influence(stats: StructuredStats, model: nn.Module, adapter: Adapter, ids: torch.Tensor,
-                        chunk_size: int = 8) -> StructuredStats:
+                        chunk_size: int = 8, blocks: Blocks = RESIDENT) -> StructuredStats:
     """``stats`` with ShortGPT's block influence (timed as ``block_influence_s``)."""
     t = time.perf_counter()
-    stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size)
+    stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size, blocks=blocks)
     stats.timings["block_influence_s"] = time.perf_counter() - t
     stats.n_tokens = stats.n_tokens or int(ids.numel())
     return stats
 
 
-def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, device, progress):
+def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, device, progress,
+                blocks: Blocks = RESIDENT):
     """The statistics ``cfg`` reads: ``stats`` when given (checked: with every Gram when compensating), else the
     selection's, collected from ``ids``."""
     need_bi = cfg.score == "shortgpt"
@@ -204,13 +205,13 @@ def _statistics(model, adapter, ids, cfg: StructuredConfig, stats, chunk_size, d
         if need_bi and stats.block_influence is None:
             if ids is None:
                 raise SecateurError("shortgpt needs calibration data for the block influence")
-            stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size)
+            stats.block_influence = block_influence(model, adapter, ids, batch_size=chunk_size, blocks=blocks)
         return stats, {}
     if (kinds or need_bi) and ids is None:
         raise SecateurError(f"structured score {cfg.score!r} needs calibration data")
-    stats = collect_stats(model, adapter, ids, selection_kinds(cfg), chunk_size, device, progress)
+    stats = collect_stats(model, adapter, ids, selection_kinds(cfg), chunk_size, device, progress, blocks=blocks)
     if need_bi:
-        add_block_influence(stats, model, adapter, ids, chunk_size)
+        add_block_influence(stats, model, adapter, ids, chunk_size, blocks)
     return stats, dict(stats.timings)
 
 
@@ -245,7 +246,7 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
                                                       blocks.without_sink())
         scored = (inv, scores)
     else:
-        stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress)
+        stats, timings = _statistics(model, adapter, ids, cfg, stats, chunk_size, device, progress, blocks)
     params_before = count_params(model)
     t = time.perf_counter()
     sel = _select(adapter, cfg, stats, scored)
@@ -255,7 +256,7 @@ def prune_structured(model: nn.Module, adapter: Adapter, ids: torch.Tensor | Non
                                               device=device, progress=progress)
     else:
         records, mt, memory = materialize_selection(model, adapter, sel, cfg, stats, ids, chunk_size=chunk_size,
-                                                    device=device, progress=progress)
+                                                    device=device, progress=progress, blocks=blocks)
     timings.update(mt)
     if cfg.needs_gram and ids is not None:
         stats.n_tokens = stats.n_tokens or int(ids.numel())

@@ -13,6 +13,10 @@ A sink is anything with :meth:`BlockSink.plan` and :meth:`BlockSink.write_block`
 prune (:class:`secateur.export.shards.ShardSink`) writes each finished block to the output's shards at once. This
 module is the floor every stage can import (the engine never imports ``export/``: the sink arrives as an object).
 The context travels as an argument (``blocks=``), never as an attribute of the model.
+
+Several processes (``secateur prune --procs N``, ``torchrun``): the context's :class:`Shard` says which chunks of
+calibration windows (chunk ``c`` of ``--chunk-size`` windows: rank ``c % N``) and which evaluation windows
+(window ``w``: rank ``w % N``) this process computes; the boundaries never depend on ``N``.
 """
 
 from __future__ import annotations
@@ -63,12 +67,35 @@ class ResidentSource:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """This process's share of a run split over ``world`` processes: item ``i`` (a chunk of calibration windows,
+    an evaluation window) is computed by rank ``i % world``."""
+
+    rank: int = 0
+    world: int = 1
+
+    def owner(self, i: int) -> int:
+        return i % self.world
+
+    def owns(self, i: int) -> bool:
+        return i % self.world == self.rank
+
+    @property
+    def split(self) -> bool:
+        return self.world > 1
+
+
+ALONE = Shard()
+
+
+@dataclass(frozen=True)
 class Blocks:
     """A run's block context, handed to the walker and to every method: its ``source`` and, when finished blocks
     are written as they finish, its ``sink`` (None: they stay where the source keeps them)."""
 
     source: BlockSource
     sink: BlockSink | None = None
+    shard: Shard = ALONE  # several processes: this one's chunks of windows (module docstring)
 
     @property
     def streamed(self) -> bool:
@@ -86,6 +113,9 @@ class Blocks:
 
     def with_sink(self, sink: BlockSink | None) -> Blocks:
         return replace(self, sink=sink)
+
+    def with_shard(self, shard: Shard) -> Blocks:
+        return replace(self, shard=shard)
 
     @contextlib.contextmanager
     def scope(self, index: int) -> Iterator[None]:

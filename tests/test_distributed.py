@@ -1,0 +1,257 @@
+"""Many processes, one answer (issue 28): a prune or a perplexity split over 2 or 3 gloo processes gives the bits of
+one process without torch.distributed; a failing rank ends every rank with one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from secateur.calib.dist import spawn_gloo
+from secateur.calib.qk import ProjectedQKStats, QKOutputGrams
+from secateur.calib.stats import BlockInfluence, Gram, MeanVar, PerSampleGram, SumSq
+from secateur.cli import main
+from secateur.models.adapters import get_adapter
+from secateur.testing import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+CALIB = ["--nsamples", "6", "--seqlen", "32", "--chunk-size", "2"]  # 3 chunks: uneven on 2 ranks, one each on 3
+# (family, run name, prune arguments): every method family of the issue, several model families
+RUNS = [
+    ("llama", "wanda-50", ["--method", "wanda", "--sparsity", "0.5"]),
+    ("llama", "sparsegpt-2:4", ["--method", "sparsegpt", "--pattern", "2:4"]),
+    ("llama", "qk-wanda-MRC", ["--method", "qk-wanda", "--sparsity", "0.5", "--variant", "MRC"]),
+    ("llama", "wanda-sp-ls", ["--method", "wanda-sp", "--sparsity", "0.3", "--compensation", "ls"]),
+    ("llama", "rcpu-coec", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec", "--coec-rounds", "2"]),
+    ("llama", "flap", ["--method", "flap", "--sparsity", "0.2"]),
+    ("qwen2", "wanda-dense-block", ["--method", "wanda", "--sparsity", "0.5", "--mode", "dense-block"]),
+    ("qwen2", "sparsegpt-50", ["--method", "sparsegpt", "--sparsity", "0.5"]),
+    ("qwen2", "qk-wanda-all", ["--method", "qk-wanda", "--sparsity", "0.5", "--scope", "all"]),
+    ("qwen2", "corp", ["--method", "corp", "--sparsity", "0.3"]),
+    ("opt", "wanda-2:4", ["--method", "wanda", "--pattern", "2:4"]),
+    ("opt", "corp-qk", ["--method", "corp-qk", "--sparsity", "0.25"]),
+    ("opt", "rcpu-coec", ["--method", "rcpu", "--sparsity", "0.3", "--compensation", "coec", "--coec-rounds", "2"]),
+    ("opt", "shortgpt", ["--method", "shortgpt", "--sparsity", "0.25"]),
+]
+FAMILIES = sorted({f for f, _, _ in RUNS})
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 of every safetensors tensor and of the masks' arrays (as bench/digests.py)."""
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "np") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name)
+                h.update(f"{name}|{t.dtype}|{t.shape}".encode() + np.ascontiguousarray(t).tobytes())
+    masks = path / "secateur-masks.npz"
+    if masks.exists():
+        with np.load(masks) as z:
+            for name in sorted(z.files):
+                h.update(name.encode() + np.ascontiguousarray(z[name]).tobytes())
+    return h.hexdigest()
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+def _all_runs(root: Path, tag: str) -> dict:
+    """Every prune of :data:`RUNS` and a perplexity per family through the CLI: digests and ppl bits."""
+    out = {}
+    for fam, name, args in RUNS:
+        dest = root / f"out-{tag}-{fam}-{name}"
+        rc, err = _cli(["prune", "--model", str(root / fam), "--calib", str(root / "calib.txt"), *CALIB, *args,
+                        "--quiet", "--out", str(dest), "--overwrite"])
+        assert rc == 0, err
+        out[(fam, name)] = folder_digest(dest)
+    for fam in FAMILIES:
+        js = root / f"ppl-{tag}-{fam}.json"
+        rc, err = _cli(["eval", "ppl", "--model", str(root / fam), "--dataset", str(root / "calib.txt"), "--seqlen",
+                        "32", "--max-windows", "5", "--quiet", "--json", str(js)])
+        assert rc == 0, err
+        if js.exists():  # rank 0 writes it
+            res = json.loads(js.read_text())
+            out[(fam, "ppl")] = (res["ppl"].hex(), res["legacy_ppl"].hex(), res["windows"])
+    return out
+
+
+def _worker(rank: int, world: int, root: str) -> None:
+    got = _all_runs(Path(root), f"n{world}")
+    if rank == 0:
+        torch.save(got, Path(root) / f"n{world}.pt")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    for fam in FAMILIES:
+        tiny_model(fam, seed=0, layers=3).save_pretrained(root / fam)
+        tiny_tokenizer().save_pretrained(root / fam)
+    (root / "calib.txt").write_text("The quick brown fox jumps over the lazy dog, again and again. 0123456789 " * 40)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(inputs) -> dict:
+    """One process, no torch.distributed."""
+    return _all_runs(inputs, "n1")
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "SECATEUR_FAIL")}
+    return env | {"PYTHONPATH": SRC + os.pathsep + env.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+                  "SECATEUR_DIST_TIMEOUT": "30"} | extra
+
+
+def _secateur(args: list[str], **env) -> tuple[subprocess.CompletedProcess, float]:
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "secateur", *args], env=_env(**env), capture_output=True, text=True,
+                       timeout=240)
+    return p, time.monotonic() - t
+
+
+# --- the statistics: a chunk's contribution merged elsewhere is the same update, bit for bit -----------------------
+
+def _split_equal(make, chunks) -> None:
+    whole, merged = make(), make()
+    for x in chunks:
+        whole.update(*x) if isinstance(x, tuple) else whole.update(x)
+        part = merged.fresh()
+        part.update(*x) if isinstance(x, tuple) else part.update(x)
+        merged.merge(merged.with_state(part.state()))
+    for k, v in whole.__dict__.items():
+        w = merged.__dict__[k]
+        if torch.is_tensor(v):
+            assert torch.equal(v, w), k
+        elif isinstance(v, dict):
+            assert all(torch.equal(v[i], w[i]) for i in v), k
+        elif isinstance(v, list) and v and torch.is_tensor(v[0]):
+            assert all(torch.equal(a, b) for a, b in zip(v, w, strict=True)), k
+        elif isinstance(v, (int, float)):
+            assert v == w, k
+
+
+def test_every_accumulator_merges_a_chunk_as_its_update():
+    g = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(2, 5, 16, generator=g) * 3 + 1 for _ in range(4)]
+    for make in (lambda: SumSq(16), lambda: MeanVar(16), lambda: Gram(16), lambda: PerSampleGram(4, 4)):
+        _split_equal(make, chunks)
+    _split_equal(BlockInfluence, [(x, x.flip(-1)) for x in chunks])
+    model = tiny_model("llama", layers=1)
+    a = get_adapter(model)
+    refs = a.role_refs(a.layers[0])
+    q, k = refs["q"], refs["k"]
+    x32 = [torch.randn(2, 6, q.weight.shape[1], generator=g) for _ in range(3)]
+    rope = a.capture_inputs(torch.zeros(1, 6, dtype=torch.long))[1].get("position_embeddings")
+    for v in ("base", "MRC"):
+        _split_equal(lambda v=v: ProjectedQKStats(q.weight, k.weight, None, None, a.geometry, v, rope=rope,
+                                                  proj=(q.weight.detach(), None, k.weight.detach(), None)), x32)
+    g_ = a.geometry
+    whole = QKOutputGrams(q, k, g_.n_heads, g_.n_kv_heads, g_.head_dim)
+    merged = QKOutputGrams(q, k, g_.n_heads, g_.n_kv_heads, g_.head_dim)
+    for x in x32:
+        whole.update(x)
+        part = merged.fresh()
+        part.update(x)
+        merged.merge(merged.with_state(part.state()))
+    assert torch.equal(whole.qa.grams, merged.qa.grams) and torch.equal(whole.ka.sums, merged.ka.sums)
+
+
+# --- 2 and 3 processes == 1 process --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_runs_equal_one_process(inputs, reference, world):
+    spawn_gloo(_worker, world, (str(inputs),), threads=1)
+    got = torch.load(inputs / f"n{world}.pt")
+    assert set(got) == set(reference)
+    bad = [k for k in reference if got[k] != reference[k]]
+    assert not bad, f"{world} processes differ from one on {bad}"
+
+
+def test_procs_cli_prints_once_writes_once_same_bits(inputs, reference, tmp_path):
+    out = tmp_path / "out"
+    p, _ = _secateur(["prune", "--model", str(inputs / "llama"), "--calib", str(inputs / "calib.txt"), *CALIB,
+                      "--method", "wanda", "--sparsity", "0.5", "--quiet", "--out", str(out), "--procs", "2",
+                      "--eval-ppl", str(inputs / "calib.txt"), "--eval-windows", "4"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("saved to") == 1 and p.stdout.count("perplexity") == 1, p.stdout
+    assert folder_digest(out) == reference[("llama", "wanda-50")]
+    report = json.loads((out / "secateur-report.json").read_text())
+    assert report["processes"] == 2
+    js = tmp_path / "ppl.json"
+    p, _ = _secateur(["eval", "ppl", "--model", str(inputs / "opt"), "--dataset", str(inputs / "calib.txt"),
+                      "--seqlen", "32", "--max-windows", "5", "--quiet", "--json", str(js), "--procs", "3"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("perplexity") == 1
+    res = json.loads(js.read_text())
+    assert (res["ppl"].hex(), res["legacy_ppl"].hex(), res["windows"]) == reference[("opt", "ppl")]
+
+
+# --- failures: one line, exit 2, no output, no hang ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("how", "says"), [("error", "rank 1: injected failure at calibration; unset SECATEUR_FAIL"),
+                                           ("kill", "rank 1: ended by SIGKILL")])
+def test_a_failing_rank_ends_every_rank_with_one_line(inputs, tmp_path, how, says):
+    out = tmp_path / "out"
+    p, took = _secateur(["prune", "--model", str(inputs / "llama"), "--calib", str(inputs / "calib.txt"), *CALIB,
+                         "--method", "sparsegpt", "--quiet", "--out", str(out), "--procs", "2"],
+                        SECATEUR_FAIL=f"calibration:1:{how}")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"secateur: error: {says}"), p.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, no temporary folder left
+    assert took < 120
+
+
+def test_without_supervisor_a_lost_rank_ends_the_others(inputs, tmp_path):
+    """torchrun's way (every rank started alone): rank 1 killed mid-run; rank 0 ends by itself with one line."""
+    from secateur.calib.dist import free_port
+
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "secateur", "prune", "--model", str(inputs / "opt"), "--calib",
+                               str(inputs / "calib.txt"), *CALIB, "--quiet", "--out", str(tmp_path / "out")],
+                              env=_env(WORLD_SIZE="2", RANK=str(r), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, SECATEUR_FAIL="calibration:1:kill"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert procs[1].returncode == -9
+    assert procs[0].returncode == 2
+    lines = outs[0][1].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("secateur: error: rank 0: lost contact with another process"), \
+        outs[0][1]
+    assert not (tmp_path / "out").exists()
+
+
+# --- refused before any process starts ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--stream"], "--stream is not split over processes yet"),
+    (["--resume"], "--resume is not available over several processes"),
+    (["--method", "cocurve"], "--method cocurve is not split over processes yet"),
+    (["--procs", "0"], "--procs must be >= 1"),
+])
+def test_refused_in_one_line(inputs, tmp_path, extra, says):
+    procs = [] if "--procs" in extra else ["--procs", "2"]
+    rc, err = _cli(["prune", "--model", str(inputs / "llama"), "--calib", str(inputs / "calib.txt"), *CALIB,
+                    "--out", str(tmp_path / "out"), *procs, *extra])
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("secateur: error: ") and says in lines[0], err
