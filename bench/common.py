@@ -90,12 +90,21 @@ def git_commit() -> str:
         return "unknown"
 
 
+# The checkout as this process found it: a long run's rows name the code it loaded, not whatever the checkout
+# holds when each row is written (a row written an hour later, after commits, would name the wrong code).
+START_COMMIT = git_commit()
+
+
 def append_row(path: Path, row: dict, unique_key: bool = False) -> bool:
     """Append ``row``; with ``unique_key``, only when no row with its ``key`` exists (checked under the lock,
     so two lanes never both append one key). Returns whether it was written. Every row gets the commit it was
-    measured at and the machine's load average when it was written (unless it names them itself)."""
-    row = {"commit": git_commit(), "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+    measured at (the checkout at the process's start; ``commit_at_write`` when it differs) and the machine's load
+    average when it was written (unless it names them itself)."""
+    now = git_commit()
+    row = {"commit": START_COMMIT, "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
            "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} | row
+    if now != START_COMMIT:
+        row = {"commit_at_write": now} | row
     with _locked(path):
         if unique_key and any(r.get("key") == row["key"] for r in read_rows(path)):
             return False
