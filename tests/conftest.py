@@ -93,3 +93,19 @@ def tiny_inputs(tmp_path_factory) -> dict:
     save_tiny("llama", root / "tiny")
     (root / "calib.txt").write_text(" ".join(f"word{i % 97} text{i % 13}." for i in range(4000)))
     return {"root": root, "model": str(root / "tiny"), "text": str(root / "calib.txt")}
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """Every block source a streamed run opens (:func:`secateur.models.streaming.open_streamed`), in order."""
+    import secateur.models.streaming as streaming
+
+    seen: list = []
+    orig = streaming.open_streamed
+
+    def spy(*a, **k):
+        seen.append(orig(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(streaming, "open_streamed", spy)
+    return seen

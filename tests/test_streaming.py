@@ -51,22 +51,6 @@ def small_shards(monkeypatch):
     monkeypatch.setattr(shards, "DEFAULT_MAX_SHARD_BYTES", 30_000)  # several output shards on a tiny model
 
 
-@pytest.fixture
-def opened(monkeypatch) -> list:
-    """Every block source a streamed run opens (:func:`secateur.models.streaming.open_streamed`), in order."""
-    import secateur.models.streaming as streaming
-
-    seen: list = []
-    orig = streaming.open_streamed
-
-    def spy(*a, **k):
-        seen.append(orig(*a, **k))
-        return seen[-1]
-
-    monkeypatch.setattr(streaming, "open_streamed", spy)
-    return seen
-
-
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in sorted(folder.glob("*.safetensors")):

@@ -41,22 +41,6 @@ def folders(tmp_path_factory):
     return out | {"text": text}
 
 
-@pytest.fixture
-def opened(monkeypatch) -> list:
-    """Every block source a streamed run opens (:func:`secateur.models.streaming.open_streamed`), in order."""
-    import secateur.models.streaming as streaming
-
-    seen: list = []
-    orig = streaming.open_streamed
-
-    def spy(*a, **k):
-        seen.append(orig(*a, **k))
-        return seen[-1]
-
-    monkeypatch.setattr(streaming, "open_streamed", spy)
-    return seen
-
-
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in sorted(folder.glob("*.safetensors")):

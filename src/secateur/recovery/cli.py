@@ -9,12 +9,15 @@ from secateur.recovery.options import LOSSES, RecoverOptions
 _D = RecoverOptions(run_dir="")
 
 
+_SUMMARY = "recover a pruned run with LoRA distillation from its dense model"
+_DESCRIPTION = ("Train LoRA adapters on a pruned run (a `secateur prune --out` folder) to match its dense teacher on "
+                "text disjoint from every evaluation split, merge them into the weights (masked runs: the masks "
+                "re-applied exactly) and save a run folder like any other. See docs/recovery.md.")
+
+
 def register_cli(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "recover", help="recover a pruned run with LoRA distillation from its dense model",
-        description="Train LoRA adapters on a pruned run (a `secateur prune --out` folder) to match its dense "
-                    "teacher on text disjoint from every evaluation split, merge them into the weights (masked runs: "
-                    "the masks re-applied exactly) and save a run folder like any other. See docs/recovery.md.")
+    """Add ``secateur recover``: its arguments mirror :class:`RecoverOptions` (defaults read from it)."""
+    p = sub.add_parser("recover", help=_SUMMARY, description=_DESCRIPTION)
     p.add_argument("run_dir", metavar="RUN_DIR", help="the pruned run's folder (written by secateur prune --out)")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--teacher", default=None, metavar="SPEC",
