@@ -21,3 +21,10 @@ def check_fraction(value, name: str = "sparsity", closed: bool = False, unit: st
         raise SecateurError(f"{name} must be in [0, 1{']' if closed else ')'}, got {value!r}; pass the fraction of "
                             f"{unit} to remove, e.g. 0.5")
     return v
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: control characters (``\\n``, and the record separators that
+    ``str.splitlines`` also breaks on, such as ``\\x1e``) and other unprintable characters escaped, so a value
+    echoed from a damaged file can never split the CLI's single error line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

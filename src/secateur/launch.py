@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, one_line
 
 #: where a supervised rank writes its one-line failure (set by :func:`supervise`)
 ERRORS_ENV = "SECATEUR_SPLIT_ERRORS"
@@ -118,6 +118,7 @@ def describe(e: BaseException) -> tuple[str, str]:
 def fail(kind: str, message: str, code: int) -> int:
     """A rank's failure: its line printed (torchrun) or handed to the supervisor (``--procs``); returns ``code``."""
     rank, world = env_world()
+    message = one_line(message)
     if world == 1:
         print(f"secateur: error: {message}", file=sys.stderr)
         return code
