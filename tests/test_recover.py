@@ -278,3 +278,32 @@ def test_cross_entropy_loss_needs_no_teacher(runs, tmp_path, monkeypatch):
                   **(REC | {"topk": 64})).report["recovery"]
     assert rec["teacher"] is None and rec["method"] == "lora-ce" and "teacher" not in rec["memory_plan"]["terms"]
     assert rec["heldout"]["metric"] == "nll" and rec["heldout"]["output"] < rec["heldout"]["pruned"]
+
+
+def test_heldout_curve_is_recorded_survives_resume_and_leaves_the_adapters_unchanged(runs, tmp_path, monkeypatch):
+    """``--heldout-every N``: a point before the first step, after every N-th and after the last; tokens are the
+    training tokens seen; probing reads no RNG (dropout on), so the adapters are those of a run without it; a run
+    killed after a checkpoint and resumed records the same curve, bit for bit."""
+    run = runs["llama-run"]
+    args = ["recover", run, "--data", runs["text"], "--teacher", runs["llama"], "--tokens", "512", "--seqlen", "32",
+            "--batch", "4", "--epochs", "2", "--rank", "4", "--lr", "3e-3", "--dropout", "0.1",
+            "--checkpoint-every", "3", "--heldout-windows", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--heldout-every", "5", "--out", str(tmp_path / "a")]) == 0
+    plain, rec = api_report(tmp_path / "plain")["recovery"], api_report(tmp_path / "a")["recovery"]
+    assert plain["curve"] is None and rec["adapter_sha256"] == plain["adapter_sha256"]
+    pts = rec["curve"]["points"]
+    steps = rec["steps"]  # 2 epochs x 16 windows / 4 = 8
+    assert [p[0] for p in pts] == [0, 5, steps] and [p[1] for p in pts] == [0, 5 * 4 * 32, steps * 4 * 32]
+    assert all(p[2] > 1.0 for p in pts) and pts[-1][2] < pts[0][2]  # perplexities, lowered by training
+
+    def stop(step: int) -> None:
+        if step == 7:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "_after_step", stop)
+    assert main([*args, "--heldout-every", "5", "--out", str(tmp_path / "c")]) == 130
+    monkeypatch.setattr(train, "_after_step", lambda step: None)
+    assert main([*args, "--heldout-every", "5", "--out", str(tmp_path / "c"), "--resume"]) == 0
+    resumed = api_report(tmp_path / "c")["recovery"]
+    assert resumed["resumed_from_step"] == 6 and resumed["curve"]["points"] == pts

@@ -42,6 +42,9 @@ def register_cli(sub) -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=_D.epochs, help="passes over the windows (default: %(default)s)")
     g.add_argument("--heldout-windows", type=int, default=_D.heldout_windows,
                    help="held-out windows for the before/after loss in the report, 0: none (default: %(default)s)")
+    g.add_argument("--heldout-every", type=int, default=_D.heldout_every, metavar="N",
+                   help="held-out perplexity every N steps, recorded as the report's recovery curve (default: "
+                        "%(default)s, none)")
     g = p.add_argument_group("optimizer")
     g.add_argument("--lr", type=float, default=_D.lr, help="AdamW learning rate (default: %(default)s)")
     g.add_argument("--warmup", type=float, default=_D.warmup,

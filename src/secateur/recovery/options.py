@@ -11,7 +11,7 @@ from secateur.errors import SecateurError
 LOSSES = ("kl", "ce")
 CORPORA = ("c4", "wikitext2", "ptb", "self")
 #: options that do not change the adapters (left out of the checkpoint's fingerprint)
-NEUTRAL = ("out", "overwrite", "quiet", "resume", "save_adapter", "checkpoint_every")
+NEUTRAL = ("out", "overwrite", "quiet", "resume", "save_adapter", "checkpoint_every", "heldout_every")
 
 
 @dataclass
@@ -39,6 +39,7 @@ class RecoverOptions:
     weight_decay: float = 0.0
     seed: int = 0
     heldout_windows: int = 4
+    heldout_every: int = 0  # held-out perplexity every N steps (0: none): the report's recovery curve
     checkpoint_every: int = 50
     resume: bool = False
     overwrite: bool = False
@@ -78,7 +79,7 @@ class RecoverOptions:
             raise SecateurError("recover needs an output folder; pass --out DIR")
         self.out = str(self.out)
         for name, low in (("rank", 1), ("topk", 1), ("tokens", 1), ("seqlen", 2), ("batch", 1), ("epochs", 1),
-                          ("checkpoint_every", 1), ("heldout_windows", 0), ("seed", 0)):
+                          ("checkpoint_every", 1), ("heldout_windows", 0), ("heldout_every", 0), ("seed", 0)):
             _int(name, getattr(self, name), low)
         for name, lo, hi, closed_hi in (("dropout", 0.0, 1.0, False), ("warmup", 0.0, 1.0, False),
                                         ("weight_decay", 0.0, math.inf, False)):
@@ -102,6 +103,8 @@ class RecoverOptions:
                 raise SecateurError(f"--{_flag(name)} is empty; pass a path, or leave it out")
             if v is not None:
                 setattr(self, name, str(v))
+        if self.heldout_every and not self.heldout_windows:
+            raise SecateurError("--heldout-every needs held-out windows; pass --heldout-windows N (N >= 1)")
         if self.save_adapter is not None and Path(self.save_adapter).absolute() == Path(self.out).absolute():
             raise SecateurError("--save-adapter names the same folder as --out; choose another folder")
         return self

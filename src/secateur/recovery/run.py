@@ -10,6 +10,7 @@ re-apply the masks of a masked run, write the output (:mod:`secateur.recovery.ou
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -129,11 +130,14 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
     def heldout(m) -> float | None:
         return None if held is None else mean_loss(m, held, opts.loss, teacher, opts.topk, opts.batch)
 
+    def heldout_ppl(m) -> float:  # the recovery curve's measure: next-token perplexity of the held-out windows
+        return math.exp(mean_loss(m, held, "ce", None, opts.topk, opts.batch))
+
     held_pruned = heldout(pm)
     ckpt = resume.Checkpoint.open(opts.out, fingerprint(opts, opts.run_dir, teacher_found and teacher_found[0],
                                                         manifest["sha256"]), opts.resume)
     try:
-        result = train(pm, train_ids, opts, teacher, ckpt)
+        result = train(pm, train_ids, opts, teacher, ckpt, probe=None if held is None else heldout_ppl)
         held_adapters = heldout(pm)
         adapter = lora.adapter_params(pm)
         adapter_sha, n_adapter = lora.tensors_sha256(adapter), sum(p.numel() for p in adapter.values())
@@ -222,6 +226,8 @@ def _report(opts, run, teacher_found, manifest, result, names, roles, n_adapter,
         "run": portable(opts.run_dir), "command": command, "settings": settings, "teacher": teacher,
         "data": manifest, "steps": result["steps"], "resumed_from_step": result["resumed_from"],
         "loss": {"first": losses[0], "last": losses[-1], "per_step": losses},
+        "curve": {"measure": "heldout_ppl", "windows": manifest["heldout"]["windows"], "every": opts.heldout_every,
+                  "points": result["curve"]} if result.get("curve") else None,
         "adapter_sha256": adapter_sha,
         "heldout": None if held[0] is None else {"metric": metric, "windows": manifest["heldout"]["windows"],
                                                  "pruned": held[0], "adapters": held[1], "output": held[2]},

@@ -79,8 +79,12 @@ def fingerprint(opts, run_dir: str, teacher: str | None, token_sha: str) -> dict
     return json.loads(json.dumps(fp, default=str))
 
 
-def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None) -> dict:
-    """Train the adapters of ``pm`` in place; returns ``{"losses", "steps", "resumed_from", "wall_s"}``."""
+def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None, probe=None) -> dict:
+    """Train the adapters of ``pm`` in place; returns ``{"losses", "steps", "resumed_from", "wall_s", "curve"}``.
+
+    ``probe(model) -> float`` (held-out perplexity), when given with ``opts.heldout_every = N``, is measured
+    before the first step and after every N-th and the last; ``curve`` lists ``[step, tokens seen, value]``
+    (tokens = windows x seqlen of the steps so far). Probing reads no RNG, so it leaves the adapters unchanged."""
     from tqdm.auto import tqdm
 
     log = log or (lambda msg: print(f"secateur: {msg}", file=sys.stderr))
@@ -91,7 +95,15 @@ def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None) 
     factor, _ = schedule(total, opts.warmup)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     losses: list[float] = []
+    curve: list[list] = []
     start = 0
+    every = getattr(opts, "heldout_every", 0) if probe is not None else 0
+    seen = [0]
+    for idx in order:
+        seen.append(seen[-1] + len(idx) * train_ids.shape[1])
+
+    def point(step: int) -> None:
+        curve.append([step, seen[step], float(probe(pm))])
     if ckpt is not None and ckpt.has(CKPT_FILE):
         state = ckpt.load(CKPT_FILE)
         with torch.no_grad():
@@ -101,9 +113,12 @@ def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None) 
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         losses = [float(x) for x in state["losses"]]
+        curve = [list(p) for p in state.get("curve", [])]
         start = int(state["step"])
         log(f"resuming the recovery at step {start} of {total}")
     t0 = time.perf_counter()
+    if every and start == 0:
+        point(0)
     bar = tqdm(total=total, initial=start, desc="recover", disable=opts.quiet, unit="step")
     try:
         for s in range(start, total):
@@ -116,14 +131,17 @@ def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None) 
             losses.append(loss.detach().item())
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if every and ((s + 1) % every == 0 or s + 1 == total):
+                point(s + 1)
             if ckpt is not None and (s + 1) % opts.checkpoint_every == 0 and s + 1 < total:
                 ckpt.save(CKPT_FILE, {"step": s + 1,
                                       "adapter": {n: p.detach().clone() for n, p in adapter_params(pm).items()},
                                       "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                                       "rng": torch.get_rng_state(),
-                                      "losses": torch.tensor(losses, dtype=torch.float64)})
+                                      "losses": torch.tensor(losses, dtype=torch.float64), "curve": curve})
             _after_step(s + 1)
     finally:
         bar.close()
     pm.eval()
-    return {"losses": losses, "steps": total, "resumed_from": start or None, "wall_s": time.perf_counter() - t0}
+    return {"losses": losses, "steps": total, "resumed_from": start or None, "wall_s": time.perf_counter() - t0,
+            "curve": curve}
