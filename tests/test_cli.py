@@ -109,3 +109,17 @@ def test_self_generated_calibration_is_seeded(tiny_dir, tmp_path):
     ra = json.loads((tmp_path / "a" / "secateur-report.json").read_text())["calibration"]
     rb = json.loads((tmp_path / "b" / "secateur-report.json").read_text())["calibration"]
     assert ra["sha256"] == rb["sha256"] and ra["source"] == "self"
+
+
+@pytest.mark.parametrize("value", ["wan\nda", "wanda\x1e2", "w\x00x", "\u2028"])
+@pytest.mark.parametrize("argv", [["prune", "--method"], ["prune", "--sparsity"], ["eval", "ppl", "--seqlen"],
+                                  ["prune"], ["eval", "ppl", "--quiet", "x"]])  # the last two: unrecognized arguments
+def test_parser_errors_are_one_line_whatever_the_value(argv, value, capsys):
+    """argparse echoes a bad value into its message; control characters (a newline, a record separator) must not
+    split the CLI's single error line."""
+    try:
+        code = main([*argv, value])  # refused by the options' schema
+    except SystemExit as e:  # refused by argparse (a type or choice)
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("secateur: error: ") and len(err.splitlines()) == 1, err

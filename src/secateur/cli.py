@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from secateur import launch, stall
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, one_line
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
     own prints the whole usage block first)."""
 
     def error(self, message: str):
-        self.exit(2, f"secateur: error: {message}; see '{self.prog} --help'\n")
+        self.exit(2, f"secateur: error: {one_line(message)}; see '{self.prog} --help'\n")  # argv may hold \n
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = "smollm2-135m") -> None:

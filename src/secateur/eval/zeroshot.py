@@ -480,7 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cli_zeroshot(args)
     except SecateurError as e:
-        print(f"secateur: error: {e}", file=sys.stderr)
+        from secateur.errors import one_line
+
+        print(f"secateur: error: {one_line(str(e))}", file=sys.stderr)
         return 2
 
 

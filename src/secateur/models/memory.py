@@ -41,6 +41,7 @@ whether it reads activations, a compensator its solver matrices, and the caller 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,7 +241,4 @@ def whole_prune_plan(folder: str | Path, cfg: dict, elem: int, activations: bool
 
 
 def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    return math.prod(int(s) for s in shape)
