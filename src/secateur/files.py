@@ -55,6 +55,25 @@ def read_regular_bytes(path: str | Path, what: str, fix: str) -> bytes:
             raise SecateurError(f"{what} {p} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
 
 
+def read_json(path: str | Path, fix: str, what: str = "file"):
+    """The JSON value in ``path`` (a regular file, :func:`read_regular_bytes`), or one line naming the file, what
+    is wrong with it and ``fix``: missing, unreadable, not UTF-8, invalid JSON (with its line), nested too deeply.
+    Every JSON file secateur reads back (reports, configs, indexes, manifests) enters here; its schema is checked
+    by the caller (:func:`secateur.schemas.parse`)."""
+    data = read_regular_bytes(path, what, fix)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SecateurError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            f"{fix}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {fix}") from None
+    except RecursionError:
+        raise SecateurError(f"{path}: invalid JSON (nested too deeply); {fix}") from None
+
+
 def umask() -> int:
     """The process's umask (read by setting it and putting it back): files made by ``mkstemp`` get the usual
     modes."""

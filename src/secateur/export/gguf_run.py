@@ -4,7 +4,6 @@ and against each other before any tensor is planned, every refusal one line with
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -76,17 +75,10 @@ RUN_FIX = "re-export the run (secateur prune --out), or restore the file"
 
 def read_checked(path: Path, schema) -> dict:
     """A JSON file of the run folder, checked against ``schema`` (:mod:`secateur.schemas`)."""
+    from secateur.files import read_json
     from secateur.schemas.report import parse_at
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {RUN_FIX}") from None
-    except (UnicodeDecodeError, RecursionError) as e:
-        what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON (nested too deeply)"
-        raise SecateurError(f"{path}: {what}; {RUN_FIX}") from None
-    except OSError as e:
-        raise SecateurError(f"{path}: cannot be read ({e.strerror or e}); check the file's permissions") from None
+    data = read_json(path, RUN_FIX)
     if not isinstance(data, dict):
         raise SecateurError(f"{path}: a JSON {'array' if isinstance(data, list) else 'value'} "
                             f"({str(data)[:20]!r}), not an object; {RUN_FIX}")

@@ -11,7 +11,6 @@ The model itself loads with one :func:`secateur.models.loading.load_model` call 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +48,7 @@ class PrunedRun:
 
 def open_run(run_dir: str) -> PrunedRun:
     """The run folder ``run_dir`` checked (report, kind, masks file, config and weight files), nothing loaded."""
+    from secateur.files import read_json
     from secateur.models.loading import check_model
     from secateur.report.load import check_schema
     from secateur.schemas.report import RunReport, parse_at
@@ -61,10 +61,7 @@ def open_run(run_dir: str) -> PrunedRun:
     rep_path = path / REPORT_NAME
     if not rep_path.is_file():
         raise SecateurError(f"run folder {run_dir} has no {REPORT_NAME} (not a secateur prune output); {FIX}")
-    try:
-        report = json.loads(rep_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise SecateurError(f"{rep_path} cannot be read as JSON ({type(e).__name__}); {FIX}") from None
+    report = read_json(rep_path, FIX)
     if not isinstance(report, dict) or "method" not in report:
         raise SecateurError(f"{rep_path} is not a secateur prune report (no 'method'); {FIX}")
     check_schema(report, rep_path)

@@ -95,17 +95,9 @@ def num(x: Any) -> float | None:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SecateurError(f"{path}: invalid JSON (line {e.lineno}: {e.msg}); {RUN_FIX}") from None
-    except RecursionError:
-        raise SecateurError(f"{path}: invalid JSON (nested too deeply); {RUN_FIX}") from None
-    except UnicodeDecodeError as e:
-        raise SecateurError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                            f"{RUN_FIX}") from None
-    except OSError as e:
-        raise SecateurError(f"{path}: cannot read ({e.strerror or e}); check the file's permissions") from None
+    from secateur.files import read_json
+
+    return read_json(path, RUN_FIX)
 
 
 def _label(method: str, quals: dict, pattern: str | None) -> str:
