@@ -16,8 +16,8 @@ Protocol (every stage through the public commands, each in its own process so it
   first 200 documents per task. The dense model is evaluated the same way once.
 
 Each stage leaves its output under bench/_work/recovery-smollm2/<row>/ and is skipped when it is there, so a stopped
-run continues; a row is appended to the JSONL when its last stage is done. ``BENCH_THREADS`` (default 1) threads per
-process.
+run continues (a killed prune or recovery from its checkpoint: ``--resume``); a row is appended to the JSONL
+when its last stage is done. ``BENCH_THREADS`` (default 1) threads per process.
 """
 
 from __future__ import annotations
@@ -116,10 +116,11 @@ def row(name: str) -> None:
     log = d / "log.txt"
     pruned, recovered = d / "pruned", d / "recovered"
     _stage(f"prune {name}", pruned, _env_cmd(["prune", "--model", MODEL, *ROWS[name], *PRUNE, "--out", str(pruned),
-                                              "--quiet"]), log)
+                                              "--quiet", "--resume"]), log)
     _eval_stage(str(pruned), d / "eval-pruned.json", log)
     rec = RECOVER + (["--heldout-every", str(CURVE_EVERY)] if name == CURVE_ROW else [])
-    _stage(f"recover {name}", recovered, _env_cmd(["recover", str(pruned), *rec, "--out", str(recovered), "--quiet"]),
+    _stage(f"recover {name}", recovered, _env_cmd(["recover", str(pruned), *rec, "--out", str(recovered), "--quiet",
+                                                           "--resume"]),
            log)
     _eval_stage(str(recovered), d / "eval-recovered.json", log)
     report = json.loads((recovered / "secateur-report.json").read_text())
