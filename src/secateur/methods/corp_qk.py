@@ -173,9 +173,6 @@ class CorpQKOptions(MethodOptions):
 
 def corp_qk_config(opts) -> CorpQKConfig:
     """The validated :class:`CorpQKConfig` from ``PruneOptions``."""
-    if opts.pattern or opts.targets or opts.budget:
-        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget (--sparsity is the "
-                            "fraction of every head's query/key dims removed); drop them")
     cfg = CorpQKConfig(sparsity=opts.sparsity)
     cfg.validate()
     return cfg
@@ -185,6 +182,7 @@ def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts, block
     """Registry runner: prune q/k dims in place, return the masks of the zeroed rows (``blocks``: in memory only,
     ``--stream`` is refused for this method before anything is loaded)."""
     blocks.resident_only("--method corp-qk")
-    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
-                        device=opts.device, progress=not opts.quiet, blocks=blocks)
+    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.run.mode,
+                        chunk_size=opts.run.chunk_size, device=opts.device, progress=not opts.run.quiet,
+                        blocks=blocks)
     return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])
