@@ -182,7 +182,7 @@ class PruneOptions:
         if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
             method.config(self)
         if getattr(self.method_options, "pattern", None) is None:  # an N:M pattern sets the sparsity itself
-            check_fraction(self.sparsity)
+            check_fraction(self.sparsity)  # [0, 1): a pruned model keeps some weights
         if self.nsamples < 1 or self.seqlen < 2:
             raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2; pass e.g. --nsamples 128 --seqlen 2048")
         self.run.validate()

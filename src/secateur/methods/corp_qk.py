@@ -32,7 +32,7 @@ from secateur.calib import engine
 from secateur.calib.qk import QKOutputGrams
 from secateur.calib.stats import Accumulator
 from secateur.compensate.corp import corp_qk_layer
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import MethodOptions
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
@@ -54,9 +54,7 @@ class CorpQKConfig:
     min_qk_dim: int = 8
 
     def validate(self) -> None:
-        if not 0.0 <= float(self.sparsity) < 1.0:
-            raise SecateurError(f"sparsity (the fraction of q/k dims removed) must be in [0, 1), got {self.sparsity}; "
-                                "pass e.g. 0.25")
+        check_fraction(self.sparsity, unit="query/key dims")  # [0, 1): every head keeps at least one dim
 
 
 def check_supported(adapter: Adapter) -> None:

@@ -94,7 +94,7 @@ class QKWandaConfig:
             raise SecateurError(f"QK-Wanda scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.rounding not in ("ceil", "floor"):
             raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}; pass --rounding ceil or floor")
-        check_fraction(self.sparsity)
+        check_fraction(self.sparsity)  # [0, 1): every Q/K pool keeps some weights
         if self.segment_len is not None and self.segment_len < 1:
             raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}; "
                                 "pass e.g. 64")

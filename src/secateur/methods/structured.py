@@ -134,7 +134,7 @@ class StructuredConfig(CompensationConfig):
         if self.allocation not in STRUCTURED_ALLOCATIONS:
             raise SecateurError(f"allocation must be one of {', '.join(STRUCTURED_ALLOCATIONS)}, "
                                 f"not {self.allocation!r}")
-        check_fraction(self.sparsity, unit="parameters")
+        check_fraction(self.sparsity, unit="parameters")  # [0, 1): a pruned model keeps some units
         bad = [u for u in self.units if u not in UNIT_CHOICES]
         if bad or not self.units:
             raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}; "

@@ -78,7 +78,7 @@ class UnstructuredConfig:
         if self.method not in METHODS:
             raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if self.pattern is None:
-            check_fraction(self.sparsity)
+            check_fraction(self.sparsity)  # [0, 1): every projection keeps some weights
         if self.budget not in (None, "row", "matrix"):
             raise SecateurError(f"budget must be row or matrix, got {self.budget!r}; "
                                 "pass --budget row or matrix, or omit it")
