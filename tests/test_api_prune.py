@@ -66,7 +66,8 @@ def test_a_loaded_model_needs_its_tokenizer(tiny_path, tmp_path):
 
 def test_flat_knobs_equal_typed_options(tiny_path):
     flat = api.prune(model=tiny_path, method="rcpu", sparsity=0.3, compensation="ls", ls_lambda="0.1", **COMMON)
-    opts = api.PruneOptions(model=tiny_path, method="rcpu", sparsity=0.3, **COMMON,
+    opts = api.PruneOptions(model=tiny_path, method="rcpu", sparsity=0.3, calib="self", nsamples=2, seqlen=16,
+                            run=api.RunSettings(quiet=True),
                             method_options=StructuredOptions(compensation="ls", ls_lambda=0.1))
     typed = api.prune(options=opts)
     assert flat["options"] == typed["options"] and flat["options"]["ls_lambda"] == 0.1

@@ -28,6 +28,7 @@ from secateur.export.hf import export_size
 from secateur.export.outputs import SavedAtEnd, StreamedOutput
 from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
+from secateur.methods.unstructured import parse_pattern
 from secateur.models import streaming
 from secateur.models.adapters import Adapter, get_adapter
 from secateur.models.blocks import ALONE, RESIDENT, Blocks, BlockSource, ResidentSource, Shard
@@ -37,6 +38,7 @@ from secateur.models.spec import ModelSpec
 from secateur.options import STREAM_REFUSED as STREAM_REFUSED
 from secateur.options import STREAMABLE as STREAMABLE
 from secateur.options import PruneOptions as PruneOptions
+from secateur.options import RunSettings as RunSettings
 from secateur.options import check_recipe_calibration, check_recipe_model, check_tokenizer
 from secateur.options import options_from_recipe as options_from_recipe
 from secateur.options import recipe_of as recipe_of
@@ -249,7 +251,7 @@ def _eval_pruned(opts: PruneOptions, model, tokenizer, timer: Timer) -> dict:
     with timer("eval_ppl"):
         return eval_ppl(model, opts.eval_ppl, seqlen=_eval_seqlen(opts), max_windows=opts.eval_windows,
                         data_dir=opts.data_dir, tokenizer=tokenizer, dtype=opts.dtype, device=opts.device,
-                        progress=not opts.quiet, stream=isinstance(model, str))
+                        progress=not opts.run.quiet, stream=isinstance(model, str))
 
 
 def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: streaming.BlockStream,
@@ -264,10 +266,10 @@ def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: st
         cfg = method.config(opts)
         solver = None if cfg.compensation == "none" else (cfg.compensation, solver_matrices(cfg.compensation))
         plan = structured_prune_plan(shape, opts.nsamples if needs_calibration else 0, opts.seqlen,
-                                     opts.chunk_size, bool(selection_kinds(cfg)), solver)
+                                     opts.run.chunk_size, bool(selection_kinds(cfg)), solver)
     else:
-        plan = prune_plan(shape, method.memory, needs_calibration, opts.nsamples, opts.seqlen, opts.chunk_size,
-                          opts.mode)
+        plan = prune_plan(shape, method.memory, needs_calibration, opts.nsamples, opts.seqlen, opts.run.chunk_size,
+                          opts.run.mode)
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)
     plan.check(available)
@@ -283,6 +285,7 @@ def _report(opts: PruneOptions, spec: ModelSpec, method, model, result, manifest
         calibration["tokenizer"] = portable(calibration.get("tokenizer"))
         calibration["source"] = portable(calibration.get("source"))
     options = opts.to_dict()
+    pattern = parse_pattern(options["pattern"])  # an N:M method's pattern sets the target
     for k in ("model", "out", "data_dir", "calib"):  # published: no absolute path of this machine
         options[k] = portable(options.get(k))
     return {
@@ -291,8 +294,8 @@ def _report(opts: PruneOptions, spec: ModelSpec, method, model, result, manifest
         "base_license": base_license(opts.model_name),  # read from the model's own folder (its card, config)
         # GGUF input: file (by name), sha256, cached folder (by name); else None
         "model_source": None if opts.in_memory else portable_source(spec.source),
-        "target_sparsity": (1 - opts.pattern_nm[0] / opts.pattern_nm[1]) if opts.pattern else opts.sparsity,
-        "pattern": opts.pattern,
+        "target_sparsity": (1 - pattern[0] / pattern[1]) if pattern else opts.sparsity,
+        "pattern": options["pattern"],
         "options": options,
         "realized_sparsity": result.details.get("realized_sparsity") or realized_sparsity(model, result.masks),
         "calibration": calibration,

@@ -107,16 +107,9 @@ def _prune_parser(sub) -> argparse.ArgumentParser:
     methods = ", ".join(f"{m.name} ({m.help})" for m in METHODS.values())
     p.add_argument("--method", default="wanda", help=f"one of: {methods} (default: %(default)s)")
     p.add_argument("--sparsity", type=float, default=0.5, help="fraction removed, in [0, 1) (default: %(default)s)")
-    p.add_argument("--pattern", default=None, help="N:M semi-structured pattern, e.g. 2:4 or 4:8 (keeps N of M)")
-    p.add_argument("--budget", default=None,
-                   help="comparison group: row | matrix (Wanda, magnitude); shared | separate | row (QK-Wanda)")
     p.add_argument("--structured", action="store_true",
                    help="slice whole units out (smaller dense model); maps magnitude/wanda to magnitude-sp/wanda-sp")
-    _knob_args(p)
-    p.add_argument("--rounding", default="ceil", choices=["ceil", "floor"],
-                   help="weights removed per group = round(sparsity * size) (default: %(default)s)")
-    p.add_argument("--targets", default=None,
-                   help="comma list of projection roles to prune: q,k,v,o,gate,up,down (default: all)")
+    _knob_args(p)  # the methods' knobs, --pattern, --budget, --rounding, --targets among them
     p.add_argument("--calib", default="self",
                    help="calibration text: self (sampled from the model, offline), c4, wikitext2, ptb, or a "
                         ".txt file (default: %(default)s)")

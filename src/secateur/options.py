@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import STREAMABLE, method_options, resolve
 from secateur.methods.structured import REFUSED
-from secateur.methods.unstructured import parse_pattern, parse_targets
 from secateur.models.digest import known_model, local_digest
 from secateur.models.loading import check_device
 from secateur.models.spec import ModelSpec
@@ -31,33 +30,43 @@ from secateur.schemas.recipe import RECIPE_SCHEMA, read_recipe
 
 
 @dataclass
+class RunSettings:
+    """How the calibration passes run and report progress (``--mode``, ``--chunk-size``, ``--quiet``); the flat
+    keywords ``mode=``, ``chunk_size=``, ``quiet=`` of :meth:`PruneOptions.from_kwargs` and ``api.prune``."""
+
+    mode: str = "sequential"  # sequential | dense-block | dense (secateur.calib.engine)
+    chunk_size: int = 8  # sequences per forward
+    quiet: bool = False  # no progress bars
+
+    def validate(self) -> None:
+        if self.chunk_size < 1:
+            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}; "
+                                "pass e.g. 8")
+
+
+@dataclass
 class PruneOptions:
-    """The options of ``secateur prune``: the fields every method shares, and ``method_options``, the method's
-    typed knobs (its :class:`~secateur.methods.knobs.MethodOptions` subclass, e.g.
-    :class:`~secateur.methods.structured.StructuredOptions`; ``None``: every knob unset).
-    :meth:`from_kwargs` builds it from flat keywords (``compensation="coec", coec_rounds=2``), as ``api.prune``
-    and the CLI do. ``model`` is a name, folder or ``.gguf`` file, or an already loaded model (then pass its
+    """The options of ``secateur prune``: what every run has (the model, the calibration, the output, the device
+    and dtype, the seed), ``run``, the :class:`RunSettings`, and ``method_options``, the method's typed knobs (its
+    :class:`~secateur.methods.knobs.MethodOptions` subclass, e.g.
+    :class:`~secateur.methods.structured.StructuredOptions`; ``None``: every knob unset), such as an unstructured
+    method's ``pattern`` or a structured one's ``units``. :meth:`from_kwargs` builds it from flat keywords
+    (``compensation="coec", coec_rounds=2, chunk_size=4``), as ``api.prune`` and the CLI do, and :meth:`to_dict`
+    records it flat. ``model`` is a name, folder or ``.gguf`` file, or an already loaded model (then pass its
     ``tokenizer``)."""
 
     model: str | torch.nn.Module = "smollm2-135m"
     method: str = "wanda"
     sparsity: float = 0.5
-    pattern: str | None = None
-    budget: str | None = None
-    rounding: str = "ceil"
-    targets: str | None = None
     calib: str = "self"
     nsamples: int = 128
     seqlen: int = 2048
     seed: int = 0
     data_dir: str | None = None
-    mode: str = "sequential"
-    chunk_size: int = 8
     dtype: str = "float32"
     device: str = "cpu"
     out: str | None = None
     overwrite: bool = False
-    quiet: bool = False
     resume: bool = False  # continue a killed run from its checkpoint beside --out (secateur.calib.resume)
     structured: bool = False  # --structured: magnitude/wanda -> magnitude-sp/wanda-sp
     tokenizer: Any = None  # the tokenizer of an in-memory ``model``
@@ -65,20 +74,22 @@ class PruneOptions:
     eval_ppl: str | None = None  # --eval-ppl: perplexity of the pruned model on this corpus, in the report and card
     eval_windows: int | None = None  # --eval-windows: only the first N windows of --eval-ppl
     recipe_check: dict | None = None  # a replayed recipe's digests to check (calibration_sha256, model_sha256)
+    run: RunSettings = field(default_factory=RunSettings)
     method_options: MethodOptions | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> PruneOptions:
-        """Common fields by name, every other keyword a knob of the method (``None`` = unset), validated
-        into the method's typed options; a knob of another method is refused."""
+        """Common fields and run settings by name, every other keyword a knob of the method (``None`` = unset),
+        validated into the method's typed options; a knob of another method is refused."""
         if "extra" in kwargs:
             raise SecateurError("extra= is gone: pass the method's knobs as plain keywords (compensation='coec', "
                                 "coec_rounds=2, ...)")
         common = plain_paths({k: kwargs.pop(k) for k in list(kwargs) if k in _COMMON})
         if isinstance(common.get("model"), os.PathLike):
             common["model"] = os.fspath(common["model"])
-        opts = cls(**common)
-        check_common({f.name: getattr(opts, f.name) for f in fields(opts)})
+        run = RunSettings(**{k: common.pop(k) for k in _RUN if k in common})
+        opts = cls(**common, run=run)
+        check_common(opts._common_values())
         opts.structured = bool(opts.structured)
         opts.method_options = method_options(resolve(opts.method, opts.structured), kwargs)
         return opts
@@ -92,20 +103,30 @@ class PruneOptions:
         """The model spec, or an in-memory model's ``config._name_or_path`` (:attr:`ModelSpec.name`)."""
         return ModelSpec(self.model).name
 
-    @property
-    def pattern_nm(self) -> tuple[int, int] | None:
-        return parse_pattern(self.pattern)
+    def _common_values(self) -> dict[str, Any]:
+        """The common fields and the run settings by name (as :func:`check_common` types them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("run", "method_options")} \
+            | {k: getattr(self.run, k) for k in _RUN}
+
+    def _record(self, name: str) -> Any:
+        """The value of ``name`` (a key of :data:`RECORD`) as the flat record holds it."""
+        if name == "model":
+            return self.model_name
+        if name in FLAT_KNOBS:  # a knob of some methods only: its default where this method has it unset or none
+            v = getattr(self.method_options, name, None)
+            return FLAT_KNOBS[name] if v is None else v
+        return getattr(self.run, name) if name in _RUN else getattr(self, name)
 
     def to_dict(self) -> dict:
-        """The options as reports and checkpoints record them: the common fields (the model by name, no
-        tokenizer) and every knob of the method (``None`` = unset)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)
-             if f.name not in ("method_options", "tokenizer", "recipe_check")}
-        d["model"] = self.model_name
+        """The options as reports and checkpoints record them, flat: the keys of :data:`RECORD` in its order (the
+        model by name; ``pattern``, ``budget``, ``rounding``, ``targets`` for every method, as before they were
+        knobs), then every other knob of the method (``None`` = unset)."""
+        d = {k: self._record(k) for k in RECORD}
         for k in ("stream", "eval_ppl", "eval_windows"):  # reports of ordinary runs stay as they were
             if not d[k]:
                 del d[k]
-        return d | (self.method_options.to_dict() if self.method_options is not None else {})
+        knobs = self.method_options.to_dict() if self.method_options is not None else {}
+        return d | {k: v for k, v in knobs.items() if k not in FLAT_KNOBS}
 
     def recipe(self) -> dict:
         """Every option that determines the result (``secateur-recipe.yaml`` without its checks): the common
@@ -120,22 +141,18 @@ class PruneOptions:
         import shlex
 
         args = ["secateur", "prune"]
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name in ("method_options", "tokenizer", "recipe_check") or f.name not in _FLAGS:
-                continue
-            if f.name == "model":
-                v = self.model_name
-            if f.name not in _ALWAYS and (v == f.default or v is None):
+        for name in RECORD:  # the flat record's order; the FLAT_KNOBS among them where they were common fields
+            v = self._record(name)
+            if name not in _ALWAYS and (v == _DEFAULTS[name] or v is None):
                 continue
             if isinstance(v, bool):
-                args += [_FLAGS[f.name]] if v else []
+                args += [_FLAGS[name]] if v else []
             else:
-                args += [_FLAGS[f.name], str(v)]
+                args += [_FLAGS[name], str(v)]
         api_only = []
         for f in (self.method_options.knob_fields() if self.method_options is not None else ()):
             v, flag = getattr(self.method_options, f.name), flag_of(f)
-            if v is None:
+            if v is None or f.name in FLAT_KNOBS:
                 continue
             if flag is None:
                 api_only.append(f"{f.name}={v!r}")
@@ -150,7 +167,7 @@ class PruneOptions:
 
     def validate(self) -> None:
         """Every check that needs no model, so bad input fails before anything is loaded or written."""
-        check_common({f.name: getattr(self, f.name) for f in fields(self)})
+        check_common(self._common_values())
         if not isinstance(self.model, (str, torch.nn.Module)):
             raise SecateurError(f"prune options: model: {type(self.model).__name__} {self.model!r} is not a model; "
                                 "pass a Hugging Face id, a folder, a .gguf path, or a loaded torch model")
@@ -164,15 +181,11 @@ class PruneOptions:
         self.method_options.validate()
         if method.config is not None:  # the method's own configuration, e.g. structured units and compensation
             method.config(self)
-        if self.pattern is None:
-            check_fraction(self.sparsity)
-        parse_pattern(self.pattern)
-        parse_targets(self.targets)
+        if getattr(self.method_options, "pattern", None) is None:  # an N:M pattern sets the sparsity itself
+            check_fraction(self.sparsity)  # [0, 1): a pruned model keeps some weights
         if self.nsamples < 1 or self.seqlen < 2:
             raise SecateurError("--nsamples must be >= 1 and --seqlen >= 2; pass e.g. --nsamples 128 --seqlen 2048")
-        if self.chunk_size < 1:
-            raise SecateurError(f"--chunk-size must be >= 1 (sequences per forward), got {self.chunk_size}; "
-                                "pass e.g. 8")
+        self.run.validate()
         check_device(self.device)
         resolve_data_dir(self.data_dir)
         if self.calib.endswith(".txt"):  # unreadable, binary or empty: before the model is loaded
@@ -222,9 +235,21 @@ STREAM_REFUSED = REFUSED  # method -> why it is not streamed
 #: method -> why a run split over processes refuses it
 SPLIT_REFUSED = {"cocurve": "its ablation sweep splits by its own blocks of sequences; not checked end to end yet",
                  "cocurve-diag": "as cocurve"}
-_COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"method_options"}
-# the CLI flag of each common field (``secateur prune``); _ALWAYS are written into every command line
-_FLAGS = {n: "--" + n.replace("_", "-") for n in _COMMON - {"tokenizer", "recipe_check"}}
+_RUN = tuple(f.name for f in fields(RunSettings))  # the run settings' flat keywords
+_COMMON = frozenset(f.name for f in fields(PruneOptions)) - {"run", "method_options"} | set(_RUN)
+#: knobs of some methods only that the flat record (reports, recipes, checkpoints, command lines) holds for every
+#: method where they stood when they were common fields, with the value it records when a method has them unset
+#: or does not take them (a recipe's value that had no effect is dropped when it is read: options_from_recipe)
+FLAT_KNOBS: dict[str, Any] = {"pattern": None, "budget": None, "rounding": "ceil", "targets": None}
+#: the keys of the flat record in its order (PruneOptions.to_dict): every key of a report's ``options`` that is
+#: not a knob of the method, and FLAT_KNOBS
+RECORD = ("model", "method", "sparsity", "pattern", "budget", "rounding", "targets", "calib", "nsamples", "seqlen",
+          "seed", "data_dir", "mode", "chunk_size", "dtype", "device", "out", "overwrite", "quiet", "resume",
+          "structured", "stream", "eval_ppl", "eval_windows")
+_DEFAULTS = {f.name: f.default for f in fields(PruneOptions) if f.name in RECORD} \
+    | {f.name: f.default for f in fields(RunSettings)} | FLAT_KNOBS
+# the CLI flag of each recorded option (``secateur prune``); _ALWAYS are written into every command line
+_FLAGS = {n: "--" + n.replace("_", "-") for n in RECORD}
 _ALWAYS = ("model", "method", "sparsity", "calib", "nsamples", "seqlen", "seed")
 RECIPE_NEUTRAL = _resume.NEUTRAL_OPTIONS  # output, verbosity, resume and evaluation do not change the result
 RECIPE_CHECKS = ("calibration_sha256", "model_sha256")
@@ -274,7 +299,7 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
         raise SecateurError(f"{name}: model: missing; a recipe names the model it replays (model: <Hub id or "
                             "folder>, as secateur writes it), or pass --model")
     check = data.get("check") or {}
-    values = {k: v for k, v in data.items() if k not in _RECIPE_META}
+    values = _without_unused_flat_knobs({k: v for k, v in data.items() if k not in _RECIPE_META})
     values |= {k: v for k, v in overrides.items()}
     opts = PruneOptions.from_kwargs(**values)
     check = dict(check)
@@ -284,6 +309,18 @@ def options_from_recipe(recipe: str | dict, **overrides) -> PruneOptions:
         check.pop("model_sha256", None)
     opts.recipe_check = check or None
     return opts
+
+
+def _without_unused_flat_knobs(values: dict) -> dict:
+    """A recipe's values without the :data:`FLAT_KNOBS` it records for every method: at their unset value, or
+    (recipes written when they were common fields) given to a method that does not take them, which ignored
+    them."""
+    try:
+        own = resolve(values.get("method", "wanda"), bool(values.get("structured"))).options.knob_names()
+    except SecateurError:  # an unknown method: refused by from_kwargs with the recipe's values as they are
+        return values
+    return {k: v for k, v in values.items()
+            if k not in FLAT_KNOBS or (k in own and v != FLAT_KNOBS[k])}
 
 
 def check_recipe_model(opts: PruneOptions) -> None:

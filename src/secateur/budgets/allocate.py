@@ -55,6 +55,7 @@ def keep_count(n: int, rho: float, rounding: str = "ceil") -> int:
     """Units kept out of ``n`` at ratio ``rho``: ``ceil((1 - rho) n)`` by default (COEC; = ``n - floor(rho
     n)``, FLAP/mag-sp), ``floor`` or ``round`` (half up). Evaluated exactly in decimal on ``repr(rho)`` as
     :mod:`secateur.budgets.masks` does (``(1 - 0.7) * 10`` is 3.0000000000000004 in floats: keeps 3, not 4)."""
+    # closed: a count (rho = 1 keeps none) is well defined; runs are held to [0, 1) by StructuredConfig
     check_fraction(rho, closed=True, unit="parameters")
     x = (1 - Decimal(repr(float(rho)))) * int(n)
     if rounding == "ceil":

@@ -54,6 +54,7 @@ class GreedyResult:
 
 def conditional_greedy(graph: CoPruningGraph, rho: float, lam: float, guard: Guard | None = None) -> GreedyResult:
     """Run the conditional greedy on ``graph`` for budget ``rho`` and edge weight ``lam`` (see module)."""
+    # closed: rho = 1 (every removable unit) is a well-defined budget here; runs are held to [0, 1) upstream
     check_fraction(rho, closed=True, unit="parameters")
     H = graph.H.to(torch.float64).numpy()
     M = H.shape[0]

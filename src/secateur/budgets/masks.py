@@ -40,7 +40,7 @@ ROUNDINGS = ("ceil", "floor")
 
 def deletion_count(n: int, rho: float, rounding: str = "ceil") -> int:
     """Weights to delete from a pool of ``n``: ``ceil(rho n)`` or ``floor(rho n)``, exact in decimal."""
-    r = check_fraction(rho)
+    r = check_fraction(rho)  # [0, 1): a pool is never emptied
     if rounding not in ROUNDINGS:
         raise SecateurError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
     exact = Decimal(repr(r)) * int(n)

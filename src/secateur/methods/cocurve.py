@@ -258,7 +258,7 @@ def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
                         top_r=256 if o.top_r is None else int(o.top_r),
                         unit_batch=8 if o.unit_batch is None else int(o.unit_batch),
                         seqs_per_block=1 if o.seqs_per_block is None else int(o.seqs_per_block),
-                        progress=not opts.quiet)
+                        progress=not opts.run.quiet)
     cfg = replace(CoCurveConfig(), sweep=sweep, n_ffn_groups=16 if o.n_ffn_groups is None else int(o.n_ffn_groups),
                   bisect_depth=0 if o.bisect_depth is None else int(o.bisect_depth),
                   heldout=16 if o.heldout is None else int(o.heldout), ablate_protected=bool(o.ablate_protected))
@@ -271,7 +271,7 @@ def _compensate(model, adapter, selection, ccfg: CompensationConfig, graph_ids, 
     """Any compensator after CoCurve's selection: dense Grams of the graph windows (one block's at a time), then
     slice. Returns the report fields and the timings."""
     records, timings, memory = materialize_selection(model, adapter, selection, ccfg, None, graph_ids,
-                                                     chunk_size=opts.chunk_size, progress=not opts.quiet)
+                                                     chunk_size=opts.run.chunk_size, progress=not opts.run.quiet)
     timings["comp_stats_s"] = timings.pop("gram_pass_s")
     return compensation_details(ccfg, records, timings["compensation_s"], memory), timings
 

@@ -32,7 +32,7 @@ from secateur.calib import engine
 from secateur.calib.qk import QKOutputGrams
 from secateur.calib.stats import Accumulator
 from secateur.compensate.corp import corp_qk_layer
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import MethodOptions
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
@@ -54,9 +54,7 @@ class CorpQKConfig:
     min_qk_dim: int = 8
 
     def validate(self) -> None:
-        if not 0.0 <= float(self.sparsity) < 1.0:
-            raise SecateurError(f"sparsity (the fraction of q/k dims removed) must be in [0, 1), got {self.sparsity}; "
-                                "pass e.g. 0.25")
+        check_fraction(self.sparsity, unit="query/key dims")  # [0, 1): every head keeps at least one dim
 
 
 def check_supported(adapter: Adapter) -> None:
@@ -173,9 +171,6 @@ class CorpQKOptions(MethodOptions):
 
 def corp_qk_config(opts) -> CorpQKConfig:
     """The validated :class:`CorpQKConfig` from ``PruneOptions``."""
-    if opts.pattern or opts.targets or opts.budget:
-        raise SecateurError("corp-qk takes neither --pattern, --targets nor --budget (--sparsity is the "
-                            "fraction of every head's query/key dims removed); drop them")
     cfg = CorpQKConfig(sparsity=opts.sparsity)
     cfg.validate()
     return cfg
@@ -185,6 +180,7 @@ def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, opts, block
     """Registry runner: prune q/k dims in place, return the masks of the zeroed rows (``blocks``: in memory only,
     ``--stream`` is refused for this method before anything is loaded)."""
     blocks.resident_only("--method corp-qk")
-    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
-                        device=opts.device, progress=not opts.quiet, blocks=blocks)
+    res = prune_corp_qk(model, adapter, calib_ids, corp_qk_config(opts), mode=opts.run.mode,
+                        chunk_size=opts.run.chunk_size, device=opts.device, progress=not opts.run.quiet,
+                        blocks=blocks)
     return MethodResult(masks=res["masks"], timings=res["timings"], details=res["details"])

@@ -14,17 +14,25 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from secateur.budgets.masks import ROUNDINGS
 from secateur.errors import SecateurError
 
 
 def knob(help: str, *, flag: str | None = "", type: Callable[[Any], Any] | None = None,
-         choices: Sequence[str] | None = None, action: Any = None, metavar: str | None = None) -> Any:
+         choices: Sequence[str] | None = None, action: Any = None, metavar: str | None = None,
+         example: str | None = None) -> Any:
     """A method knob (default ``None`` = unset). ``flag``: the CLI option (``""``: ``--`` + the field name with
     dashes; ``None``: API only); ``type``/``action``/``metavar``: argparse's; ``choices``: the allowed values,
-    checked for API callers too."""
+    checked for API callers too; ``example``: a value a text knob's type error offers (``'2:4'``)."""
     meta = {"help": help, "flag": flag, "type": type, "choices": None if choices is None else tuple(choices),
-            "action": action, "metavar": metavar}
+            "action": action, "metavar": metavar, "example": example}
     return dataclasses.field(default=None, metadata=meta)
+
+
+def rounding_knob() -> Any:
+    """The ``--rounding`` knob, declared alike by each options class whose method rounds a removal count."""
+    return knob("weights (structured: units) removed per group = round(sparsity * size): ceil or floor "
+                "(default: ceil)", choices=ROUNDINGS)  # secateur.budgets.masks
 
 
 def flag_of(f: dataclasses.Field) -> str | None:
@@ -99,7 +107,9 @@ def _coerce(f: dataclasses.Field, v: Any) -> Any:
     if typ is None:  # a text knob (or a comma list, which the API may also give as a tuple/list of names)
         many = "tuple" in str(f.type)
         if not (isinstance(v, str) or many and isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
+            example = f.metadata.get("example")
             raise SecateurError(f"{name}: {v!r} is a {type(v).__name__}; pass a string"
+                                + (f", e.g. {example}" if example else "")
                                 + (" (comma-separated for several)" if many else ""))
         return v
     if isinstance(v, (list, tuple, dict, set)) and typ in (int, float, str):

@@ -57,8 +57,8 @@ from secateur.errors import SecateurError, check_fraction
 from secateur.methods.knobs import knob
 from secateur.methods.result import MethodResult
 from secateur.methods.unstructured import (  # noqa: F401 (segment_calibration: re-exported)
+    RowPruningOptions,
     UnstructuredConfig,
-    UnstructuredOptions,
     block_masks,
     prune_linear,
     segment_calibration,
@@ -94,7 +94,7 @@ class QKWandaConfig:
             raise SecateurError(f"QK-Wanda scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.rounding not in ("ceil", "floor"):
             raise SecateurError(f"rounding must be ceil or floor, got {self.rounding!r}; pass --rounding ceil or floor")
-        check_fraction(self.sparsity)
+        check_fraction(self.sparsity)  # [0, 1): every Q/K pool keeps some weights
         if self.segment_len is not None and self.segment_len < 1:
             raise SecateurError(f"--segment-len must be a positive number of tokens, got {self.segment_len}; "
                                 "pass e.g. 64")
@@ -317,9 +317,9 @@ def _variant_code(v: str) -> str:
 
 
 @dataclass
-class QKWandaOptions(UnstructuredOptions):
-    """QK-Wanda's knobs: ``--segment-len`` (as Wanda's) and its own (its budget and rounding are the common
-    ``--budget`` and ``--rounding``)."""
+class QKWandaOptions(RowPruningOptions):
+    """QK-Wanda's knobs: ``--budget``, ``--rounding`` and ``--segment-len`` (shared with Wanda's family) and its
+    own."""
 
     variant: str | None = knob("qk-wanda score: base (unmasked, pre-RoPE) or any of base, M, R, C, MR, MC, RC, MRC "
                                "(M causal, R RoPE-aware, C centered; default: base)", type=_variant_code)
@@ -331,12 +331,9 @@ class QKWandaOptions(UnstructuredOptions):
 
 def qk_wanda_config(opts) -> QKWandaConfig:
     """The validated :class:`QKWandaConfig` from ``PruneOptions`` and its :class:`QKWandaOptions`."""
-    if opts.pattern or opts.targets:
-        raise SecateurError("qk-wanda takes neither --pattern nor --targets; choose the projections with "
-                            "--scope qk (W_Q, W_K) or --scope all (hybrid with row-wise Wanda)")
     o: QKWandaOptions = opts.method_options
-    cfg = QKWandaConfig(sparsity=opts.sparsity, budget=opts.budget or "shared", variant=o.variant or "base",
-                        scope=o.scope or "qk", rounding=opts.rounding, segment_len=o.segment_len,
+    cfg = QKWandaConfig(sparsity=opts.sparsity, budget=o.budget or "shared", variant=o.variant or "base",
+                        scope=o.scope or "qk", rounding=o.rounding or "ceil", segment_len=o.segment_len,
                         progressive=o.progressive or 1)
     cfg.validate()
     return cfg
@@ -347,6 +344,7 @@ def run(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None, opts
     """Registry runner: prune in place; the details carry the per-block Q/K allocation (the report draws it).
     ``blocks``: in memory only (``--stream`` is refused for this method before anything is loaded)."""
     blocks.resident_only("--method qk-wanda")
-    res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.mode, chunk_size=opts.chunk_size,
-                         device=opts.device, progress=not opts.quiet, blocks=blocks)
+    res = prune_qk_wanda(model, adapter, calib_ids, qk_wanda_config(opts), mode=opts.run.mode,
+                         chunk_size=opts.run.chunk_size, device=opts.device, progress=not opts.run.quiet,
+                         blocks=blocks)
     return MethodResult(masks=res.masks, timings=res.timings, details=res.details)

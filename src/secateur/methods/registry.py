@@ -140,22 +140,28 @@ def _flags(knobs: list[str]) -> str:
 
 
 def _owners_text(knob: str) -> str:
+    """The methods that take ``knob``: by name, the structured ones as the structured pipeline when many do."""
     owners = [m for m in METHODS.values() if knob in m.options.knob_names()]
-    if len(owners) > 2 and all(m.kind == "structured" for m in owners):
-        return f"the structured pipeline (--structured with {', '.join(m.name for m in owners)})"
-    return "--method " + " / ".join(m.name for m in owners)
+    structured_ = [m.name for m in owners if m.kind == "structured"]
+    if len(structured_) <= 2:
+        return "--method " + " / ".join(m.name for m in owners)
+    pipeline = f"the structured pipeline (--structured with {', '.join(structured_)})"
+    others = [m.name for m in owners if m.kind != "structured"]
+    return f"--method {' / '.join(others)} and {pipeline}" if others else pipeline
 
 
 def _instead(knob: str, value: Any, method: Method, same: list[str]) -> str:
     """What to do when ``method`` is given a knob of another method: the equivalent option where there is one."""
-    if knob == "scope" and method.kind == "unstructured" and "targets" in _COMMON_FLAGS:
+    own = method.options.knob_names()
+    if knob == "scope" and "targets" in own:
         if value == "qk":
             return "the same projections with this method: --targets q,k (or --method qk-wanda for QK-Wanda)"
         return "this method prunes every projection by default (--targets narrows it); or use --method qk-wanda"
+    if knob in ("pattern", "targets") and "scope" in own:
+        return "choose the projections with --scope qk (W_Q, W_K) or --scope all (hybrid with row-wise Wanda)"
+    if knob == "targets" and "units" in own:
+        return "choose what is removed with --units"
     return f"drop {_flags(same)}, or choose a method it applies to"
-
-
-_COMMON_FLAGS = ("targets",)  # options every method takes (PruneOptions), named by _instead's equivalents
 
 
 def method_options(method: Method, knobs: dict[str, Any]) -> MethodOptions:

@@ -66,7 +66,7 @@ from secateur.calib.collect import GROUP_ROLE, SCORE_STATS, StructuredStats, blo
 from secateur.calib.engine import BlockContext
 from secateur.errors import SecateurError, check_fraction
 from secateur.export.shards import Spec
-from secateur.methods.knobs import knob
+from secateur.methods.knobs import knob, rounding_knob
 from secateur.methods.materialize import (
     BlockCompensation,
     CompensationConfig,
@@ -134,7 +134,7 @@ class StructuredConfig(CompensationConfig):
         if self.allocation not in STRUCTURED_ALLOCATIONS:
             raise SecateurError(f"allocation must be one of {', '.join(STRUCTURED_ALLOCATIONS)}, "
                                 f"not {self.allocation!r}")
-        check_fraction(self.sparsity, unit="parameters")
+        check_fraction(self.sparsity, unit="parameters")  # [0, 1): a pruned model keeps some units
         bad = [u for u in self.units if u not in UNIT_CHOICES]
         if bad or not self.units:
             raise SecateurError(f"--units takes a comma list of {', '.join(UNIT_CHOICES)}, not {bad or 'nothing'}; "
@@ -472,7 +472,8 @@ def integer(value) -> int:
 
 @dataclass
 class StructuredOptions(CompensationOptions):
-    """The score-based structured methods' knobs: the units, the allocation and the compensation."""
+    """The score-based structured methods' knobs: the units, the allocation, the rounding of each layer's count
+    and the compensation."""
 
     units: str | tuple[str, ...] | None = knob("comma list of kv_group|head|head_slot and/or channel (default: "
                                                "kv_group,channel; head_slot: one query head of every KV group)")
@@ -482,6 +483,7 @@ class StructuredOptions(CompensationOptions):
                                       "width: 256 for llama.cpp's k-quants (Q4_K ...), 32 for q8_0; uniform rounds "
                                       "up, flap-global to the multiple nearest its budget; attention widths are not "
                                       "rounded (default: 1)", type=integer, metavar="N")
+    rounding: str | None = rounding_knob()
 
 
 def _units(value) -> tuple[str, ...]:
@@ -496,15 +498,10 @@ def structured_config(name: str, opts) -> StructuredConfig:
     """The validated :class:`StructuredConfig` of registry method ``name`` from ``PruneOptions`` (its common
     fields and its :class:`StructuredOptions`); no ``--compensation``: the method as its paper ships it
     (FLAP's bias, RCPU's rotation, CORP's ridge)."""
-    if opts.pattern:
-        raise SecateurError("structured pruning takes no --pattern (N:M is unstructured); "
-                            "drop --pattern, or drop --structured")
-    if opts.targets:
-        raise SecateurError("structured pruning takes no --targets; choose units with --units")
     o: StructuredOptions = opts.method_options
     units = ("channel",) if o.units is None and name == "corp" else _units(o.units)
     cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,
-                           allocation=o.allocation or "uniform", rounding=opts.rounding or "ceil",
+                           allocation=o.allocation or "uniform", rounding=o.rounding or "ceil",
                            sparsity=float(opts.sparsity), seed=int(opts.seed or 0),
                            width_multiple=1 if o.width_multiple is None else o.width_multiple)
     cfg.validate()
@@ -540,8 +537,8 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
         print(f"secateur: note: --compensation {cfg.compensation} takes the calibration set through the model again "
               f"after the statistics pass, block by block, for the Grams of the kept inputs (about 3-4 forwards of "
               f"{calib_ids.shape[0]} x {calib_ids.shape[1]} tokens in all)", file=sys.stderr)
-    res = prune_structured(model, adapter, calib_ids, cfg, chunk_size=opts.chunk_size,
-                           device=opts.device, progress=not opts.quiet, blocks=blocks)
+    res = prune_structured(model, adapter, calib_ids, cfg, chunk_size=opts.run.chunk_size,
+                           device=opts.device, progress=not opts.run.quiet, blocks=blocks)
     return method_result(name, res)
 
 

@@ -24,7 +24,7 @@ from secateur.calib import engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError, check_fraction
-from secateur.methods.knobs import MethodOptions, knob
+from secateur.methods.knobs import MethodOptions, knob, rounding_knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.models.blocks import RESIDENT, Blocks
@@ -78,7 +78,7 @@ class UnstructuredConfig:
         if self.method not in METHODS:
             raise SecateurError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if self.pattern is None:
-            check_fraction(self.sparsity)
+            check_fraction(self.sparsity)  # [0, 1): every projection keeps some weights
         if self.budget not in (None, "row", "matrix"):
             raise SecateurError(f"budget must be row or matrix, got {self.budget!r}; "
                                 "pass --budget row or matrix, or omit it")
@@ -192,11 +192,15 @@ def segment_calibration(ids: torch.Tensor, segment_len: int | None, chunk_size: 
 
 
 @dataclass
-class UnstructuredOptions(MethodOptions):
-    """Magnitude, Wanda and SparseGPT's knob (the rest are the common ``--pattern``, ``--budget``, ...)."""
+class RowPruningOptions(MethodOptions):
+    """The knobs Wanda's family and QK-Wanda share: the comparison group, the rounding of each group's removal
+    count and the calibration segment length."""
 
     CLI_GROUP = "unstructured and QK-Wanda pruning (every default below is None = unset)"
 
+    budget: str | None = knob("comparison group: row | matrix (Wanda, magnitude; default: row, matrix for magnitude); "
+                              "shared | separate | row (QK-Wanda; default: shared)")
+    rounding: str | None = rounding_knob()
     segment_len: int | None = knob("cut every calibration window into independent sequences of T tokens "
                                    "(QK-Wanda paper: 64)", type=int, metavar="T")
 
@@ -207,10 +211,26 @@ class UnstructuredOptions(MethodOptions):
                                 "pass e.g. 64")
 
 
+@dataclass
+class UnstructuredOptions(RowPruningOptions):
+    """Magnitude, Wanda and SparseGPT's knobs: the shared ones, an N:M pattern and the projections pruned."""
+
+    pattern: str | None = knob("N:M semi-structured pattern, e.g. 2:4 or 4:8 (keeps N of M)", example="'2:4'")
+    targets: str | None = knob("comma list of projection roles to prune: q,k,v,o,gate,up,down (default: all)",
+                               example="'q,k' (comma-separated roles), or None for every projection")
+
+    def validate(self) -> None:
+        super().validate()
+        parse_pattern(self.pattern)
+        parse_targets(self.targets)
+
+
 def unstructured_config(name: str, opts) -> UnstructuredConfig:
-    """The validated :class:`UnstructuredConfig` of method ``name`` from ``PruneOptions``."""
-    cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=parse_pattern(opts.pattern),
-                             budget=opts.budget, rounding=opts.rounding, targets=parse_targets(opts.targets))
+    """The validated :class:`UnstructuredConfig` of method ``name`` from ``PruneOptions`` (its sparsity) and its
+    :class:`UnstructuredOptions`."""
+    o: UnstructuredOptions = opts.method_options
+    cfg = UnstructuredConfig(method=name, sparsity=opts.sparsity, pattern=parse_pattern(o.pattern), budget=o.budget,
+                             rounding=o.rounding or "ceil", targets=parse_targets(o.targets))
     cfg.validate()
     return cfg
 
@@ -220,11 +240,11 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
     """Registry runner: prune in place (``blocks``: streamed, each block written to the sink as it finishes),
     return the masks."""
     cfg = unstructured_config(name, opts)
-    chunk = opts.chunk_size
+    chunk = opts.run.chunk_size
     if calib_ids is not None:  # --segment-len: same independent short sequences as qk-wanda
         calib_ids, chunk = segment_calibration(calib_ids, opts.method_options.segment_len, chunk)
-    res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.mode, chunk_size=chunk, device=opts.device,
-                             progress=not opts.quiet, blocks=blocks)
+    res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.run.mode, chunk_size=chunk,
+                             device=opts.device, progress=not opts.run.quiet, blocks=blocks)
     return MethodResult(masks=res.masks, timings=res.timings)
 
 

@@ -26,8 +26,6 @@ M = TypeVar("M", bound=BaseModel)
 
 #: a sha256 as secateur writes it: 64 lowercase hex digits (a YAML-read integer is refused, not converted)
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-#: a fraction of parameters, in [0, 1) (every sparsity and ratio secateur takes)
-Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
@@ -74,4 +72,4 @@ def parse(schema: type[M], data: Any, source: str, fix: str | Callable[[str], st
         raise SecateurError(f"{source}: {loc}: {what}; {advice}") from None
 
 
-__all__ = ["Fraction", "NonNegInt", "Open", "PositiveInt", "Sha256", "Strict", "describe", "parse"]
+__all__ = ["NonNegInt", "Open", "PositiveInt", "Sha256", "Strict", "describe", "parse"]

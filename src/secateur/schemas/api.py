@@ -1,9 +1,10 @@
-"""The common options of ``secateur prune`` / ``api.prune`` as a schema: their types, checked before anything
-else, so a wrong type from Python (a string sparsity, a float nsamples, a list of targets, an int out) is one
-line naming the keyword and what to pass instead, never a TypeError or AttributeError from deep inside.
+"""The common options of ``secateur prune`` / ``api.prune`` and its run settings as a schema: their types,
+checked before anything else, so a wrong type from Python (a string sparsity, a float nsamples, an int out) is one
+line naming the keyword and what to pass instead, never a TypeError or AttributeError from deep inside. (A method's
+knobs, such as ``pattern`` or ``targets``, are typed by their declaration: :mod:`secateur.methods.knobs`.)
 
-Ranges and the relations between options (sparsity in [0, 1), a pattern's N < M, --stream's conditions) stay
-with :meth:`secateur.options.PruneOptions.validate`, which runs right after this.
+Ranges and the relations between options (sparsity in [0, 1), --stream's conditions) stay with
+:meth:`secateur.options.PruneOptions.validate`, which runs right after this.
 """
 
 from __future__ import annotations
@@ -17,17 +18,13 @@ from secateur.schemas import Strict, parse
 
 
 class CommonOptions(Strict):
-    """Types of the fields every prune run has (``model`` and ``tokenizer`` may be Python objects: checked by
-    ``PruneOptions.validate``)."""
+    """Types of the fields every prune run has and of its run settings (``model`` and ``tokenizer`` may be Python
+    objects: checked by ``PruneOptions.validate``)."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
     method: str
     sparsity: float
-    pattern: str | None
-    budget: str | None
-    rounding: str
-    targets: str | None
     calib: str
     nsamples: int
     seqlen: int
@@ -49,7 +46,6 @@ class CommonOptions(Strict):
 
 FIXES = {
     "sparsity": "pass a number, the fraction to remove, e.g. 0.5",
-    "targets": "pass a comma-separated string, e.g. 'q,k', or None for every projection",
     "out": "pass a folder path (a str or pathlib.Path), or None to keep the model in memory only",
     "calib": "pass self, c4, wikitext2, ptb or a path to a .txt file",
     "data_dir": "pass a folder path (a str or pathlib.Path), or None",

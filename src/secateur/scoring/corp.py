@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from secateur.errors import SecateurError
+from secateur.errors import SecateurError, check_fraction
 
 
 def corp_mlp_scores(w_down: torch.Tensor, energy: torch.Tensor, *,
@@ -46,8 +46,7 @@ def corp_keep(scores: torch.Tensor, ratio: float, *, min_keep: int = 0) -> torch
     """Kept indices (ascending) after pruning ``floor(ratio * n)`` lowest scores (corp.md Sec. 2 [C]),
     never keeping fewer than ``min(min_keep, n)`` (CORP guards: 64 MLP channels, 8 Q/K dims).
     Ties: among equal scores the lower index is kept (stable descending sort)."""
-    if not 0 <= ratio < 1:
-        raise SecateurError(f"pruning ratio must be in [0, 1), got {ratio}")
+    check_fraction(ratio, "pruning ratio", unit="units")  # [0, 1): a pool is never emptied
     n = scores.numel()
     n_keep = max(n - int(ratio * n), min(min_keep, n))
     order = torch.argsort(scores.flatten(), descending=True, stable=True)
