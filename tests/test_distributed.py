@@ -10,13 +10,16 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from secateur.calib import dist
 from secateur.calib.dist import spawn_gloo
 from secateur.calib.qk import ProjectedQKStats, QKOutputGrams
 from secateur.calib.stats import BlockInfluence, Gram, MeanVar, PerSampleGram, SumSq
@@ -73,14 +76,18 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-def _all_runs(root: Path, tag: str) -> dict:
-    """Every prune of :data:`RUNS` and a perplexity per family through the CLI: digests and ppl bits."""
+def _all_runs(root: Path, tag: str, solves: dict | None = None) -> dict:
+    """Every prune of :data:`RUNS` and a perplexity per family through the CLI: digests and ppl bits (``solves``:
+    filled with the solves this process ran in each prune, by kind: ``calib.dist.SOLVES``)."""
     out = {}
     for fam, name, args in RUNS:
         dest = root / f"out-{tag}-{fam}-{name}"
+        before = Counter(dist.SOLVES)
         rc, err = _cli(["prune", "--model", str(root / fam), "--calib", str(root / "calib.txt"), *CALIB, *args,
                         "--quiet", "--out", str(dest), "--overwrite"])
         assert rc == 0, err
+        if solves is not None:
+            solves[(fam, name)] = dict(dist.SOLVES - before)
         out[(fam, name)] = folder_digest(dest)
     for fam in FAMILIES:
         js = root / f"ppl-{tag}-{fam}.json"
@@ -94,7 +101,9 @@ def _all_runs(root: Path, tag: str) -> dict:
 
 
 def _worker(rank: int, world: int, root: str) -> None:
-    got = _all_runs(Path(root), f"n{world}")
+    solves: dict = {}
+    got = _all_runs(Path(root), f"n{world}", solves)
+    torch.save(solves, Path(root) / f"n{world}-solves-{rank}.pt")
     if rank == 0:
         torch.save(got, Path(root) / f"n{world}.pt")
 
@@ -111,8 +120,11 @@ def inputs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(inputs) -> dict:
-    """One process, no torch.distributed."""
-    return _all_runs(inputs, "n1")
+    """One process, no torch.distributed (the solves it ran: ``n1-solves.pt``)."""
+    solves: dict = {}
+    out = _all_runs(inputs, "n1", solves)
+    torch.save(solves, inputs / "n1-solves.pt")
+    return out
 
 
 def _env(**extra) -> dict:
@@ -175,6 +187,69 @@ def test_every_accumulator_merges_a_chunk_as_its_update():
     assert torch.equal(whole.qa.grams, merged.qa.grams) and torch.equal(whole.ka.sums, merged.ka.sums)
 
 
+# --- owned_map: each solve on its owner rank, every result on every rank -------------------------------------------
+
+@dataclass
+class _Solved:
+    w: torch.Tensor
+    note: str
+    extra: tuple | None = None
+
+
+def _solve(x: int):
+    g = torch.Generator().manual_seed(x)
+    return _Solved(torch.randn(3, 4, generator=g, dtype=torch.float64), f"item {x}",
+                   (torch.rand(5, generator=g) > 0.5, {"n": x, "t": torch.arange(x)}))
+
+
+def _owned_worker(rank: int, world: int, root: str) -> None:
+    ran: list[int] = []
+
+    def fn(x):
+        ran.append(x)
+        return _solve(x)
+
+    got = dist.owned_map(list(range(7)), fn, first=1)
+    owners = dist.Owners()
+    owners.map([0, 1, 2], lambda x: x)
+    again = owners.map([10, 11], lambda x: (x, rank))  # the count goes on: solve 3 on rank 3 % N, 4 on 4 % N
+    failed = None
+
+    def boom(x):
+        if x == 3:
+            raise ValueError("boom")
+        return x
+
+    try:
+        dist.owned_map(list(range(5)), boom)
+    except Exception as e:  # noqa: BLE001 - what each rank ends with is the finding
+        failed = f"{type(e).__name__}: {e}"
+    torch.save({"ran": ran, "got": got, "again": again, "failed": failed}, Path(root) / f"owned-{world}-{rank}.pt")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_owned_map_runs_each_solve_once_and_gives_every_rank_every_result(tmp_path, world):
+    spawn_gloo(_owned_worker, world, (str(tmp_path),), threads=1)
+    want = [_solve(x) for x in range(7)]
+    for rank in range(world):
+        r = torch.load(tmp_path / f"owned-{world}-{rank}.pt", weights_only=False)
+        assert r["ran"] == [x for x in range(7) if (1 + x) % world == rank]
+        for a, b in zip(r["got"], want, strict=True):
+            assert isinstance(a, _Solved) and a.note == b.note and a.extra[1]["n"] == b.extra[1]["n"]
+            assert torch.equal(a.w, b.w) and a.w.dtype == torch.float64 and torch.equal(a.extra[0], b.extra[0])
+            assert torch.equal(a.extra[1]["t"], b.extra[1]["t"])
+        assert r["again"] == [(10, 3 % world), (11, 4 % world)]
+        # item 3 is owned by rank 3 % N: it ends with its own error, every other rank with its line
+        assert r["failed"] == ("ValueError: boom" if rank == 3 % world else
+                               f"SecateurError: rank {3 % world}: ValueError: boom")
+
+
+def test_owned_map_alone_is_the_plain_map():
+    before = dist.SOLVES["t"]
+    assert dist.owned_map([1, 2, 3], lambda x: x * 2, kind="t") == [2, 4, 6]
+    assert dist.SOLVES["t"] - before == 3
+
+
 # --- 2 and 3 processes == 1 process --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -184,6 +259,18 @@ def test_split_runs_equal_one_process(inputs, reference, world):
     assert set(got) == set(reference)
     bad = [k for k in reference if got[k] != reference[k]]
     assert not bad, f"{world} processes differ from one on {bad}"
+    # the decisions that solve were split: solve k of a run on rank k % N only (round-robin owners)
+    one = torch.load(inputs / "n1-solves.pt")
+    ranks = [torch.load(inputs / f"n{world}-solves-{r}.pt") for r in range(world)]
+    assert one[("llama", "sparsegpt-2:4")] == {"sparsegpt": 3 * 7}  # 3 blocks x 7 projections, one OBS each
+    assert one[("llama", "wanda-50")] == {} and one[("opt", "corp-qk")]["corp_qk"] > 0
+    for run in (("llama", "wanda-sp-ls"), ("llama", "rcpu-coec"), ("llama", "flap"), ("qwen2", "corp")):
+        assert one[run]["compensation"] > 0, run
+    for run, kinds in one.items():
+        assert set().union(*(r[run] for r in ranks)) <= set(kinds), run
+        for kind, total in kinds.items():
+            got_k = [r[run].get(kind, 0) for r in ranks]
+            assert got_k == [len(range(r, total, world)) for r in range(world)], (run, kind, got_k, total)
 
 
 def test_procs_cli_prints_once_writes_once_same_bits(inputs, reference, tmp_path):

@@ -389,3 +389,95 @@ def test_half_precision_and_full_logits_path(tok, monkeypatch):
     half = zs.loglikelihoods(model.to(torch.bfloat16), tok, items)  # the mask follows the model dtype
     for r, h in zip(ref, half):
         assert [x[0] for x in h] == pytest.approx([x[0] for x in r], abs=0.5)
+
+
+# ---------------------------------------------------------------- several processes
+
+
+ZS_TASKS = "boolq,winogrande,hellaswag,arc_easy,openbookqa"
+
+
+def _zs_folder(tok, root: Path) -> Path:
+    folder = root / "m"
+    if not folder.exists():
+        tiny_model("llama", vocab=len(tok)).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    return folder
+
+
+def _zs_worker(rank: int, world: int, root: str, data: str) -> None:
+    from secateur.models.loading import load_model
+
+    ran = []
+    real = zs._run_batch
+
+    def counting(model, groups, packed, device):
+        ran.append(len(groups))
+        return real(model, groups, packed, device)
+
+    zs._run_batch = counting
+    model, tok = load_model(str(Path(root) / "m"))
+    res = zs.evaluate_zeroshot(model, tok, ZS_TASKS, batch_size=2, data_dir=data, return_items=True)
+    torch.save({"res": res, "ran": ran}, Path(root) / f"zs-{world}-{rank}.pt")
+
+
+def _zs_numbers(res: dict) -> str:
+    """The result's numbers as exact text (``repr`` of every float; a one-document task's NaN stderr compares)."""
+    return json.dumps({"tasks": res["tasks"], "summary": res["summary"], "items": res["items"],
+                       "tokens": [res["speed"][k] for k in ("requests", "request_tokens", "forward_tokens")]},
+                      sort_keys=True)
+
+
+@pytest.mark.slow
+def test_two_processes_score_the_batches_of_one(fake_data, tok, tmp_path):
+    """Batch b on rank b % 2, every log-likelihood gathered: the single process's numbers on every rank."""
+    from secateur.calib.dist import spawn_gloo
+    from secateur.models.loading import load_model
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the spawned ranks' kernels (1 thread each)
+    try:
+        model, tk = load_model(str(_zs_folder(tok, tmp_path)))
+        one = zs.evaluate_zeroshot(model, tk, ZS_TASKS, batch_size=2, data_dir=fake_data, return_items=True)
+    finally:
+        torch.set_num_threads(n)
+    spawn_gloo(_zs_worker, 2, (str(tmp_path), str(fake_data)), threads=1)
+    ranks = [torch.load(tmp_path / f"zs-2-{r}.pt", weights_only=False) for r in (0, 1)]
+    for r in ranks:
+        assert _zs_numbers(r["res"]) == _zs_numbers(one)
+    # the work was split: rows in batches of 2 per task (one packed row per document), batch b of the run (counted
+    # over the tasks) on rank b % 2
+    batches = sum(math.ceil(one["tasks"][t]["n"] / 2) for t in ZS_TASKS.split(","))
+    assert batches >= 3 and [len(r["ran"]) for r in ranks] == [len(range(k, batches, 2)) for k in (0, 1)]
+
+
+@pytest.mark.slow
+def test_cli_zeroshot_procs_prints_once_writes_once(fake_data, tok, tmp_path):
+    import subprocess
+    import sys
+
+    folder = _zs_folder(tok, tmp_path)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env |= {"PYTHONPATH": src + os.pathsep + env.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+            "SECATEUR_DIST_TIMEOUT": "60"}
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "secateur", "eval", "zeroshot", "--model", str(folder), "--tasks",
+                        "boolq,winogrande,hellaswag", "--data-dir", str(fake_data), "--json", str(out), "--quiet",
+                        "--batch-size", "1", "--items", "--procs", "2"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("3-task mean") == 1 and p.stdout.count("wrote") == 1, p.stdout
+    res = json.loads(out.read_text())
+    assert res["processes"] == 2
+    from secateur.models.loading import load_model
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tk = load_model(str(folder))
+        one = zs.evaluate_zeroshot(model, tk, "boolq,winogrande,hellaswag", batch_size=1, data_dir=fake_data,
+                                   return_items=True)
+    finally:
+        torch.set_num_threads(n)
+    assert _zs_numbers(res) == _zs_numbers(one)

@@ -12,15 +12,23 @@ computed on rank ``c % N`` into a fresh accumulator, whose state :func:`broadcas
 merged into the running statistic in chunk order (:func:`ordered_merge`): the summation order is the single
 process's, and so are the bits. Evaluation windows travel back the same way (:func:`gather_ordered`).
 
+Decisions that solve (SparseGPT's OBS per projection, the LS / RCPU / COEC / CORP / FLAP-bias compensation per
+projection, CORP Q/K per head) go through :func:`owned_map`: the run's solves are numbered in the single process's
+order, solve ``k`` runs on rank ``k % N`` only (its owner, :class:`Owners`), and its result (every tensor of it)
+is broadcast bit for bit to every rank, which applies it in the single process's order: the solves of one call
+proceed in parallel, and the answer is the one process's.
+
 Launch: ``torchrun --nproc_per_node 2 script.py`` (env init: :func:`init_from_env`) or :func:`spawn_gloo` (tests,
 benches).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,6 +39,11 @@ from secateur.errors import SecateurError
 
 #: seconds a rank waits for the others in one collective (``SECATEUR_DIST_TIMEOUT`` overrides it)
 DEFAULT_TIMEOUT_S = 600.0
+
+
+#: overrides the backend :func:`init_from_env` picks (gloo, nccl): e.g. gloo for several ranks on one GPU, which
+#: NCCL refuses ("Duplicate GPU detected", NCCL >= 2.5)
+BACKEND_ENV = "SECATEUR_DIST_BACKEND"
 
 
 def rank_world() -> tuple[int, int]:
@@ -89,6 +102,9 @@ def init_from_env(device: str = "cpu") -> bool:
             raise SecateurError("--device cuda but no CUDA device is visible to this process")
         torch.cuda.set_device(local % torch.cuda.device_count())
         backend = "nccl"
+    backend = os.environ.get(BACKEND_ENV) or backend
+    if backend not in ("gloo", "nccl"):
+        raise SecateurError(f"{BACKEND_ENV}={backend!r}: choose gloo or nccl, or unset it")
     tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
     return True
 
@@ -112,10 +128,21 @@ class _Slot:
     device: str
 
 
+@dataclass(frozen=True)
+class _Record:
+    """A dataclass instance in a broadcast object: its class and its (stripped) init fields."""
+
+    cls: type
+    fields: dict
+
+
 def _strip(obj, tensors: list[torch.Tensor]):
     if torch.is_tensor(obj):
         tensors.append(obj)
         return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _Record(type(obj), {f.name: _strip(getattr(obj, f.name), tensors)
+                                   for f in dataclasses.fields(obj) if f.init})
     if isinstance(obj, dict):
         return {k: _strip(v, tensors) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -126,6 +153,8 @@ def _strip(obj, tensors: list[torch.Tensor]):
 def _slots(obj) -> Iterable[_Slot]:
     if isinstance(obj, _Slot):
         yield obj
+    elif isinstance(obj, _Record):
+        yield from _slots(obj.fields)
     elif isinstance(obj, dict):
         for v in obj.values():
             yield from _slots(v)
@@ -137,6 +166,8 @@ def _slots(obj) -> Iterable[_Slot]:
 def _fill(obj, tensors: dict[int, torch.Tensor]):
     if isinstance(obj, _Slot):
         return tensors[obj.i]
+    if isinstance(obj, _Record):
+        return obj.cls(**_fill(obj.fields, tensors))
     if isinstance(obj, dict):
         return {k: _fill(v, tensors) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -145,8 +176,9 @@ def _fill(obj, tensors: dict[int, torch.Tensor]):
 
 
 def broadcast(obj, src: int):
-    """``obj`` (dicts / lists of tensors and plain values) from rank ``src`` to every rank, bit for bit: the
-    structure by pickle, each tensor by ``tdist.broadcast`` (on the GPU with NCCL, back where it was after)."""
+    """``obj`` (dicts / lists / tuples / dataclasses of tensors and plain values; a dataclass is rebuilt from its
+    init fields) from rank ``src`` to every rank, bit for bit: the structure by pickle, each tensor by
+    ``tdist.broadcast`` (on the GPU with NCCL), on every rank on the device kind it has on ``src``."""
     rank, world = rank_world()
     if world == 1:
         return obj
@@ -162,7 +194,7 @@ def broadcast(obj, src: int):
             buf = torch.empty(slot.shape, dtype=slot.dtype, device=dev)
         if buf.numel():
             tdist.broadcast(buf, src=src)
-        got[slot.i] = tensors[slot.i] if rank == src else buf.to("cpu" if slot.device == "cpu" else dev)
+        got[slot.i] = tensors[slot.i] if rank == src else buf if buf.device.type == slot.device else buf.to(slot.device)
     return _fill(skeleton, got)
 
 
@@ -179,6 +211,62 @@ def ordered_merge(accs: dict, contribution: dict | None, owner: int) -> None:
         raise SecateurError(payload["error"])
     for k, a in accs.items():
         a.merge(a.with_state(payload[k]))
+
+
+#: solves run by this process, by kind (:func:`owned_map`'s ``kind``): what the tests read to see them split
+SOLVES: Counter = Counter()
+
+
+def owned_map(items: Sequence, fn: Callable, first: int = 0, kind: str = "solve") -> list:
+    """``[fn(x) for x in items]`` on every rank, each ``fn(items[j])`` run once, on rank ``(first + j) % N`` (its
+    owner), its result (tensors bit for bit, :func:`broadcast`) sent to every rank; in item order. With one process
+    it is the plain list. Every rank calls it with the same items in the same order. A solve that fails on its
+    owner ends every rank: the owner with its own error, the others with the owner's line."""
+    rank, world = rank_world()
+    mine = [j for j in range(len(items)) if (first + j) % world == rank]
+    out: list = [None] * len(items)
+    failed: dict[int, Exception] = {}
+    for j in mine:  # this rank's solves first (in parallel with the other ranks'), then every result in order
+        SOLVES[kind] += 1
+        if world == 1:
+            out[j] = fn(items[j])
+            continue
+        try:
+            out[j] = fn(items[j])
+        except Exception as e:  # the others wait for this result: tell them, then end here with the cause
+            failed[j] = e
+            line = str(e) if isinstance(e, SecateurError) else f"rank {rank}: {type(e).__name__}: {str(e)[:200]}"
+            out[j] = {_FAILED: line}
+            break  # nothing after it is needed: every rank stops at this item
+    if world == 1:
+        return out
+    for j in range(len(items)):
+        owner = (first + j) % world
+        got = broadcast(out[j] if owner == rank else None, owner)
+        if isinstance(got, dict) and _FAILED in got:
+            if j in failed:
+                raise failed[j]
+            raise SecateurError(got[_FAILED])
+        out[j] = got
+    return out
+
+
+_FAILED = "__secateur_solve_failed__"
+
+
+class Owners:
+    """The round-robin owners of a run's solves: the ``k``-th solve of the run, counted in the single process's
+    order, is owned by rank ``k % N`` (:func:`owned_map`). One per handler, called in the same order on every rank."""
+
+    def __init__(self, kind: str = "solve") -> None:
+        self.kind = kind
+        self.count = 0
+
+    def map(self, items: Sequence, fn: Callable) -> list:
+        items = list(items)
+        out = owned_map(items, fn, self.count, self.kind)
+        self.count += len(items)
+        return out
 
 
 def gather_ordered(local: dict[int, object], n: int) -> list:

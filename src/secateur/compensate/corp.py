@@ -34,7 +34,7 @@ The softmax scale is not touched here: keep the model's original ``1/sqrt(d_h)``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -317,7 +317,8 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
                   q_stats: PerSampleGram, k_stats: PerSampleGram, kept: torch.Tensor, *, n_heads: int,
                   n_kv_heads: int, rope: bool = False, lam: float | Literal["auto", "fixed"] = "auto",
                   lam0: float = 1e-3, mode: Literal["exact", "pooled"] = "exact",
-                  fold: Literal["auto", "balanced", "one_sided"] = "auto") -> QKCompensation:
+                  fold: Literal["auto", "balanced", "one_sided"] = "auto",
+                  map_heads: Callable[[list, Callable], list] | None = None) -> QKCompensation:
     """CORP Q/K dim pruning + logit compensation of one attention layer (corp.md Sec. 2, 4, 5).
 
     w_q ``[n_heads * d_h, d]``, w_k ``[n_kv_heads * d_h, d]`` (``[out, in]``), biases or None;
@@ -327,6 +328,8 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
     by the method (:func:`secateur.scoring.corp.corp_qk_kept`: the paper's group score). fold: ``'auto'`` =
     balanced for MHA, one-sided under GQA.
     Raises for RoPE models (rotary embeddings do not commute with dim pruning/mixing, corp.md [A8]).
+    ``map_heads(items, fn)``: how the per-head ridge solves are run (default: in turn; a run split over processes
+    passes :meth:`secateur.calib.dist.Owners.map`, each head solved on its owner rank, the result on every rank).
     """
     fold_mode = _check_layer(w_q, w_k, q_stats, k_stats, n_heads, n_kv_heads, rope, fold)
     d_h, g = w_q.shape[0] // n_heads, n_heads // n_kv_heads
@@ -337,10 +340,12 @@ def corp_qk_layer(w_q: torch.Tensor, b_q: torch.Tensor | None, w_k: torch.Tensor
     ds = kept.shape[1]
     wq_out, bq_out, wk_out, bk_out, ms, per_head = [], [], [], [], [], []
     fold_info: dict[str, Any] = {}
+    solves = (map_heads or (lambda xs, fn: [fn(x) for x in xs]))(
+        list(range(n_heads)), lambda h: corp_qk_solve(head_stats[h], kept[h // g], lam=lam, lam0=lam0, mode=mode))
     for h in range(n_heads):
         kv = h // g
         s_idx = kept[kv]
-        m, dg = corp_qk_solve(head_stats[h], s_idx, lam=lam, lam0=lam0, mode=mode)
+        m, dg = solves[h]
         ms.append(m)
         per_head.append(dg)
         qrows = slice(h * d_h, (h + 1) * d_h)

@@ -33,6 +33,13 @@ layout) -- the fallback for models that reject 4-D masks. Measured with SmolLM2-
 (bench/zeroshot_speed.py, results/zeroshot-speed.md): packed is about 2x plain and 1.9x lm-eval's
 HFLM on the same requests. A KV-cache variant (context once, cache copied per continuation) runs the
 same tokens plus cache copies and two forwards per batch, so it was not kept.
+
+Several processes (``secateur eval zeroshot --procs N``, torchrun; any initialized ``torch.distributed`` group):
+the rows are packed, sorted and cut into batches exactly as in one process, then batch ``b`` (counted over the
+tasks in turn) is run on rank ``b % N`` and every batch's per-request log-likelihoods are gathered in batch order
+on every rank (:func:`secateur.calib.dist.gather_ordered`). The unit is the batch, not the document: a document's
+numbers depend on the rows it is padded and batched with, so keeping the single process's batches keeps its bits.
+Every rank returns the single process's result; rank 0 alone prints and writes ``--json``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from secateur.calib.dist import gather_ordered, rank_world
 from secateur.errors import SecateurError
 from secateur.eval.zeroshot_tasks import SUITE7, TASKS, Item, load_items, task_spec
 
@@ -240,33 +248,40 @@ def loglikelihoods(model: nn.Module, tokenizer, items: list[Item], batch_size: i
             r += len(g.targets)
     order = sorted(range(len(groups)), key=lambda j: (-len(groups[j][2].tokens), j))
     results: list[list[tuple[float, bool] | None]] = [[None] * len(it.requests) for it in items]
+    batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    rank, world = rank_world()  # several processes: batch b of the run on rank b % N (module docstring)
+    first = stats.get("batches", 0) if stats is not None else 0  # the batches of the tasks before this one
+    mine = [b for b in range(len(batches)) if (first + b) % world == rank]
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    n_fwd = 0
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(order), desc="zero-shot", unit="row", file=sys.stderr)
+        bar = tqdm(total=sum(len(batches[b]) for b in mine), desc="zero-shot", unit="row", file=sys.stderr)
+    local: dict[int, list] = {}
     try:
-        for s in range(0, len(order), batch_size):
-            chunk = [groups[j] for j in order[s:s + batch_size]]
-            outs = _run_batch(model, [g for _, _, g in chunk], packed, device)
-            for (i, r, g), res in zip(chunk, outs):
-                results[i][r:r + len(res)] = res
-                n_fwd += len(g.tokens)
+        for b in mine:
+            local[b] = _run_batch(model, [groups[j][2] for j in batches[b]], packed, device)
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(batches[b]))
     finally:
         if bar is not None:
             bar.close()
         model.train(was_training)
+    outs = gather_ordered(local, len(batches)) if world > 1 else [local[b] for b in range(len(batches))]
+    for batch, res_b in zip(batches, outs, strict=True):
+        for j, res in zip(batch, res_b, strict=True):
+            i, r, _ = groups[j]
+            results[i][r:r + len(res)] = res
+    n_fwd = sum(len(g.tokens) for _, _, g in groups)  # every rank's rows: the single process's count
     if stats is not None:
         stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - t0
         stats["forward_tokens"] = stats.get("forward_tokens", 0) + n_fwd
         stats["request_tokens"] = stats.get("request_tokens", 0) + sum(g.n_request_tokens for _, _, g in groups)
         stats["requests"] = stats.get("requests", 0) + sum(len(it.requests) for it in items)
+        stats["batches"] = first + len(batches)
     return results  # type: ignore[return-value]
 
 
@@ -431,9 +446,14 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default: torch's; on a busy shared machine 1 is often fastest)")
     p.add_argument("--items", action="store_true", help="include per-item log-likelihoods in --json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--procs", type=int, default=None, metavar="N",
+                   help="run as N processes on this machine, each with its share of the batches (gloo on CPU, NCCL "
+                        "with --device cuda): the same result, bit for bit; torchrun --nproc-per-node N -m secateur "
+                        "eval zeroshot ... does the same across machines")
 
 
 def cli_zeroshot(args) -> int:
+    from secateur import launch
     from secateur.models.loading import load_model
     from secateur.runinfo import machine, versions
 
@@ -447,11 +467,20 @@ def cli_zeroshot(args) -> int:
 
         check_writable_output(args.json, folder=False)
     zeroshot_data_dir(args.data_dir)  # fail before loading the model
+    procs = launch.check_procs(getattr(args, "procs", None))
+    if procs > 1 and launch.env_world()[1] == 1:  # --procs: this process starts the ranks and watches them
+        if getattr(args, "argv", None) is None:
+            raise SecateurError("--procs is run by the secateur command: use secateur eval zeroshot ... --procs N")
+        return launch.supervise(args.argv, procs)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
-    res = evaluate_zeroshot(model, tok, tasks, limit=args.limit, batch_size=args.batch_size, data_dir=args.data_dir,
-                            strategy=args.strategy, return_items=args.items, progress=not args.quiet)
+    with launch.joined(args.device):
+        model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+        res = evaluate_zeroshot(model, tok, tasks, limit=args.limit, batch_size=args.batch_size,
+                                data_dir=args.data_dir, strategy=args.strategy, return_items=args.items,
+                                progress=not args.quiet)
+    if procs > 1:
+        res["processes"] = procs
     res["model"] = {"spec": args.model, "name_or_path": getattr(model.config, "_name_or_path", None),
                     "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                     "attn_implementation": getattr(model.config, "_attn_implementation", None),
@@ -463,7 +492,7 @@ def cli_zeroshot(args) -> int:
     if sp["seconds"]:
         print(f"{sp['requests']} requests in {sp['seconds']:.1f}s ({sp['request_tokens_per_s']:.0f} request "
               f"tokens/s, {sp['forward_tokens_per_s']:.0f} forwarded tokens/s)")
-    if args.json:
+    if args.json and launch.env_world()[0] == 0:  # several processes: rank 0 writes
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from secateur.calib import engine
+from secateur.calib import dist, engine
 from secateur.calib.qk import QKOutputGrams
 from secateur.calib.stats import Accumulator
 from secateur.compensate.corp import corp_qk_layer
@@ -73,6 +73,7 @@ class CorpQKHandler(engine.Handler):
         self.cfg = cfg
         self.masks: dict[str, torch.Tensor] = {}
         self.layers: list[dict] = []
+        self.owners = dist.Owners("corp_qk")  # the per-head ridge solves over several processes: round-robin owners
 
     def accumulators(self, ctx, group, names) -> dict[str, Accumulator]:
         if group != "attn_in":
@@ -93,7 +94,8 @@ class CorpQKHandler(engine.Handler):
         bk = None if k.bias is None else k.bias.detach().double().cpu()
         kept = corp_qk_kept(acc.qa, acc.ka, g.n_heads, g.n_kv_heads, self.cfg.sparsity, self.cfg.min_qk_dim)
         res = corp_qk_layer(wq, bq, wk, bk, acc.qa, acc.ka, kept, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
-                            lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode, fold=self.cfg.fold)
+                            lam=self.cfg.lam, lam0=self.cfg.lam0, mode=self.cfg.mode, fold=self.cfg.fold,
+                            map_heads=self.owners.map)
         d_h, ds = g.head_dim, res.kept.shape[1]
         gs = g.n_heads // g.n_kv_heads
         new = {"q": (torch.zeros_like(wq), None if bq is None else torch.zeros_like(bq), g.n_heads),

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from secateur.calib.collect import GROUP_ROLE, StructuredStats
+from secateur.calib.dist import Owners as dist_owners
 from secateur.calib.engine import BlockContext, Handler
 from secateur.calib.stats import Accumulator
 from secateur.compensate import COECOptions, coec_ablation_options
@@ -259,6 +260,9 @@ class _Results:
     def _name(self, i: int, group: str) -> str:
         return f"{self.stage}-{i}-{group}.pt"
 
+    def _saved(self, i: int, group: str) -> bool:
+        return self.ck is not None and self.ck.has(self._name(i, group))
+
     def restore(self, i: int, group: str) -> bool:
         """Reload a checkpointed projection; False when it must be solved."""
         from secateur.compensate.base import Compensation
@@ -295,21 +299,29 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
     from secateur.compensate import InputStats
 
     res = _Results()
-    for i, group, ref, kept in _to_compensate(adapter, sel):
-        if res.restore(i, group):
-            continue
-        accs = stats.groups.get(i, {}).get(group, {})
-        if "gram" not in accs:
+    todo = [(i, group, ref, kept) for i, group, ref, kept in _to_compensate(adapter, sel) if not res._saved(i, group)]
+    for i, group, _, _ in todo:
+        if "gram" not in stats.groups.get(i, {}).get(group, {}):
             raise SecateurError(f"compensation {cfg.compensation!r} needs the input Gram of layer {i} {group}")
-        res.add(i, group, *_compensate_one(cfg, adapter, i, group, ref, kept, InputStats.from_gram(accs["gram"])))
+
+    def solve(job):  # on its owner rank (calib.dist.owned_map): every projection's solve in parallel
+        i, group, ref, kept = job
+        return _compensate_one(cfg, adapter, i, group, ref, kept,
+                               InputStats.from_gram(stats.groups[i][group]["gram"]))
+
+    solved = dict(zip([(i, g) for i, g, _, _ in todo], dist_owners("compensation").map(todo, solve), strict=True))
+    for i, group, _, _ in _to_compensate(adapter, sel):
+        if not res.restore(i, group):
+            res.add(i, group, *solved[(i, group)])
     return res.reps, res.records, res.seconds
 
 
 class BlockCompensation(Handler):
     """The per-block compensation pass (engine mode ``dense``): accumulates the dense input Grams of one block's
     ``o_proj`` / ``down_proj`` that lost columns, compensates them as soon as the block's forward is done
-    (``on_group``, in the order attn_out, mlp_out) and drops them before the next block, so at most one block's
-    Grams are alive. The Gram becomes ``E[x x^T]`` in place (the same values as
+    (``on_block_end``, recorded in the order attn_out, mlp_out; over several processes each projection is solved
+    on its owner rank, :func:`secateur.calib.dist.owned_map`) and drops them before the next block, so at most one
+    block's Grams are alive. The Gram becomes ``E[x x^T]`` in place (the same values as
     :attr:`secateur.calib.stats.Gram.second_moment`). Nothing is written to the model: the walk stays dense
     and the replacements are sliced in after the pass. Resumable: a finished block's projections are in the
     checkpoint's ``comp`` files, reloaded by :meth:`load_block_state`.
@@ -325,6 +337,9 @@ class BlockCompensation(Handler):
         self.results = _Results()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.owners = dist_owners("compensation")  # the solves over several processes: round-robin owners
+        self.pending: list[tuple[int, str, Any, Any, Any]] = []  # this block's projections, solved at its end
+        self.pending_bytes = 0  # their Grams' bytes
 
     @property
     def layers(self) -> list[int]:
@@ -342,8 +357,7 @@ class BlockCompensation(Handler):
         return {"gram": Gram(got[1])}
 
     def _saved(self, i: int, group: str) -> bool:
-        r = self.results
-        return r.ck is not None and r.ck.has(r._name(i, group))
+        return self.results._saved(i, group)
 
     def on_group(self, ctx: BlockContext, group: str, names: list[str], accs: dict[str, Accumulator]) -> None:
         from secateur.compensate import InputStats
@@ -354,17 +368,29 @@ class BlockCompensation(Handler):
         kept, width = self.todo[key]
         st = None
         if "gram" in accs:
-            gram = accs.pop("gram")  # the engine's reference goes: the Gram lives only in this frame
+            gram = accs.pop("gram")  # the engine's reference goes: the Gram lives in ``pending`` until the block ends
             if gram.n <= 0:
                 raise SecateurError("the Gram accumulator saw no tokens")
             st = InputStats(second_moment=gram.G.div_(gram.n), mean=gram.mean, n=int(gram.n))
             del gram
         ref = self.adapter.role_refs(ctx.layer)[GROUP_ROLE[group]]
+        self.pending.append((*key, ref, kept, st))
+        self.pending_bytes += 0 if st is None else 8 * width ** 2
+
+    def on_block_end(self, ctx: BlockContext) -> None:
+        """The block's projections solved (each on its owner rank over several processes, in parallel:
+        :func:`secateur.calib.dist.owned_map`), their Grams freed, the results recorded in the single process's
+        order (attn_out, mlp_out)."""
+        jobs, self.pending = self.pending, []
+        keys = [job[:2] for job in jobs]
         try:
-            self.results.add(*key, *_compensate_one(self.cfg, self.adapter, *key, ref, kept, st))
+            solved = self.owners.map(jobs, lambda job: _compensate_one(self.cfg, self.adapter, *job))
         finally:
-            if st is not None:
-                self.live_bytes -= 8 * width ** 2
+            del jobs[:]  # every Gram of the block goes
+            self.live_bytes -= self.pending_bytes
+            self.pending_bytes = 0
+        for (i, group), (comp, rec) in zip(keys, solved, strict=True):
+            self.results.add(i, group, comp, rec)
 
     def block_state(self, ctx: BlockContext) -> dict:
         return {}  # the block's compensations are in the checkpoint's comp files already

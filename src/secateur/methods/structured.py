@@ -395,6 +395,7 @@ class _CompensateAndSlice(BlockCompensation):
         self.finish = finish
 
     def on_block_end(self, ctx: BlockContext) -> None:
+        super().on_block_end(ctx)  # the block's compensations
         self.finish(ctx.index)
 
 

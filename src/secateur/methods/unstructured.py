@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from secateur.budgets.masks import deletion_count, prune_mask
-from secateur.calib import engine
+from secateur.calib import dist, engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError, check_fraction
@@ -108,6 +108,7 @@ class UnstructuredHandler(engine.Handler):
     def __init__(self, cfg: UnstructuredConfig) -> None:
         self.cfg = cfg
         self.masks: dict[str, torch.Tensor] = {}
+        self.owners = dist.Owners("sparsegpt")  # SparseGPT's solves over several processes: round-robin owners
 
     def _targets(self, ctx: engine.BlockContext, names: list[str]) -> list[str]:
         return [n for n in names if ctx.refs[n].role in self.cfg.targets]
@@ -120,10 +121,17 @@ class UnstructuredHandler(engine.Handler):
         return {"gram": Gram(d)} if self.cfg.method == "sparsegpt" else {"sumsq": SumSq(d)}
 
     def on_group(self, ctx, group, names, accs) -> None:
-        for name in self._targets(ctx, names):
+        targets = self._targets(ctx, names)
+        if self.cfg.method == "sparsegpt":  # the group's OBS solves, each on its owner rank (calib.dist.owned_map)
+            solved = self.owners.map(targets, lambda name: sparsegpt_solve(ctx.refs[name].weight, self.cfg, accs))
+        for k, name in enumerate(targets):
             ref = ctx.refs[name]
             key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
-            self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
+            if self.cfg.method == "sparsegpt":
+                new, self.masks[key] = solved[k]
+                ref.set_weight(new)
+            else:
+                self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
 
     def block_state(self, ctx) -> dict:
         return {"masks": block_masks(self.masks, ctx)}
@@ -132,12 +140,18 @@ class UnstructuredHandler(engine.Handler):
         self.masks.update(state["masks"])
 
 
+def sparsegpt_solve(W: torch.Tensor, cfg: UnstructuredConfig,
+                    accs: dict[str, Accumulator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseGPT's ``(new weight, mask)`` of one ``[out, in]`` weight (nothing written)."""
+    n, m = cfg.pattern or (0, 0)
+    count = None if m else functools.partial(deletion_count, rho=cfg.sparsity, rounding=cfg.rounding)
+    return sparsegpt_prune(W, accs["gram"].G, count, n, m, cfg.blocksize, cfg.percdamp)
+
+
 def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accumulator], ref=None) -> torch.Tensor:
     """Prune one ``[out, in]`` weight in place (through ``ref`` when given); return the mask."""
-    n, m = cfg.pattern or (0, 0)
     if cfg.method == "sparsegpt":
-        count = None if m else functools.partial(deletion_count, rho=cfg.sparsity, rounding=cfg.rounding)
-        new, mask = sparsegpt_prune(W, accs["gram"].G, count, n, m, cfg.blocksize, cfg.percdamp)
+        new, mask = sparsegpt_solve(W, cfg, accs)
         ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
         return mask
     scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])
