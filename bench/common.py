@@ -58,6 +58,18 @@ def run_logged(cmd: list[str], log: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t
 
 
+def rerunnable(command: str) -> str:
+    """``command`` with each ``bench/<script>`` path written before bench/ was grouped into folders (issue 27)
+    pointing at where that script is now: a record keeps the command it ran, a page names one anyone can rerun."""
+    import re
+
+    def now(m: re.Match) -> str:
+        found = list((ROOT / "bench").glob(f"*/{m.group(1)}"))
+        return f"bench/{found[0].parent.name}/{m.group(1)}" if len(found) == 1 else m.group(0)
+
+    return re.sub(r"\bbench/([\w.-]+\.(?:py|sh))\b", now, command)
+
+
 def read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
