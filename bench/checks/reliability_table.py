@@ -21,8 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 
 from error_cases import CASES, TRACEBACK, Case, Workspace, check_stderr, snapshot  # noqa: E402
+
+from bench.common import stamped  # noqa: E402
 
 
 def _anon(text: str, models: Path, scratch: Path) -> str:
@@ -92,7 +95,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(markdown(rows))
-    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(stamped(r)) + "\n" for r in rows))
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.jsonl')}")
     return 0 if all(r.get("ok", True) for r in rows) else 1
 

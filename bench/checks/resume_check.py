@@ -28,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import stamped
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -104,7 +107,7 @@ def main() -> int:
     summary = {k: v for k, v in res.items() if k != "per_tensor"}
     print(json.dumps(summary, indent=1))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    Path(args.json).write_text(json.dumps(stamped(res), indent=1) + "\n")
     return 0 if res["identical"] else 1
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import stamped
+
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "bench" / "_work"
 
@@ -74,7 +77,7 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     path = ROOT / "results" / "thread-check.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    old[a.label] = res
+    old[a.label] = stamped(res)
     path.write_text(json.dumps(old, indent=1) + "\n")
     print(json.dumps(res, indent=1))
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, fmt, run_child
+from bench.common import RESULTS, WORK, fmt, run_child, stamped
 
 # small tasks first, so a partial run already has most of the suite
 ORDER = ["rte", "openbookqa", "winogrande", "arc_challenge", "arc_easy", "boolq", "hellaswag"]
@@ -40,7 +40,7 @@ def one_task(task: str, limit: int | None, out: Path) -> None:
     res = evaluate_zeroshot(model, tok, [task], limit=limit, progress=True)
     res["versions"], res["machine"] = versions(), machine()
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
+    tmp.write_text(json.dumps(stamped(res), indent=1))
     os.replace(tmp, out)
 
 
@@ -60,7 +60,8 @@ def render(limit: int | None) -> None:
     blob = {"model": "smollm2-135m", "limit": limit, "tasks": per_task, "summary": summary, "speed": speed,
             "protocol": first["protocol"], "settings": first["settings"],
             "data": {t: r["data"]["sha256"] for t, r in runs.items()}, "versions": first["versions"],
-            "machine": first["machine"]}
+            "machine": first["machine"]} | ({"commits": sorted({r["commit"] for r in runs.values()})}
+                                           if all("commit" in r for r in runs.values()) else {})
     (RESULTS / f"{stem}.json").write_text(json.dumps(blob, indent=1))
     missing = [t for t in ORDER if t not in runs]
     lines = ["# Zero-shot accuracy of dense SmolLM2-135M", "",

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # cocurve_sweep_ref: the "before" sweep
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens
+from bench.common import RESULTS, calib_tokens, stamped
 
 OUT_JSON = RESULTS / "cocurve-sweep-cost.json"
 OUT_MD = RESULTS / "cocurve-sweep-cost.md"
@@ -233,7 +233,7 @@ def main() -> None:
         res = json.loads(OUT_JSON.read_text())
     else:
         res = run(args)
-        OUT_JSON.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        OUT_JSON.write_text(json.dumps(stamped(res), indent=1, default=str) + "\n")
     OUT_MD.write_text(render(res))
     print(OUT_MD.read_text())
 

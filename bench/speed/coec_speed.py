@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK
+from bench.common import RESULTS, WORK, stamped
 
 STATS = WORK / "structured-stats-wikitext2-16x2048-seed0.pt"
 GROUP_ROLE = {"attn_out": "o", "mlp_out": "down"}
@@ -211,7 +211,7 @@ def main() -> None:
         res["before_commit"] = subprocess.run(["git", "-C", str(RESULTS.parent), "rev-parse", "--short", "HEAD"],
                                               capture_output=True, text=True).stdout.strip()
     res["runs"][args.tag] = r
-    path.write_text(json.dumps(res, indent=1, default=str))
+    path.write_text(json.dumps(stamped(res), indent=1, default=str))
     write_md(res)
     print(json.dumps(r["summary"], indent=1))
     if any(math.isnan(v.get("round_s", 0.0)) for v in r["summary"].values() if isinstance(v, dict)):

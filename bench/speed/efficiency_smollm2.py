@@ -27,6 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 from bench.speed.efficiency_table import DIR, MODEL_SETS, SETTINGS, SPARSITIES, folder
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import stamped
+
 
 def build() -> None:
     from bench.quality import structured_smollm2 as s5
@@ -57,7 +60,7 @@ def measure(models: str = "wanda-sp") -> None:
                                         "decode_tokens_per_s")}, "load", load, flush=True)
     from secateur.runinfo import machine, versions
 
-    out_json.write_text("".join(json.dumps(r | {"versions": versions(), "machine": machine()}) + "\n"
+    out_json.write_text("".join(json.dumps(stamped(r | {"versions": versions(), "machine": machine()})) + "\n"
                                 for r in rows))
 
 

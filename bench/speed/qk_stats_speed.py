@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, fmt
+from bench.common import RESULTS, fmt, stamped
 
 OUT_JSON = RESULTS / "qk-stats-speed.json"
 OUT_MD = RESULTS / "qk-stats-speed.md"
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--render", action="store_true")
     a = ap.parse_args()
     if not a.render:
-        OUT_JSON.write_text(json.dumps(measure(a.repeats), indent=1))
+        OUT_JSON.write_text(json.dumps(stamped(measure(a.repeats)), indent=1))
     render()
 
 

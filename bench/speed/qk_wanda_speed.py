@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens, fmt
+from bench.common import RESULTS, calib_tokens, fmt, stamped
 
 OUT_JSON = RESULTS / "qk-wanda-speed.json"
 OUT_MD = RESULTS / "qk-wanda-speed.md"
@@ -146,7 +146,7 @@ def main() -> None:
     if not a.render:
         res = measure(a.windows, a.segment_len, a.repeats, a.modes.split(","), a.sparsity, a.chunk)
         RESULTS.mkdir(parents=True, exist_ok=True)
-        OUT_JSON.write_text(json.dumps(res, indent=2, default=str))
+        OUT_JSON.write_text(json.dumps(stamped(res), indent=2, default=str))
     render()
 
 

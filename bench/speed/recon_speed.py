@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS
+from bench.common import RESULTS, stamped
 
 
 def direct(w0: torch.Tensor, c: torch.Tensor, kept: torch.Tensor, w_new: torch.Tensor) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
            "seconds": times, "median_s": {k: sorted(v)[len(v) // 2] for k, v in times.items()},
            "relative_errors": ref, "max_abs_difference": diff, "threads": torch.get_num_threads(),
            "loadavg_1m_before": os.getloadavg()[0], "versions": versions(), "machine": machine()}
-    (RESULTS / "recon-speed.json").write_text(json.dumps(row, indent=1) + "\n")
+    (RESULTS / "recon-speed.json").write_text(json.dumps(stamped(row), indent=1) + "\n")
     m = row["median_s"]
     md = ["# Calibration-error diagnostic: direct form vs ReconError", "",
           "Made by `python bench/speed/recon_speed.py` (`recon-speed.json`): one Llama-2-7B down_proj "

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import git_commit, rerunnable
+from bench.common import rerunnable, stamped
 from secateur.budgets.masks import deletion_count  # noqa: E402
 from secateur.compensate import sparsegpt  # noqa: E402
 from secateur.runinfo import machine  # noqa: E402
@@ -63,9 +63,10 @@ def main() -> None:
                          "speedup": round(t[1] / t[16], 2)})
             print(rows[-1], flush=True)
     sparsegpt.SUB = 16
-    rec = {"command": "python bench/speed/sparsegpt_loop_speed.py", "commit": git_commit(), "machine": machine(),
+    rec = {"command": "python bench/speed/sparsegpt_loop_speed.py", "machine": machine(),
            "threads": 1, "load_before": [round(v, 2) for v in load_before],
            "load_after": [round(v, 2) for v in os.getloadavg()], "rows": rows}
+    rec = stamped(rec)
     OUT.write_text(json.dumps(rec, indent=1) + "\n")
     render(rec)
 

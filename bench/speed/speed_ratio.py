@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens
+from bench.common import RESULTS, calib_tokens, stamped
 
 
 def commit() -> str:
@@ -80,7 +80,7 @@ def main() -> None:
            "engine_split_last": engine_split, "versions": versions(),
            "machine": machine()}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(json.dumps(out, indent=2, default=str))
+    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(json.dumps(stamped(out), indent=2, default=str))
     lines = ["# Pruning time against one dense forward of the calibration set", "",
              "Made by `python bench/speed/speed_ratio.py "
              f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads} "

@@ -25,11 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
@@ -143,7 +147,7 @@ def main() -> None:
     if a.no_write:
         return
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "zeroshot-speed.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / "zeroshot-speed.json").write_text(json.dumps(stamped(out), indent=1))
     (RESULTS / "zeroshot-speed.md").write_text(render(out))
     print(f"wrote {RESULTS / 'zeroshot-speed.md'}")
 
