@@ -109,9 +109,21 @@ def render() -> None:
     by = {r["key"]: r for r in rows}
     dense = by.get(row_key("dense", "none", 0.0, preset=QUICK))
 
-    def cell(r, d):
-        return fmt(r["ppl"][d]["ppl"], 2) if r and d in r["ppl"] else "-"
+    lines = _intro_lines(rows, dense) + _table1_lines(by, rows, dense) + _table3_lines(by) + _speed_lines(by, dense)
+    keys = {r["key"] for r in rows}
+    shared = [r for r in read_rows(s5.OUT_JSON) if r["preset"]["name"] == "full" and r["key"] not in keys]
+    lines += full_section(rows + shared, FULL_DATASETS)[1:] + [""]
+    lines += ["## Claims checked", "", *claims(by), "", machine_line(rows), ""]
+    OUT_MD.write_text("\n".join(lines))
 
+
+def cell(r: dict | None, d: str) -> str:
+    """A row's perplexity on dataset ``d``, or ``-``."""
+    return fmt(r["ppl"][d]["ppl"], 2) if r and d in r["ppl"] else "-"
+
+
+def _intro_lines(rows: list[dict], dense: dict | None) -> list[str]:
+    """Title, preset, pruned units, COEC settings, the native compensators and the dense row."""
     lines = ["# Compensation after structured pruning on SmolLM2-135M (COEC Table 1 / Table 3 layout)", "",
              "Made by `nice -n 5 python bench/quality/compensation_smollm2.py` (rows in "
              "`compensation-smollm2.jsonl`).", "",
@@ -143,11 +155,16 @@ def render() -> None:
                      f"{dense['params'] / 1e6:.2f} M params. One dense forward of the calibration set (decoder "
                      f"only): {dense['dense_forward_s']:.1f} s.")
         lines.append("")
-    lines += ["## Table 1 layout: perplexity by selection x compensation", "",
-              "| sparsity | realized | params (M) | selection | compensation | WikiText-2 | C4 | zero-shot mean "
-              "(first 100 docs/task) | rel. recon. error o_proj / down_proj (before -> after) | guard | "
-              "comp. time (s) |",
-              "|---:|---:|---:|---|---|---:|---:|---:|---|---:|---:|"]
+    return lines
+
+
+def _table1_lines(by: dict, rows: list[dict], dense: dict | None) -> list[str]:
+    """Table 1 layout: perplexity by selection x compensation, with its notes."""
+    lines = ["## Table 1 layout: perplexity by selection x compensation", "",
+             "| sparsity | realized | params (M) | selection | compensation | WikiText-2 | C4 | zero-shot mean "
+             "(first 100 docs/task) | rel. recon. error o_proj / down_proj (before -> after) | guard | "
+             "comp. time (s) |",
+             "|---:|---:|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for rho in SPARSITIES:
         for sel in ("wanda-sp", "flap", "rcpu"):
             for comp in (NATIVE[sel], "ls", "corp", "coec"):
@@ -167,10 +184,14 @@ def render() -> None:
                              f"{fmt(r.get('compensation_s'), 1)} |")
     lines += ["", "Reconstruction errors are layer means of `E||W0 x + b - W~ x_K - b~||^2 / E||W0 x||^2` on the "
               "calibration statistics (untempered).", "", *zs_note(rows, dense), ""]
-    # Table 3 ablation
-    lines += ["## Table 3 layout: COEC ablation at 30% (RCPU selection; cumulative components)", "",
-              "| stage | components | WikiText-2 | C4 | recon. down_proj (after) | mean rounds | comp. time (s) |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+    return lines
+
+
+def _table3_lines(by: dict) -> list[str]:
+    """Table 3 layout: the COEC ablation at 30%."""
+    lines = ["## Table 3 layout: COEC ablation at 30% (RCPU selection; cumulative components)", "",
+             "| stage | components | WikiText-2 | C4 | recon. down_proj (after) | mean rounds | comp. time (s) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     desc = {"rcpu": "left rotation + global scale (= RCPU, invariant C1)", "gcv": "+ GCV per-mode rescale",
             "two_sided": "+ converged two-sided rotation (full O(k) right solver)",
             "reduced_stiefel": "+ reduced-Stiefel right solve", "tempering": "+ Gram tempering alpha = 0.9",
@@ -191,32 +212,33 @@ def render() -> None:
                      f"{fmt(r.get('compensation_s'), 1)} |")
     lines += ["", "At 30% no KV group is removed on SmolLM2 (see above), so the alignment term (o_proj only) "
               "cannot act and the `align` stage equals `tempering` up to solver noise.", ""]
-    # speed
-    if dense:
-        fw, q = dense["dense_forward_s"], PRESETS[QUICK]
-        lines += ["## Compensation time relative to one dense forward of the calibration set", "",
-                  f"One dense forward of the {q['nsamples']} x {q['seqlen']} calibration tokens through the "
-                  f"decoder: {fw:.1f} s (timed on 4 of the 16 sequences and scaled; same process and machine). "
-                  f"Statistics pass (dense engine pass with "
-                  f"sumsq, mean/var and the full Grams of o_proj/down_proj inputs): "
-                  f"{fmt((dense.get('stats_timings') or {}).get('stats_s'), 1)} s, shared by every row.", "",
-                  "| compensator | sparsity | selection | compensation time (s) | / dense forward |",
-                  "|---|---:|---|---:|---:|"]
-        for comp in ("bias", "rcpu", "ls", "corp", "coec"):
-            for rho in SPARSITIES:
-                for sel in ("wanda-sp", "flap", "rcpu"):
-                    r = by.get(key_of(sel, comp, rho))
-                    if r is None or r.get("compensation_s") is None:
-                        continue
-                    lines.append(f"| {LABEL[comp]} | {rho:.0%} | {sel} | {r['compensation_s']:.1f} | "
-                                 f"{r['compensation_s'] / fw:.2f} |")
-                    break
-        lines.append("")
-    keys = {r["key"] for r in rows}
-    shared = [r for r in read_rows(s5.OUT_JSON) if r["preset"]["name"] == "full" and r["key"] not in keys]
-    lines += full_section(rows + shared, FULL_DATASETS)[1:] + [""]
-    lines += ["## Claims checked", "", *claims(by), "", machine_line(rows), ""]
-    OUT_MD.write_text("\n".join(lines))
+    return lines
+
+
+def _speed_lines(by: dict, dense: dict | None) -> list[str]:
+    """Compensation time against one dense forward of the calibration set (needs the dense row)."""
+    if not dense:
+        return []
+    fw, q = dense["dense_forward_s"], PRESETS[QUICK]
+    lines = ["## Compensation time relative to one dense forward of the calibration set", "",
+             f"One dense forward of the {q['nsamples']} x {q['seqlen']} calibration tokens through the "
+             f"decoder: {fw:.1f} s (timed on 4 of the 16 sequences and scaled; same process and machine). "
+             f"Statistics pass (dense engine pass with "
+             f"sumsq, mean/var and the full Grams of o_proj/down_proj inputs): "
+             f"{fmt((dense.get('stats_timings') or {}).get('stats_s'), 1)} s, shared by every row.", "",
+             "| compensator | sparsity | selection | compensation time (s) | / dense forward |",
+             "|---|---:|---|---:|---:|"]
+    for comp in ("bias", "rcpu", "ls", "corp", "coec"):
+        for rho in SPARSITIES:
+            for sel in ("wanda-sp", "flap", "rcpu"):
+                r = by.get(key_of(sel, comp, rho))
+                if r is None or r.get("compensation_s") is None:
+                    continue
+                lines.append(f"| {LABEL[comp]} | {rho:.0%} | {sel} | {r['compensation_s']:.1f} | "
+                             f"{r['compensation_s'] / fw:.2f} |")
+                break
+    lines.append("")
+    return lines
 
 
 def zs_note(rows: list[dict], dense: dict | None) -> list[str]:
