@@ -119,25 +119,17 @@ def row_dir(row: str, preset: str) -> Path:
 # ---------------------------------------------------------------------------------------------------
 
 def prune_one(row: str, preset: str, threads: int | None) -> dict:
-    import numpy as np
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    import compressed_tensors
-    import llmcompressor
-    import transformers
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     method, sparsity, structure = ROWS[row]
-    blob = torch.load(calib_path(preset))
-    ids, manifest = blob["ids"], blob["manifest"]
-    sha = hashlib.sha256(np.ascontiguousarray(ids.cpu().numpy().astype("<i8")).tobytes()).hexdigest()
-    if sha != manifest["sha256"]:
-        raise SystemExit(f"calibration ids sha256 {sha} != manifest {manifest['sha256']}")
+    ids, manifest = checked_calibration(preset)
     n, seqlen = ids.shape
 
     model = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=torch.float32, attn_implementation="sdpa")
@@ -161,16 +153,7 @@ def prune_one(row: str, preset: str, threads: int | None) -> dict:
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     rss_pruned = peak_rss_mb()
 
-    # Realized sparsity over the targeted Linear weights, and a 2:4 check along the input dimension.
-    zeros = total = bad_groups = 0
-    for layer in model.model.layers:
-        for mod in layer.modules():
-            if isinstance(mod, torch.nn.Linear):
-                w = mod.weight.detach()
-                zeros += int((w == 0).sum())
-                total += w.numel()
-                if structure == "2:4":
-                    bad_groups += int(((w.reshape(w.shape[0], -1, 4) == 0).sum(-1) < 2).sum())
+    zeros, total, bad_groups = zero_counts(model, structure)
 
     out = row_dir(row, preset)
     save_plain(model, out)
@@ -190,11 +173,51 @@ def prune_one(row: str, preset: str, threads: int | None) -> dict:
         "realized_sparsity": zeros / total,
         "nm_violations": bad_groups if structure == "2:4" else None,
         "pruned_model": str(out),
-        "versions": {"llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__,
-                     "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": sys.version.split()[0]},
+        "versions": versions(),
         "machine": {**machine(), "torch_threads": torch.get_num_threads()},
     }
+
+
+def checked_calibration(preset: str):
+    """The cached calibration ids and their manifest; exits when the ids' sha256 is not the manifest's."""
+    import numpy as np
+    import torch
+
+    blob = torch.load(calib_path(preset))
+    ids, manifest = blob["ids"], blob["manifest"]
+    sha = hashlib.sha256(np.ascontiguousarray(ids.cpu().numpy().astype("<i8")).tobytes()).hexdigest()
+    if sha != manifest["sha256"]:
+        raise SystemExit(f"calibration ids sha256 {sha} != manifest {manifest['sha256']}")
+    return ids, manifest
+
+
+def zero_counts(model, structure: str) -> tuple[int, int, int]:
+    """Realized sparsity over the targeted Linear weights, and a 2:4 check along the input dimension:
+    (zeros, weights, 4-groups with fewer than 2 zeros)."""
+    import torch
+
+    zeros = total = bad_groups = 0
+    for layer in model.model.layers:
+        for mod in layer.modules():
+            if isinstance(mod, torch.nn.Linear):
+                w = mod.weight.detach()
+                zeros += int((w == 0).sum())
+                total += w.numel()
+                if structure == "2:4":
+                    bad_groups += int(((w.reshape(w.shape[0], -1, 4) == 0).sum(-1) < 2).sum())
+    return zeros, total, bad_groups
+
+
+def versions() -> dict:
+    """The llm-compressor side's library versions (all already imported by prune_one)."""
+    import compressed_tensors
+    import llmcompressor
+    import torch
+    import transformers
+
+    return {"llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": sys.version.split()[0]}
 
 
 def save_plain(model, out: Path) -> None:
@@ -284,91 +307,122 @@ def latest(rows: list[dict], preset: str, row: str) -> dict | None:
 
 def render() -> None:
     theirs_all, ours_all = read_rows(OUT_JSON), read_rows(OUR_JSON)
-    lines = ["# secateur vs llm-compressor: Wanda and SparseGPT on SmolLM2-135M", "",
-             "Made by `bench/_work/llmc-venv/bin/python bench/speed/llmcompressor_compare.py` (rows in "
-             "`llmcompressor-smollm2.jsonl`; secateur's rows come from `unstructured-smollm2.jsonl`, made by "
-             "`bench/quality/unstructured_smollm2.py`).", "",
-             "Protocol, both sides: SmolLM2-135M-Instruct float32 (the HF folder written by "
-             "`secateur.models.loading.load_model('smollm2-135m')`); the same calibration token ids (file "
-             "`bench/_work/calib-c4-{N}x{L}-seed0.pt`: C4 local validation file, Wanda's random-long-document "
-             "rule, seed 0; sha256 checked on both sides); all decoder Linear layers (q,k,v,o,gate,up,down) "
-             "pruned, lm_head/embeddings dense; SparseGPT dampening 0.01 x mean(diag H), block size 128. "
-             "WikiText-2 raw test, HF rows joined with \"\\n\\n\", no special tokens, non-overlapping 2048-token "
-             "windows each scoring 2047 tokens, PPL = exp(sum NLL / scored tokens); llm-compressor's pruned model "
-             "is evaluated by the very same `secateur eval ppl` command. llm-compressor: `oneshot` with "
-             "`pipeline=\"sequential\"` (one subgraph per LlamaDecoderLayer, calibration pass then a propagation "
-             "pass through the pruned layer), batch size 1, no shuffling. Prune time: secateur = calibration "
-             "forward + statistics + scoring + masking (+ OBS updates); llm-compressor = the `oneshot` call; "
-             "both exclude model loading. Peak RSS: the pruning process after pruning (model load included, "
-             "perplexity evaluation excluded). Time ratio = secateur time / llm-compressor time (< 1: secateur "
-             "faster). Each row ran in its own process on a shared 2-core machine (other jobs were running, so "
-             "times are indicative).", ""]
+    lines = _intro_lines()
     for preset in ("full", "quick", "smoke"):  # smoke = 2x256 debug runs, 2 windows
         theirs = [latest(theirs_all, preset, r) for r in ROWS]
         if not any(theirs):
             continue
-        p = PRESETS[preset]
         first = next(t for t in theirs if t)
-        sha = (first.get("calibration") or {}).get("sha256", "?")[:16]
-        win = "all" if p["max_windows"] is None else f"first {p['max_windows']}"
-        lines += [f"## Preset `{preset}`: calibration {p['nsamples']}x{p['seqlen']} tokens (sha256 {sha}...), "
-                  f"WikiText-2 {win} windows", "",
-                  "| row | ppl secateur | ppl llm-compressor | ppl ok (<= +2%) | prune s secateur | "
-                  "prune s llm-compressor | time ratio | peak RSS MiB secateur | peak RSS MiB llm-compressor | "
-                  "sparsity secateur | sparsity llm-compressor |",
-                  "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
-        retimed_rows: list[str] = []
-        for row, t in zip(ROWS, theirs):
-            o = latest(ours_all, preset, row)
-            t = t or {}
-            tp = (t.get("wikitext2") or {}).get("ppl")
-            op = (o or {}).get("wikitext2", {}).get("ppl")
-            ok = "-" if tp is None or op is None else ("yes" if op <= tp * (1 + PPL_TOLERANCE) else "NO")
-            # a row re-timed under the llm-compressor run's conditions (`--retime`) replaces the original time
-            retimed = (o or {}).get("retimed")
-            ts, os_ = t.get("prune_s"), (retimed or {}).get("prune_s", (o or {}).get("prune_s"))
-            if retimed:
-                retimed_rows.append(f"{row} ({retimed['date']}, {retimed['threads']} thread, 1-min load "
-                                    f"{retimed['loadavg_1min_before_after'][0]:.1f} / "
-                                    f"{retimed['loadavg_1min_before_after'][1]:.1f}; original row "
-                                    f"{fmt(o.get('prune_s'), 1)} s under load 8-15)")
-            ratio = None if not ts or os_ is None else os_ / ts
-            lines.append(f"| {row} | {fmt(op, 3)} | {fmt(tp, 3)} | {ok} | {fmt(os_, 1)} | {fmt(ts, 1)} | "
-                         f"{fmt(ratio, 2)} | {fmt((o or {}).get('peak_rss_mb_after_prune'), 0)} | "
-                         f"{fmt(t.get('peak_rss_mb_after_prune'), 0)} | {fmt((o or {}).get('realized_sparsity'), 4)}"
-                         f" | {fmt(t.get('realized_sparsity'), 4)} |")
-        if retimed_rows:
-            lines += ["", "secateur prune times re-measured with `bench/quality/unstructured_smollm2.py --preset "
-                          f"{preset} --retime ROW` beside the llm-compressor run (same calibration, fresh process): "
-                      + "; ".join(retimed_rows) + "."]
-        lines += ["", "llm-compressor details: `oneshot` wall time, of it the per-module pruning proper (sum of its "
-                      "`compress`/`SGPT` METRIC times; the rest is calibration and propagation forwards), CPU seconds "
-                      "of the call, 1-minute load average before/after (2 cores, shared).", "",
-                  "| row | status | oneshot s | pruning proper s | CPU s | load avg | ppl eval s |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for row, t in zip(ROWS, theirs):
-            if not t:
-                lines.append(f"| {row} | not run | - | - | - | - | - |")
-                continue
-            comp = t.get("compress_s")
-            if comp is None and t.get("log"):
-                comp = compress_seconds(ROOT / t["log"])
-            if comp is None:
-                comp = COMPRESS_S_FROM_LOGS.get((preset, row))
-            load = t.get("loadavg_1m_before_after")
-            load_s = "-" if not load else f"{load[0]:.1f} / {load[1]:.1f}"
-            lines.append(f"| {row} | {'FAILED: ' + t['error'] if t.get('error') else 'ok'} | {fmt(t.get('prune_s'), 1)}"
-                         f" | {fmt(comp, 1)} | {fmt(t.get('prune_cpu_s'), 1)} | {load_s} | "
-                         f"{fmt((t.get('wikitext2') or {}).get('seconds'), 1)} |")
-        missing = [r for r in ROWS if latest(ours_all, preset, r) is None]
-        if missing:
-            lines += ["", f"secateur rows not yet in `unstructured-smollm2.jsonl` for this preset: "
-                          f"{', '.join(missing)} (run `bench/quality/unstructured_smollm2.py --preset {preset}`)."]
-        ppl_proto = (first.get("wikitext2") or {}).get("protocol")
-        if ppl_proto:
-            lines += ["", f"Perplexity protocol tag: `{ppl_proto}`; eval command: "
-                          f"`{(first.get('wikitext2') or {}).get('command')}`."]
+        lines += _compare_table(preset, theirs, first, ours_all) + _details_table(preset, theirs)
+        lines += _preset_footer(preset, first, ours_all)
         lines.append("")
+    lines += _versions_lines(theirs_all, ours_all)
+    lines += ["", *NOTES, ""]
+    (RESULTS / "llmcompressor-smollm2.md").write_text("\n".join(lines))
+
+
+def _intro_lines() -> list[str]:
+    """Title, where the rows come from, and the protocol both sides share."""
+    return ["# secateur vs llm-compressor: Wanda and SparseGPT on SmolLM2-135M", "",
+            "Made by `bench/_work/llmc-venv/bin/python bench/speed/llmcompressor_compare.py` (rows in "
+            "`llmcompressor-smollm2.jsonl`; secateur's rows come from `unstructured-smollm2.jsonl`, made by "
+            "`bench/quality/unstructured_smollm2.py`).", "",
+            "Protocol, both sides: SmolLM2-135M-Instruct float32 (the HF folder written by "
+            "`secateur.models.loading.load_model('smollm2-135m')`); the same calibration token ids (file "
+            "`bench/_work/calib-c4-{N}x{L}-seed0.pt`: C4 local validation file, Wanda's random-long-document "
+            "rule, seed 0; sha256 checked on both sides); all decoder Linear layers (q,k,v,o,gate,up,down) "
+            "pruned, lm_head/embeddings dense; SparseGPT dampening 0.01 x mean(diag H), block size 128. "
+            "WikiText-2 raw test, HF rows joined with \"\\n\\n\", no special tokens, non-overlapping 2048-token "
+            "windows each scoring 2047 tokens, PPL = exp(sum NLL / scored tokens); llm-compressor's pruned model "
+            "is evaluated by the very same `secateur eval ppl` command. llm-compressor: `oneshot` with "
+            "`pipeline=\"sequential\"` (one subgraph per LlamaDecoderLayer, calibration pass then a propagation "
+            "pass through the pruned layer), batch size 1, no shuffling. Prune time: secateur = calibration "
+            "forward + statistics + scoring + masking (+ OBS updates); llm-compressor = the `oneshot` call; "
+            "both exclude model loading. Peak RSS: the pruning process after pruning (model load included, "
+            "perplexity evaluation excluded). Time ratio = secateur time / llm-compressor time (< 1: secateur "
+            "faster). Each row ran in its own process on a shared 2-core machine (other jobs were running, so "
+            "times are indicative).", ""]
+
+
+def _compare_table(preset: str, theirs: list[dict | None], first: dict, ours_all: list[dict]) -> list[str]:
+    """A preset's heading and the side-by-side table (ppl, prune time, peak RSS, sparsity), then the re-timed rows."""
+    p = PRESETS[preset]
+    sha = (first.get("calibration") or {}).get("sha256", "?")[:16]
+    win = "all" if p["max_windows"] is None else f"first {p['max_windows']}"
+    lines = [f"## Preset `{preset}`: calibration {p['nsamples']}x{p['seqlen']} tokens (sha256 {sha}...), "
+             f"WikiText-2 {win} windows", "",
+             "| row | ppl secateur | ppl llm-compressor | ppl ok (<= +2%) | prune s secateur | "
+             "prune s llm-compressor | time ratio | peak RSS MiB secateur | peak RSS MiB llm-compressor | "
+             "sparsity secateur | sparsity llm-compressor |",
+             "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
+    retimed_rows: list[str] = []
+    for row, t in zip(ROWS, theirs):
+        o = latest(ours_all, preset, row)
+        t = t or {}
+        tp = (t.get("wikitext2") or {}).get("ppl")
+        op = (o or {}).get("wikitext2", {}).get("ppl")
+        ok = "-" if tp is None or op is None else ("yes" if op <= tp * (1 + PPL_TOLERANCE) else "NO")
+        # a row re-timed under the llm-compressor run's conditions (`--retime`) replaces the original time
+        retimed = (o or {}).get("retimed")
+        ts, os_ = t.get("prune_s"), (retimed or {}).get("prune_s", (o or {}).get("prune_s"))
+        if retimed:
+            retimed_rows.append(f"{row} ({retimed['date']}, {retimed['threads']} thread, 1-min load "
+                                f"{retimed['loadavg_1min_before_after'][0]:.1f} / "
+                                f"{retimed['loadavg_1min_before_after'][1]:.1f}; original row "
+                                f"{fmt(o.get('prune_s'), 1)} s under load 8-15)")
+        ratio = None if not ts or os_ is None else os_ / ts
+        lines.append(f"| {row} | {fmt(op, 3)} | {fmt(tp, 3)} | {ok} | {fmt(os_, 1)} | {fmt(ts, 1)} | "
+                     f"{fmt(ratio, 2)} | {fmt((o or {}).get('peak_rss_mb_after_prune'), 0)} | "
+                     f"{fmt(t.get('peak_rss_mb_after_prune'), 0)} | {fmt((o or {}).get('realized_sparsity'), 4)}"
+                     f" | {fmt(t.get('realized_sparsity'), 4)} |")
+    if retimed_rows:
+        lines += ["", "secateur prune times re-measured with `bench/quality/unstructured_smollm2.py --preset "
+                      f"{preset} --retime ROW` beside the llm-compressor run (same calibration, fresh process): "
+                  + "; ".join(retimed_rows) + "."]
+    return lines
+
+
+def _details_table(preset: str, theirs: list[dict | None]) -> list[str]:
+    """llm-compressor's own details: oneshot time, pruning proper, CPU seconds, load average, eval time."""
+    lines = ["", "llm-compressor details: `oneshot` wall time, of it the per-module pruning proper (sum of its "
+                 "`compress`/`SGPT` METRIC times; the rest is calibration and propagation forwards), CPU seconds "
+                 "of the call, 1-minute load average before/after (2 cores, shared).", "",
+             "| row | status | oneshot s | pruning proper s | CPU s | load avg | ppl eval s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row, t in zip(ROWS, theirs):
+        if not t:
+            lines.append(f"| {row} | not run | - | - | - | - | - |")
+            continue
+        comp = t.get("compress_s")
+        if comp is None and t.get("log"):
+            comp = compress_seconds(ROOT / t["log"])
+        if comp is None:
+            comp = COMPRESS_S_FROM_LOGS.get((preset, row))
+        load = t.get("loadavg_1m_before_after")
+        load_s = "-" if not load else f"{load[0]:.1f} / {load[1]:.1f}"
+        lines.append(f"| {row} | {'FAILED: ' + t['error'] if t.get('error') else 'ok'} | {fmt(t.get('prune_s'), 1)}"
+                     f" | {fmt(comp, 1)} | {fmt(t.get('prune_cpu_s'), 1)} | {load_s} | "
+                     f"{fmt((t.get('wikitext2') or {}).get('seconds'), 1)} |")
+    return lines
+
+
+def _preset_footer(preset: str, first: dict, ours_all: list[dict]) -> list[str]:
+    """secateur rows missing for the preset, and the perplexity protocol and command."""
+    lines: list[str] = []
+    missing = [r for r in ROWS if latest(ours_all, preset, r) is None]
+    if missing:
+        lines += ["", f"secateur rows not yet in `unstructured-smollm2.jsonl` for this preset: "
+                      f"{', '.join(missing)} (run `bench/quality/unstructured_smollm2.py --preset {preset}`)."]
+    ppl_proto = (first.get("wikitext2") or {}).get("protocol")
+    if ppl_proto:
+        lines += ["", f"Perplexity protocol tag: `{ppl_proto}`; eval command: "
+                      f"`{(first.get('wikitext2') or {}).get('command')}`."]
+    return lines
+
+
+def _versions_lines(theirs_all: list[dict], ours_all: list[dict]) -> list[str]:
+    """Both sides' library versions and the machine, from the newest row that records them."""
+    lines: list[str] = []
     any_t = next((r for r in reversed(theirs_all) if r.get("versions")), None)
     any_o = next((r for r in reversed(ours_all) if r.get("versions")), None)
     if any_t:
@@ -377,8 +431,7 @@ def render() -> None:
         lines += [f"Machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('torch_threads')} torch threads, no GPU."]
     if any_o:
         lines += [f"secateur side versions: {json.dumps(any_o['versions'])}."]
-    lines += ["", *NOTES, ""]
-    (RESULTS / "llmcompressor-smollm2.md").write_text("\n".join(lines))
+    return lines
 
 
 def main() -> None:
