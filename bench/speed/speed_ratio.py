@@ -81,6 +81,11 @@ def main() -> None:
            "machine": machine()}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(json.dumps(stamped(out), indent=2, default=str))
+    write_page(a, manifest, med, ratios, out)
+
+
+def write_page(a: argparse.Namespace, manifest: dict, med: dict, ratios: dict, out: dict) -> None:
+    """results/speed-ratio-{N}x{L}.md from the medians and ratios (also printed)."""
     lines = ["# Pruning time against one dense forward of the calibration set", "",
              "Made by `python bench/speed/speed_ratio.py "
              f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads} "

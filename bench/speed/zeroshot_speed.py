@@ -45,7 +45,7 @@ def _time(fn):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=50)
     ap.add_argument("--tasks", default=None, help="comma list (default: the seven-task suite)")
@@ -55,24 +55,14 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="also time our plain (one row per request) layout")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--no-write", action="store_true")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    return ap
 
-    from lm_eval.api.instance import Instance
 
-    from secateur.eval.lmeval_bridge import harness_version, make_hflm
-    from secateur.eval.zeroshot import encode_pair, item_metrics, loglikelihoods, parse_tasks, zeroshot_data_dir
-    from secateur.eval.zeroshot_tasks import load_items, task_spec
-    from secateur.models.loading import load_model
-    from secateur.runinfo import machine, versions
-
-    tasks = parse_tasks(a.tasks)
-    data = zeroshot_data_dir(a.data_dir)
-    model, tok = load_model("smollm2-135m")
-    lm = make_hflm(model, tok, batch_size=a.harness_batch_size)
+def harness_scorer(lm, instance_cls):
+    """lm-eval's loglikelihood over the items' requests, regrouped per item as (logprob, is_greedy) pairs."""
 
     def harness(items):
-        reqs = [Instance(request_type="loglikelihood", doc={}, arguments=r, idx=j)
+        reqs = [instance_cls(request_type="loglikelihood", doc={}, arguments=r, idx=j)
                 for it in items for j, r in enumerate(it.requests)]
         flat = lm.loglikelihood(reqs, disable_tqdm=True)
         out, k = [], 0
@@ -81,46 +71,48 @@ def main() -> None:
             k += len(it.requests)
         return out
 
-    warm = load_items(tasks[0], data, 2)
-    loglikelihoods(model, tok, warm, batch_size=a.batch_size)
-    harness(warm)
+    return harness
 
-    load_before = os.getloadavg()
-    rows = []
-    for n, t in enumerate(tasks):
-        items = load_items(t, data, a.limit)
-        req_tok = sum(len(c) + len(x) for it in items for c, x in
-                      (encode_pair(tok, *r) for r in it.requests))
-        runs = {"ours": lambda items=items: loglikelihoods(model, tok, items, batch_size=a.batch_size),
-                "lm_eval": lambda items=items: harness(items)}
-        if a.plain:
-            runs["ours_plain"] = lambda items=items: loglikelihoods(model, tok, items, batch_size=4 * a.batch_size,
-                                                                    strategy="plain")
-        order = list(runs) if n % 2 == 0 else list(runs)[::-1]
-        res, wall, cpu = {}, {}, {}
-        for name in order:
-            res[name], wall[name], cpu[name] = _time(runs[name])
-        ours, theirs = res["ours"], res["lm_eval"]
-        diff = max(abs(o[0] - h[0]) for oi, hi in zip(ours, theirs) for o, h in zip(oi, hi))
-        metric = task_spec(t).metric
-        mo = [item_metrics([r[0] for r in o], it.choices, it.gold) for o, it in zip(ours, items)]
-        mh = [item_metrics([r[0] for r in h], it.choices, it.gold) for h, it in zip(theirs, items)]
-        row = {"task": t, "items": len(items), "requests": sum(len(it.requests) for it in items),
-               "request_tokens": req_tok, "wall_s": wall, "cpu_s": cpu,
-               "tokens_per_s": {k: req_tok / v for k, v in wall.items()},
-               "speedup_vs_lm_eval": wall["lm_eval"] / wall["ours"],
-               "max_abs_ll_diff": diff,
-               "pred_mismatch": sum(x["pred"] != y["pred"] for x, y in zip(mo, mh)),
-               "pred_norm_mismatch": sum(x["pred_norm"] != y["pred_norm"] for x, y in zip(mo, mh)),
-               "metric": metric, "score_ours": float(np.mean([x[metric] for x in mo])),
-               "score_lm_eval": float(np.mean([x[metric] for x in mh]))}
-        if "ours_plain" in wall:
-            row["speedup_packed_vs_plain"] = wall["ours_plain"] / wall["ours"]
-        rows.append(row)
-        print(f"{t:<14} items {len(items):>4}  tokens {req_tok:>7}  ours {wall['ours']:7.1f}s "
-              f"lm-eval {wall['lm_eval']:7.1f}s  x{row['speedup_vs_lm_eval']:.2f}  max|dll| {diff:.1e}", flush=True)
-    load_after = os.getloadavg()
 
+def time_task(n, t, a, model, tok, data, harness) -> dict:
+    """One task: both scorers (and ``--plain``) timed on the same requests, in an order alternated by task
+    index ``n``; their log-likelihoods and predictions compared."""
+    from secateur.eval.zeroshot import encode_pair, item_metrics, loglikelihoods
+    from secateur.eval.zeroshot_tasks import load_items, task_spec
+
+    items = load_items(t, data, a.limit)
+    req_tok = sum(len(c) + len(x) for it in items for c, x in
+                  (encode_pair(tok, *r) for r in it.requests))
+    runs = {"ours": lambda items=items: loglikelihoods(model, tok, items, batch_size=a.batch_size),
+            "lm_eval": lambda items=items: harness(items)}
+    if a.plain:
+        runs["ours_plain"] = lambda items=items: loglikelihoods(model, tok, items, batch_size=4 * a.batch_size,
+                                                                strategy="plain")
+    order = list(runs) if n % 2 == 0 else list(runs)[::-1]
+    res, wall, cpu = {}, {}, {}
+    for name in order:
+        res[name], wall[name], cpu[name] = _time(runs[name])
+    ours, theirs = res["ours"], res["lm_eval"]
+    diff = max(abs(o[0] - h[0]) for oi, hi in zip(ours, theirs) for o, h in zip(oi, hi))
+    metric = task_spec(t).metric
+    mo = [item_metrics([r[0] for r in o], it.choices, it.gold) for o, it in zip(ours, items)]
+    mh = [item_metrics([r[0] for r in h], it.choices, it.gold) for h, it in zip(theirs, items)]
+    row = {"task": t, "items": len(items), "requests": sum(len(it.requests) for it in items),
+           "request_tokens": req_tok, "wall_s": wall, "cpu_s": cpu,
+           "tokens_per_s": {k: req_tok / v for k, v in wall.items()},
+           "speedup_vs_lm_eval": wall["lm_eval"] / wall["ours"],
+           "max_abs_ll_diff": diff,
+           "pred_mismatch": sum(x["pred"] != y["pred"] for x, y in zip(mo, mh)),
+           "pred_norm_mismatch": sum(x["pred_norm"] != y["pred_norm"] for x, y in zip(mo, mh)),
+           "metric": metric, "score_ours": float(np.mean([x[metric] for x in mo])),
+           "score_lm_eval": float(np.mean([x[metric] for x in mh]))}
+    if "ours_plain" in wall:
+        row["speedup_packed_vs_plain"] = wall["ours_plain"] / wall["ours"]
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Totals over the tasks: request tokens, wall and CPU seconds, throughput and speedups."""
     tot_tok = sum(r["request_tokens"] for r in rows)
     tot = {k: sum(r["wall_s"][k] for r in rows) for k in rows[0]["wall_s"]}
     tot_cpu = {k: sum(r["cpu_s"][k] for r in rows) for k in rows[0]["cpu_s"]}
@@ -130,6 +122,43 @@ def main() -> None:
                "speedup_vs_lm_eval_cpu": tot_cpu["lm_eval"] / tot_cpu["ours"]}
     if "ours_plain" in tot:
         summary["speedup_packed_vs_plain_wall"] = tot["ours_plain"] / tot["ours"]
+    return summary
+
+
+def main() -> None:
+    a = _parser().parse_args()
+    torch.set_num_threads(a.threads)
+
+    from lm_eval.api.instance import Instance
+
+    from secateur.eval.lmeval_bridge import harness_version, make_hflm
+    from secateur.eval.zeroshot import loglikelihoods, parse_tasks, zeroshot_data_dir
+    from secateur.eval.zeroshot_tasks import load_items
+    from secateur.models.loading import load_model
+    from secateur.runinfo import machine, versions
+
+    tasks = parse_tasks(a.tasks)
+    data = zeroshot_data_dir(a.data_dir)
+    model, tok = load_model("smollm2-135m")
+    lm = make_hflm(model, tok, batch_size=a.harness_batch_size)
+    harness = harness_scorer(lm, Instance)
+
+    warm = load_items(tasks[0], data, 2)
+    loglikelihoods(model, tok, warm, batch_size=a.batch_size)
+    harness(warm)
+
+    load_before = os.getloadavg()
+    rows = []
+    for n, t in enumerate(tasks):
+        row = time_task(n, t, a, model, tok, data, harness)
+        rows.append(row)
+        wall = row["wall_s"]
+        print(f"{t:<14} items {row['items']:>4}  tokens {row['request_tokens']:>7}  ours {wall['ours']:7.1f}s "
+              f"lm-eval {wall['lm_eval']:7.1f}s  x{row['speedup_vs_lm_eval']:.2f}  max|dll| "
+              f"{row['max_abs_ll_diff']:.1e}", flush=True)
+    load_after = os.getloadavg()
+
+    summary = summarize(rows)
     cfg = model.config
     out = {
         "protocol": {"name": "zeroshot-speed", "limit": a.limit, "tasks": tasks, "num_fewshot": 0,
