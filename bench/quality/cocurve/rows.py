@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -151,15 +152,13 @@ def stage_zs(preset: str, rhos: list[float], methods: list[str]) -> None:
 
 
 def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: bool) -> None:
-    from secateur.budgets.heldout import HeldoutKL, masked
+    """The mask-only rows (CoCurve, its diagonal control, the baselines) and the dense row, resumable row by row."""
+    from secateur.budgets.heldout import HeldoutKL
     from secateur.data.windows import token_sha256
-    from secateur.eval.efficiency import count_params, measure_efficiency
-    from secateur.export.sliced import save_pruned
-    from secateur.methods.cocurve import cocurve_inventory, select
+    from secateur.methods.cocurve import cocurve_inventory
     from secateur.models.adapters import get_adapter
     from secateur.runinfo import machine, versions
     from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256
-    from secateur.structured.slicing import apply_selection
 
     torch.set_num_threads(1)
     p = PRESETS[preset]
@@ -184,20 +183,11 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
     done = {(r["method"], r["rho"]) for r in read_rows(run.OUT_JSON) if r.get("preset") == preset}
     eff_kw = {"prompt_len": 256, "new_tokens": 16, "warmup": 1, "repeats": 3}
     eff = p.get("efficiency", True)
+    ctx = SimpleNamespace(model=model, tok=tok, inv=inv, base=base, corpora=corpora, p=p, preset=preset, eff=eff,
+                          eff_kw=eff_kw)
 
     if with_dense and ("dense", 0.0) not in done:
-        t = time.perf_counter()
-        row = {**base, "method": "dense", "rho": 0.0, "realized": 0.0, "heldout_kl": teacher.evaluate()["kl"],
-               "ppl": _ppl(model, corpora, p["ppl_windows"], p), "params": count_params(model)}
-        if tester is not None:
-            row["test_kl"], row["test_se"] = tester.evaluate()["kl"], 0.0
-        if _wants_full_ppl(p, "dense", 0.0):
-            row["ppl_full"] = _ppl(model, corpora, None, p, p.get("full_ppl_corpora"))
-        if eff:
-            row["efficiency"] = measure_efficiency(model, **eff_kw)
-        row["eval_s"] = time.perf_counter() - t
-        append_row(run.OUT_JSON, row)
-        print("dense", row["ppl"], flush=True)
+        _dense_row(ctx, teacher, tester)
 
     stats, stats_s = None, 0.0
     if any(m in ("wanda_sp", "flap") for m in methods):
@@ -211,60 +201,109 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
             if (method, rho) in done:
                 continue
             t0 = time.perf_counter()
-            extra: dict = {}
             if method.startswith("cocurve"):
-                res = select(graph, inv, rho, adapter, teacher, cfg, diagonal=method == "cocurve-diag")
-                removed = res.removed
-                extra = {"lambda": res.lam, "candidates": res.candidates, "chosen": res.chosen,
-                         "one_se_set": res.one_se_set}
-                kl = res.candidates[res.chosen]["heldout_kl"]
-                se = res.candidates[res.chosen]["heldout_se"]
-                sel_s = time.perf_counter() - t0
-                cost_s = sweep_s + sel_s
-                if tester is not None:
-                    with masked(adapter, inv, removed):
-                        ev = tester.evaluate()
-                    extra |= {"test_kl": ev["kl"], "test_se": ev["se"]}
+                chosen = _cocurve_choice(graph, inv, rho, adapter, teacher, tester, cfg, method, sweep_s, t0)
             else:
-                removed, norm = _baseline_removed(method, inv, adapter, stats, rho, guard)
-                sel_s = time.perf_counter() - t0
-                cost_s = sel_s + (stats_s if method in ("wanda_sp", "flap") else 0.0)
-                with masked(adapter, inv, removed):
-                    ev = teacher.evaluate()
-                    if tester is not None:
-                        et = tester.evaluate()
-                        extra = {"test_kl": et["kl"], "test_se": et["se"]}
-                kl, se = ev["kl"], ev["se"]
-                extra["cost_normalized"] = norm
-            from secateur.budgets.allocate import report
-            from secateur.structured.selection import Selection
+                chosen = _baseline_choice(method, inv, adapter, stats, rho, guard, teacher, tester, stats_s, t0)
+            _mask_row(ctx, method, rho, *chosen)
 
-            rep = report(inv, removed, rho)
-            sel = Selection.from_removed(inv, removed, {"method": method})
-            pruned = copy.deepcopy(model)
-            apply_selection(pruned, get_adapter(pruned), sel)
-            t1 = time.perf_counter()
-            row = {**base, "method": method, "rho": rho, "realized": rep["realized"],
-                   "realized_minus_target_pp": 100 * (rep["realized"] - rho), "heldout_kl": kl, "heldout_se": se,
-                   "alloc": _alloc(inv, removed), "selection_s": sel_s, "selection_cost_s": cost_s,
-                   "mask_sha256": array_sha256(removed), "params": count_params(pruned), **extra}
-            row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"], p)
-            if _wants_full_ppl(p, method, rho):
-                row["ppl_full"] = _ppl(pruned, corpora, None, p, p.get("full_ppl_corpora"))
-            if method.startswith("cocurve"):
-                out = out_dir(preset, method, rho)
-                saved = save_pruned(pruned, out, tok, overwrite=True,
-                                    extra_files={"secateur_selection.json": sel.to_dict()})
-                mask_file = out / "cocurve_mask.pt"
-                torch.save({"removed": removed, "lambda": row["lambda"]}, mask_file)
-                row["export"] = {**saved, "mask_file": str(mask_file)}
-                if eff:
-                    row["efficiency"] = measure_efficiency(pruned, **eff_kw)
-            row["eval_s"] = time.perf_counter() - t1
-            append_row(run.OUT_JSON, row)
-            print(method, rho, f"kl={kl:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
-                  f"realized={rep['realized']:.4f}", flush=True)
-            del pruned
+
+def _dense_row(ctx: SimpleNamespace, teacher, tester) -> None:
+    """The dense row: held-out (and test) KL, perplexity, parameters and, unless the preset says not, efficiency."""
+    from secateur.eval.efficiency import count_params, measure_efficiency
+
+    model, corpora, p = ctx.model, ctx.corpora, ctx.p
+    t = time.perf_counter()
+    row = {**ctx.base, "method": "dense", "rho": 0.0, "realized": 0.0, "heldout_kl": teacher.evaluate()["kl"],
+           "ppl": _ppl(model, corpora, p["ppl_windows"], p), "params": count_params(model)}
+    if tester is not None:
+        row["test_kl"], row["test_se"] = tester.evaluate()["kl"], 0.0
+    if _wants_full_ppl(p, "dense", 0.0):
+        row["ppl_full"] = _ppl(model, corpora, None, p, p.get("full_ppl_corpora"))
+    if ctx.eff:
+        row["efficiency"] = measure_efficiency(model, **ctx.eff_kw)
+    row["eval_s"] = time.perf_counter() - t
+    append_row(run.OUT_JSON, row)
+    print("dense", row["ppl"], flush=True)
+
+
+def _cocurve_choice(graph, inv, rho, adapter, teacher, tester, cfg, method: str, sweep_s: float, t0: float):
+    """CoCurve's (or its diagonal control's) mask at ``rho``, lambda chosen on the held-out split:
+    (removed, held-out KL, its SE, selection seconds, selection cost in seconds, row extras)."""
+    from secateur.budgets.heldout import masked
+    from secateur.methods.cocurve import select
+
+    res = select(graph, inv, rho, adapter, teacher, cfg, diagonal=method == "cocurve-diag")
+    removed = res.removed
+    extra = {"lambda": res.lam, "candidates": res.candidates, "chosen": res.chosen,
+             "one_se_set": res.one_se_set}
+    kl = res.candidates[res.chosen]["heldout_kl"]
+    se = res.candidates[res.chosen]["heldout_se"]
+    sel_s = time.perf_counter() - t0
+    cost_s = sweep_s + sel_s
+    if tester is not None:
+        with masked(adapter, inv, removed):
+            ev = tester.evaluate()
+        extra |= {"test_kl": ev["kl"], "test_se": ev["se"]}
+    return removed, kl, se, sel_s, cost_s, extra
+
+
+def _baseline_choice(method: str, inv, adapter, stats, rho, guard, teacher, tester, stats_s: float, t0: float):
+    """A baseline's mask at ``rho`` and its held-out (and test) KL; returns as ``_cocurve_choice``."""
+    from secateur.budgets.heldout import masked
+
+    extra: dict = {}
+    removed, norm = _baseline_removed(method, inv, adapter, stats, rho, guard)
+    sel_s = time.perf_counter() - t0
+    cost_s = sel_s + (stats_s if method in ("wanda_sp", "flap") else 0.0)
+    with masked(adapter, inv, removed):
+        ev = teacher.evaluate()
+        if tester is not None:
+            et = tester.evaluate()
+            extra = {"test_kl": et["kl"], "test_se": et["se"]}
+    kl, se = ev["kl"], ev["se"]
+    extra["cost_normalized"] = norm
+    return removed, kl, se, sel_s, cost_s, extra
+
+
+def _mask_row(ctx: SimpleNamespace, method: str, rho: float, removed, kl, se, sel_s, cost_s, extra: dict) -> None:
+    """Slice the model by ``removed``, measure it (perplexity; CoCurve rows: export, mask file, efficiency) and
+    append its row."""
+    from secateur.budgets.allocate import report
+    from secateur.eval.efficiency import count_params, measure_efficiency
+    from secateur.export.sliced import save_pruned
+    from secateur.models.adapters import get_adapter
+    from secateur.scoring.cocurve_graph import array_sha256
+    from secateur.structured.selection import Selection
+    from secateur.structured.slicing import apply_selection
+
+    inv, p, corpora = ctx.inv, ctx.p, ctx.corpora
+    rep = report(inv, removed, rho)
+    sel = Selection.from_removed(inv, removed, {"method": method})
+    pruned = copy.deepcopy(ctx.model)
+    apply_selection(pruned, get_adapter(pruned), sel)
+    t1 = time.perf_counter()
+    row = {**ctx.base, "method": method, "rho": rho, "realized": rep["realized"],
+           "realized_minus_target_pp": 100 * (rep["realized"] - rho), "heldout_kl": kl, "heldout_se": se,
+           "alloc": _alloc(inv, removed), "selection_s": sel_s, "selection_cost_s": cost_s,
+           "mask_sha256": array_sha256(removed), "params": count_params(pruned), **extra}
+    row["ppl"] = _ppl(pruned, corpora, p["ppl_windows"], p)
+    if _wants_full_ppl(p, method, rho):
+        row["ppl_full"] = _ppl(pruned, corpora, None, p, p.get("full_ppl_corpora"))
+    if method.startswith("cocurve"):
+        out = out_dir(ctx.preset, method, rho)
+        saved = save_pruned(pruned, out, ctx.tok, overwrite=True,
+                            extra_files={"secateur_selection.json": sel.to_dict()})
+        mask_file = out / "cocurve_mask.pt"
+        torch.save({"removed": removed, "lambda": row["lambda"]}, mask_file)
+        row["export"] = {**saved, "mask_file": str(mask_file)}
+        if ctx.eff:
+            row["efficiency"] = measure_efficiency(pruned, **ctx.eff_kw)
+    row["eval_s"] = time.perf_counter() - t1
+    append_row(run.OUT_JSON, row)
+    print(method, rho, f"kl={kl:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
+          f"realized={rep['realized']:.4f}", flush=True)
+    del pruned
 
 
 def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_METHODS, zs: bool = False) -> None:
@@ -273,22 +312,18 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
     and checked against its sha256: same inventory, guards and budget as CoCurve), and ``coec`` (COEC's own
     pipeline: RCPU score, KV groups + single channels, uniform ceil allocation, no guard; its realized
     budget is what ceil rounding gives). Grams and scores from ``COMP_CALIB``; KL and perplexity as the rows.
-    ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows."""
-    from secateur.budgets.allocate import report
+    ``zs``: the zero-shot column too, on these rows and on the uncompensated ``cocurve`` / ``wanda_sp`` rows.
+    Returns before loading anything when no row (and, with ``zs``, no zero-shot cell) is left to do."""
     from secateur.budgets.heldout import HeldoutKL
     from secateur.calib.collect import SCORE_STATS, collect_stats
-    from secateur.compensate import COECOptions
     from secateur.data.windows import token_sha256
-    from secateur.eval.efficiency import count_params
     from secateur.methods.cocurve import cocurve_inventory
-    from secateur.methods.materialize import compensate_selection
-    from secateur.methods.structured import StructuredConfig, prune_structured
     from secateur.models.adapters import get_adapter
     from secateur.runinfo import machine, versions
-    from secateur.scoring.cocurve_graph import array_sha256
-    from secateur.structured.selection import Selection
-    from secateur.structured.slicing import apply_selection
 
+    if not _coec_left(preset, rhos, methods, zs):
+        print(f"COEC rows ({', '.join(methods)}) at {rhos}: every row already done", flush=True)
+        return
     torch.set_num_threads(1)
     p = PRESETS[preset]
     model, tok = load()
@@ -317,6 +352,9 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
             "heldout_sha256": token_sha256(h_ids), "test_sha256": None if t_ids is None else token_sha256(t_ids),
             "device": run.DEVICE, "coec_rounds": rounds, "versions": versions(),
             "machine": machine(), "stats_s": stats_s}
+    ctx = SimpleNamespace(model=model, tok=tok, adapter=adapter, inv=inv, cfg=cfg, p=p, corpora=corpora,
+                          teacher=teacher, tester=tester, base=base, c_ids=c_ids, stats=stats, stats_s=stats_s,
+                          g_stats=g_stats, zs=zs)
     for rho in rhos:
         for method in methods:
             if (method, rho) in done:
@@ -324,45 +362,99 @@ def stage_coec(preset: str, rhos: list[float], methods: tuple[str, ...] = COEC_M
             src = method.removesuffix("+coec")
             ref = next((r for r in rows if r.get("preset") == preset and r["method"] == src and r["rho"] == rho),
                        None)
-            pruned = copy.deepcopy(model)
-            pa = get_adapter(pruned)
-            t0 = time.perf_counter()
-            if method != "coec":
-                if ref is None:
-                    print(f"no {src} row at {rho}: skipping {method}")
-                    continue
-                removed = _row_removed(ref, inv, adapter, g_stats, cfg.guard(rho))
-                sel = Selection.from_removed(inv, removed, {"method": method})
-                ccfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS))
-                reps, records, comp_s = compensate_selection(pruned, pa, sel, stats, ccfg)
-                apply_selection(pruned, pa, sel, reps)
-                rep = report(inv, removed, rho)
-                extra = {"lambda": ref.get("lambda"), "alloc": ref["alloc"], "mask_sha256": array_sha256(removed),
-                         "compensation_s": comp_s, "realized": rep["realized"],
-                         "selection_cost_s": ref["selection_cost_s"] + stats_s + comp_s,
-                         "recon_after_mean": sum(r["recon_after"] for r in records) / max(len(records), 1),
-                         "recon_before_mean": sum(r["recon_before"] for r in records) / max(len(records), 1),
-                         "rounds_mean": sum(r.get("rounds") or 0 for r in records) / max(len(records), 1),
-                         "guard_fired": sum(bool(r.get("guard")) for r in records)}
-            else:
-                res = prune_structured(pruned, pa, c_ids, StructuredConfig(
-                    score="rcpu", compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS)), stats=stats)
-                d = res.details
-                extra = {"realized": d["realized"], "compensation_s": d["compensation_seconds"],
-                         "selection_cost_s": stats_s + res.timings["total_s"], "units": d["units"],
-                         "allocation": d["allocation"], "compensation_summary": d["compensation_summary"]}
-            ev = teacher.evaluate(pruned)
-            row = {**base, "method": method, "rho": rho, "heldout_kl": ev["kl"], "heldout_se": ev["se"],
-                   "params": count_params(pruned), "ppl": _ppl(pruned, corpora, p["ppl_windows"], p),
-                   "wall_s": time.perf_counter() - t0, **extra}
-            if tester is not None:
-                et = tester.evaluate(pruned)
-                row["test_kl"], row["test_se"] = et["kl"], et["se"]
-            if zs and ("zs" not in p or _wants(p, "zs", method, rho)):
-                row["zeroshot"] = zeroshot_cell(pruned, tok)
-            append_row(run.OUT_JSON, row)
-            print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
-                  flush=True)
-            del pruned
+            _coec_row(ctx, method, rho, ref)
         if zs:  # the selections alone, for the zero-shot column
             zs_cells(model, tok, adapter, inv, cfg, g_stats, preset, rho, ("cocurve", "wanda_sp"))
+
+
+def _coec_left(preset: str, rhos: list[float], methods: tuple[str, ...], zs: bool) -> bool:
+    """Whether ``stage_coec`` has anything left, from the rows file alone: a COEC row not yet at this round cap
+    (that has its selection's row, or is COEC's own pipeline), or, with ``zs``, a zero-shot cell ``zs_cells``
+    would fill."""
+    p = PRESETS[preset]
+    rows = [r for r in read_rows(run.OUT_JSON) if r.get("preset") == preset]
+    rounds = COEC_OPTS["max_rounds"]
+    done = {(r["method"], r["rho"]) for r in rows if r.get("coec_rounds") == rounds}
+    for rho in rhos:
+        for method in methods:
+            src = method.removesuffix("+coec")
+            if (method, rho) not in done and (method == "coec" or any(
+                    r["method"] == src and r["rho"] == rho for r in rows)):
+                return True
+        for m in ("cocurve", "wanda_sp") if zs else ():
+            if "zs" in p and not _wants(p, "zs", m, rho):
+                continue
+            row = next((r for r in rows if r["method"] == m and r["rho"] == rho and "coec_rounds" not in r), None)
+            if row is not None and not row.get("zeroshot"):
+                return True
+    return False
+
+
+def _coec_row(ctx: SimpleNamespace, method: str, rho: float, ref: dict | None) -> None:
+    """One COEC row: compensate the selection (``ref``'s mask, or COEC's own pipeline), evaluate it, append it."""
+    from secateur.eval.efficiency import count_params
+    from secateur.models.adapters import get_adapter
+
+    p = ctx.p
+    pruned = copy.deepcopy(ctx.model)
+    pa = get_adapter(pruned)
+    t0 = time.perf_counter()
+    if method != "coec":
+        if ref is None:
+            print(f"no {method.removesuffix('+coec')} row at {rho}: skipping {method}")
+            return
+        extra = _coec_on_row_mask(ctx, method, rho, ref, pruned, pa)
+    else:
+        extra = _coec_own_pipeline(ctx, rho, pruned, pa)
+    ev = ctx.teacher.evaluate(pruned)
+    row = {**ctx.base, "method": method, "rho": rho, "heldout_kl": ev["kl"], "heldout_se": ev["se"],
+           "params": count_params(pruned), "ppl": _ppl(pruned, ctx.corpora, p["ppl_windows"], p),
+           "wall_s": time.perf_counter() - t0, **extra}
+    if ctx.tester is not None:
+        et = ctx.tester.evaluate(pruned)
+        row["test_kl"], row["test_se"] = et["kl"], et["se"]
+    if ctx.zs and ("zs" not in p or _wants(p, "zs", method, rho)):
+        row["zeroshot"] = zeroshot_cell(pruned, ctx.tok)
+    append_row(run.OUT_JSON, row)
+    print(method, rho, f"kl={ev['kl']:.4f}", {k: round(v["ppl"], 2) for k, v in row["ppl"].items()},
+          flush=True)
+    del pruned
+
+
+def _coec_on_row_mask(ctx: SimpleNamespace, method: str, rho: float, ref: dict, pruned, pa) -> dict:
+    """COEC on a results row's mask (rebuilt and sha256-checked), applied to ``pruned``; returns the row extras."""
+    from secateur.budgets.allocate import report
+    from secateur.compensate import COECOptions
+    from secateur.methods.materialize import compensate_selection
+    from secateur.methods.structured import StructuredConfig
+    from secateur.scoring.cocurve_graph import array_sha256
+    from secateur.structured.selection import Selection
+    from secateur.structured.slicing import apply_selection
+
+    inv, stats_s = ctx.inv, ctx.stats_s
+    removed = _row_removed(ref, inv, ctx.adapter, ctx.g_stats, ctx.cfg.guard(rho))
+    sel = Selection.from_removed(inv, removed, {"method": method})
+    ccfg = StructuredConfig(compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS))
+    reps, records, comp_s = compensate_selection(pruned, pa, sel, ctx.stats, ccfg)
+    apply_selection(pruned, pa, sel, reps)
+    rep = report(inv, removed, rho)
+    return {"lambda": ref.get("lambda"), "alloc": ref["alloc"], "mask_sha256": array_sha256(removed),
+            "compensation_s": comp_s, "realized": rep["realized"],
+            "selection_cost_s": ref["selection_cost_s"] + stats_s + comp_s,
+            "recon_after_mean": sum(r["recon_after"] for r in records) / max(len(records), 1),
+            "recon_before_mean": sum(r["recon_before"] for r in records) / max(len(records), 1),
+            "rounds_mean": sum(r.get("rounds") or 0 for r in records) / max(len(records), 1),
+            "guard_fired": sum(bool(r.get("guard")) for r in records)}
+
+
+def _coec_own_pipeline(ctx: SimpleNamespace, rho: float, pruned, pa) -> dict:
+    """COEC's own pipeline (RCPU score, uniform ceil allocation, COEC) on ``pruned``; returns the row extras."""
+    from secateur.compensate import COECOptions
+    from secateur.methods.structured import StructuredConfig, prune_structured
+
+    res = prune_structured(pruned, pa, ctx.c_ids, StructuredConfig(
+        score="rcpu", compensation="coec", sparsity=rho, coec=COECOptions(**COEC_OPTS)), stats=ctx.stats)
+    d = res.details
+    return {"realized": d["realized"], "compensation_s": d["compensation_seconds"],
+            "selection_cost_s": ctx.stats_s + res.timings["total_s"], "units": d["units"],
+            "allocation": d["allocation"], "compensation_summary": d["compensation_summary"]}
