@@ -58,6 +58,18 @@ def run_logged(cmd: list[str], log: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t
 
 
+def rerunnable(command: str) -> str:
+    """``command`` with each ``bench/<script>`` path written before bench/ was grouped into folders (issue 27)
+    pointing at where that script is now: a record keeps the command it ran, a page names one anyone can rerun."""
+    import re
+
+    def now(m: re.Match) -> str:
+        found = list((ROOT / "bench").glob(f"*/{m.group(1)}"))
+        return f"bench/{found[0].parent.name}/{m.group(1)}" if len(found) == 1 else m.group(0)
+
+    return re.sub(r"\bbench/([\w.-]+\.(?:py|sh))\b", now, command)
+
+
 def read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -95,16 +107,21 @@ def git_commit() -> str:
 START_COMMIT = git_commit()
 
 
+def stamped(record: dict) -> dict:
+    """``record`` with the commit it was measured at (the checkout at the process's start; ``commit_at_write``
+    when the checkout differs now), the machine's load average and the time it was written, unless it names
+    them itself: every bench record, a JSONL row or a whole JSON file, goes through here."""
+    now = git_commit()
+    record = {"commit": START_COMMIT, "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+              "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} | record
+    return {"commit_at_write": now} | record if now != START_COMMIT else record
+
+
 def append_row(path: Path, row: dict, unique_key: bool = False) -> bool:
     """Append ``row``; with ``unique_key``, only when no row with its ``key`` exists (checked under the lock,
     so two lanes never both append one key). Returns whether it was written. Every row gets the commit it was
-    measured at (the checkout at the process's start; ``commit_at_write`` when it differs) and the machine's load
-    average when it was written (unless it names them itself)."""
-    now = git_commit()
-    row = {"commit": START_COMMIT, "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-           "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} | row
-    if now != START_COMMIT:
-        row = {"commit_at_write": now} | row
+    measured at and the machine's load average when it was written (``stamped``)."""
+    row = stamped(row)
     with _locked(path):
         if unique_key and any(r.get("key") == row["key"] for r in read_rows(path)):
             return False

@@ -8,7 +8,7 @@ import torch
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 # Generated cases (tests/test_fuzz_*.py): a fixed seed and a few dozen cases per class in CI; the longer run of
-# bench/reliability_fuzz.py sets HYPOTHESIS_PROFILE=long (and a seed of its own).
+# bench/checks/reliability_fuzz.py sets HYPOTHESIS_PROFILE=long (and a seed of its own).
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -11,7 +11,7 @@ never a traceback, never exit 1 or an uncaught exception, never a file of the us
 
 :func:`run_cli` runs ``secateur.cli.main`` in this process; :func:`check` asserts the promise and, when
 ``SECATEUR_FUZZ_LOG`` names a file, appends one JSON line per case (its class, exit code, verdict) so that
-``bench/reliability_fuzz.py`` can count cases by class over a longer run.
+``bench/checks/reliability_fuzz.py`` can count cases by class over a longer run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The table of inputs a user can fix: each one must end with one line on stderr, exit code 2, nothing written.
 
 Shared by ``tests/test_errors_table.py`` (in-process, plus a few rows through a subprocess) and
-``bench/reliability_table.py`` (every row through ``python -m secateur.cli``); no pytest here.
+``bench/checks/reliability_table.py`` (every row through ``python -m secateur.cli``); no pytest here.
 
 A row is a :class:`Case`: ``argv(ws)`` builds the command line from a :class:`Workspace`, which makes the
 inputs a row needs (tiny models saved to folders, broken files) on first use. Inputs are made before the

@@ -52,7 +52,7 @@ FAMILIES = sorted({f for f, _, _ in RUNS})
 
 
 def folder_digest(path: Path) -> str:
-    """sha256 of every safetensors tensor and of the masks' arrays (as bench/digests.py)."""
+    """sha256 of every safetensors tensor and of the masks' arrays (as bench/checks/digests.py)."""
     from safetensors import safe_open
 
     h = hashlib.sha256()

@@ -1,6 +1,6 @@
 """Every input a user can fix ends with one stderr line, exit code 2, no traceback and nothing written.
 
-The rows live in ``tests/error_cases.py`` (shared with ``bench/reliability_table.py``); each runs in-process
+The rows live in ``tests/error_cases.py`` (shared with ``bench/checks/reliability_table.py``); each runs in-process
 through ``secateur.cli.main``; rows marked ``subprocess`` also run through ``python -m secateur.cli`` to prove no
 traceback or warning reaches the real stderr.
 """

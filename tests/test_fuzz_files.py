@@ -14,7 +14,7 @@ report-json.
 
 The commands chosen fail fast where they can (a recipe is checked before any model is loaded); a mutation that
 leaves a file valid runs the command to its end, on tiny inputs. The ``ci`` profile runs a fixed set of cases;
-``HYPOTHESIS_PROFILE=long`` (bench/reliability_fuzz.py) runs more.
+``HYPOTHESIS_PROFILE=long`` (bench/checks/reliability_fuzz.py) runs more.
 """
 
 from __future__ import annotations

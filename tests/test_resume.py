@@ -212,8 +212,8 @@ DATA = Path(os.environ.get("SECATEUR_DATA", Path(__file__).resolve().parents[2] 
 @pytest.mark.skipif(not (DATA / "c4-validation-2k").exists(), reason=f"no C4 data at {DATA}")
 def test_real_smollm2_sigkill_and_resume(tmp_path):
     """A real process killed with SIGKILL once block 10 is checkpointed, resumed: the same bits as a clean run."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from resume_check import kill_and_resume
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.checks.resume_check import kill_and_resume
 
     res = kill_and_resume(tmp_path, kill_block=10, data_dir=str(DATA))
     assert res["killed_at_block_file"] and res["resumed_rc"] == 0

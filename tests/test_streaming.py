@@ -264,12 +264,13 @@ def test_packed_masks_round_trip():
 
 
 def test_make_7b_generator_at_a_tiny_size(tmp_path):
-    """bench/make_7b.py with tiny overrides: a sharded bf16 folder + tokenizer that loads and evaluates streamed."""
+    """bench/tools/make_7b.py with tiny overrides: a sharded bf16 folder + tokenizer that loads and evaluates "
+    "streamed."""
     from transformers import AutoModelForCausalLM
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "m"
-    subprocess.run([sys.executable, str(root / "bench" / "make_7b.py"), "--out", str(out), "--layers", "2",
+    subprocess.run([sys.executable, str(root / "bench" / "tools" / "make_7b.py"), "--out", str(out), "--layers", "2",
                     "--hidden", "64", "--heads", "4", "--ffn", "128", "--vocab", "300", "--max-shard-mb", "0.05"],
                    check=True, capture_output=True, env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"})
     model = AutoModelForCausalLM.from_pretrained(out)

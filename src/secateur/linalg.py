@@ -46,7 +46,7 @@ def one_thread() -> Iterator[None]:
     """Intra-op threads set to 1 inside the block (restored after; a no-op when already 1).
 
     MKL's LAPACK (and torch's whole-tensor reductions) split work by the thread count, so a Cholesky of the
-    same matrix differs in the last bits between 1 and 2 threads; GEMMs do not (measured: bench/thread_check.py).
+    same matrix differs in the last bits between 1 and 2 threads; GEMMs do not (measured: bench/checks/thread_check.py).
     The factorizations are d x d with d <= a few thousand, so one thread costs little next to the capture."""
     n = torch.get_num_threads()
     if n == 1:
