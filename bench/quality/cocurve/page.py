@@ -224,6 +224,8 @@ def medium_section(rows_all: list[dict]) -> list[str]:
         done = len(list(checkpoint_dir(g).glob("sweep0-block*.pt"))) if checkpoint_dir(g).exists() else 0
         L.append(f"\nGraph: in progress, {done} of {PRESETS['medium']['n_graph']} blocks of sequences checkpointed "
                  "(`--resume` continues it bit-identically: `tests/test_cocurve_resume.py`).")
+    if rows:
+        L.append(_measured_cost(rows, (graph_summary("medium")[0] or {}) if g.exists() else {}))
     if not rows:
         L.append("\nNo medium rows yet; `bench/quality/cocurve_medium.sh` (rerun it after a stop) continues "
                  "where it stopped.")
@@ -236,6 +238,20 @@ def medium_section(rows_all: list[dict]) -> list[str]:
     L += rank_change([r for r in rows_all if r.get("preset") == "quick"], rows)
     L.append(f"\n![medium allocation]({png_path('medium').name})\n")
     return L
+
+
+def _measured_cost(rows: list[dict], graph_meta: dict) -> str:
+    """What the medium plan cost, measured: the graph's wall time and every row's own seconds (selection +
+    evaluation, or a COEC row's wall; zero-shot cells), against the dry run's estimate."""
+    secs = sum((r["wall_s"] if "wall_s" in r else (r.get("selection_s") or 0) + (r.get("eval_s") or 0))
+               + ((r.get("zeroshot") or {}).get("seconds") or 0) for r in rows)
+    loads = [r["load_avg_1_5_15"][0] for r in rows if r.get("load_avg_1_5_15")]
+    gw = graph_meta.get("wall_s", 0) / 3600
+    return (f"\nMeasured: graph {gw:.2f} h wall (2 ranks); the {len(rows)} rows' own seconds sum to "
+            f"{secs / 3600:.2f} h (selection + evaluation, COEC rows' wall, zero-shot cells), run in two lanes (one "
+            f"per rho), so about {gw + secs / 7200:.1f} h of wall in all, at load {min(loads, default=0):.1f}-"
+            f"{max(loads, default=0):.1f} when rows were written (the estimate assumes a quiet machine, one process "
+            "per core). The run spanned three sessions (resumed each time; finished rows are skipped).")
 
 
 SELECTORS = ("cocurve", "cocurve-diag", "wanda_sp", "flap", "random")  # the masks-only rows (COEC rows aside)
