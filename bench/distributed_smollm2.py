@@ -11,7 +11,8 @@ The machine's load is recorded: on a loaded machine the seconds are indicative, 
     python bench/distributed_smollm2.py --rows 7b-stream --model-7b /tmp/m   # the same path on a small folder
 
 The ``7b-stream`` row prunes the 7B-shaped Llama (``bench/make_7b.py``; its default folder, or ``--model-7b``)
-with Wanda 50% by ``--stream --procs 2`` (bfloat16, C4 8 x 512, seed 0), and records the wall time, every rank's
+with Wanda 50% by ``--stream --procs 2`` (bfloat16, C4 8 x 512, seed 0, ``--chunk-size 4``: two chunks, one per
+rank; the default 8 would leave rank 1 no calibration window), and records the wall time, every rank's
 peak RSS (``peak_rss_mb_per_rank`` of the report: each rank's ``ru_maxrss`` at the end of the prune, gathered by
 rank 0; rank 0's own after its save is ``peak_rss_mb``), every rank's memory plan and the digests. It is merged into
 the existing results (the SmolLM2 rows are kept), so it can be run alone.
@@ -42,6 +43,33 @@ def default_7b() -> Path:
     return Path(os.environ.get("SECATEUR_CACHE", Path.home() / ".cache" / "secateur")) / "models" / "llama2-7b-shaped"
 
 
+def torch_digest(path: Path) -> tuple[str, str]:
+    """:func:`digests.folder_digest` for a bfloat16 folder (numpy has no bfloat16): every tensor's bytes through torch,
+    the masks' arrays as there."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    w = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name).contiguous()
+                w.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+                w.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    m = hashlib.sha256()
+    masks = path / "secateur-masks.npz"
+    if masks.exists():
+        import numpy as np
+
+        with np.load(masks) as z:
+            for name in sorted(z.files):
+                m.update(name.encode())
+                m.update(np.ascontiguousarray(z[name]).tobytes())
+    return w.hexdigest(), (m.hexdigest() if masks.exists() else "-")
+
+
 def stream_7b_row(model: Path, procs: int = 2) -> dict:
     """The 7B-shaped model pruned by ``--stream --procs N`` (module docstring): wall, per-rank peak RSS and plans."""
     if not (model / "config.json").exists():
@@ -50,7 +78,7 @@ def stream_7b_row(model: Path, procs: int = 2) -> dict:
         out = Path(d) / "out"
         cmd = [sys.executable, "-m", "secateur", "prune", "--model", str(model), "--dtype", "bfloat16", "--method",
                "wanda", "--sparsity", "0.5", "--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0",
-               "--stream", "--procs", str(procs), "--quiet", "--out", str(out)]
+               "--chunk-size", "4", "--stream", "--procs", str(procs), "--quiet", "--out", str(out)]
         load = os.getloadavg()[0]
         t = time.monotonic()
         p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
@@ -58,7 +86,7 @@ def stream_7b_row(model: Path, procs: int = 2) -> dict:
         if p.returncode != 0:
             raise SystemExit(f"7b-stream: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
         rep = json.loads((out / "secateur-report.json").read_text())
-        w, m = folder_digest(out)
+        w, m = torch_digest(out)
         plan = rep.get("memory_plan") or {}
         return {"run": "wanda-50-stream-7b", "model": model.name, "procs": procs, "wall_s": round(wall, 1),
                 "load_1min": round(load, 2), "peak_rss_mb_rank0": rep.get("peak_rss_mb"),
@@ -136,7 +164,8 @@ def render(rec: dict) -> None:
         per = ", ".join(f"rank {i} {v:.0f} MB" for i, v in enumerate(r["peak_rss_mb_per_rank"] or []))
         plans = ", ".join(f"rank {i} {b / 2**30:.2f} GiB" for i, b in enumerate(r["memory_plan_bytes_per_rank"]))
         lines += ["", f"## {r['model']} streamed at {r['procs']} processes", "",
-                  f"`{r['command']}` at {r['commit']}: Wanda 50%, bfloat16, C4 8 x 512 (seed 0), `--stream --procs "
+                  f"`{r['command']}` at {r['commit']}: Wanda 50%, bfloat16, C4 8 x 512 (seed 0), "
+                  f"`--chunk-size 4 --stream --procs "
                   f"{r['procs']}`, one thread per process. Wall {r['wall_s']} s (prune {r['prune_s']:.0f} s; load "
                   f"{r['load_1min']} before it). Peak RSS per rank (at the end of the prune): {per}; rank 0 after "
                   f"its save {r['peak_rss_mb_rank0']:.0f} MB. Memory plans: {plans}. Weights sha256 "

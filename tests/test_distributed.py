@@ -501,3 +501,24 @@ def test_procs_rank_killed_then_resumed(inputs, alone, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "resuming from the checkpoint" in p.stderr
     assert not checkpoint_dir(out).exists() and folder_digest(out) == alone["sparsegpt-50"]["resident"]
+
+
+@pytest.mark.slow
+def test_one_file_checkpoint_of_one_process_resumes_split(inputs, alone, tmp_path):
+    """A one-process checkpoint of the earlier format (every chunk's hidden states in one ``<stage>-hs.pt``) is
+    still read: resumed at 2 processes, each takes its own chunks from it."""
+    from secateur.calib.resume import Checkpoint, checkpoint_dir
+
+    args = dict(STREAMED)["sparsegpt-50"]
+    out = tmp_path / "out"
+    (tmp_path / "a").mkdir()
+    assert _jobs(tmp_path / "a", 1, [("killed", _argv(inputs, out, args), 0, {})])[0]["killed"][0] == 130
+    ck = Checkpoint(checkpoint_dir(out))
+    chunks = [ck.load(f"engine0-hs0-c{j}.pt")["hs"] for j in range(3)]
+    ck.save("engine0-hs.pt", {"after": 0, "hs": chunks})
+    for j in range(3):
+        ck.delete(f"engine0-hs0-c{j}.pt")
+    (tmp_path / "b").mkdir()
+    resumed = _jobs(tmp_path / "b", 2, [("resumed", _argv(inputs, out, args, "--resume"), None, {})])
+    assert [r["resumed"][2][:2] for r in resumed] == [[1, 2], [1, 2]]
+    assert not checkpoint_dir(out).exists() and folder_digest(out) == alone["sparsegpt-50"]["resident"]
