@@ -330,8 +330,6 @@ def test_without_supervisor_a_lost_rank_ends_the_others(inputs, tmp_path):
 # --- refused before any process starts ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("extra", "says"), [
-    (["--stream"], "--stream is not split over processes yet"),
-    (["--resume"], "--resume is not available over several processes"),
     (["--method", "cocurve"], "--method cocurve is not split over processes yet"),
     (["--procs", "0"], "--procs must be >= 1"),
 ])
@@ -342,3 +340,185 @@ def test_refused_in_one_line(inputs, tmp_path, extra, says):
     assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("secateur: error: ") and says in lines[0], err
+
+
+# --- streamed and resumed runs split over processes ---------------------------------------------------------------
+
+# (run name, prune arguments): a structured method with compensation and a method that solves
+STREAMED = [("wanda-sp-ls", ["--method", "wanda-sp", "--sparsity", "0.3", "--compensation", "ls"]),
+            ("sparsegpt-50", ["--method", "sparsegpt", "--sparsity", "0.5"])]
+EVAL = ["--eval-ppl", "calib.txt", "--eval-windows", "4"]  # relative to the inputs folder: made absolute in _argv
+
+
+def _argv(root: Path, out: Path, args: list[str], *extra: str) -> list[str]:
+    extra = tuple(str(root / e) if e == "calib.txt" else e for e in extra)
+    return ["prune", "--model", str(root / "llama"), "--calib", str(root / "calib.txt"), *CALIB, *args, "--quiet",
+            "--out", str(out), *extra]
+
+
+def _jobs_worker(rank: int, world: int, root: str, jobs: list) -> None:
+    """Run each ``(tag, argv, kill_after, env)`` through the CLI on this rank: ``kill_after`` a block index after
+    which every rank is interrupted (as Ctrl-C would), ``env`` set for the job; ``(rc, stderr, blocks finished)``
+    saved by tag in ``jobs-<world>-<rank>.pt``."""
+    from secateur.calib import engine
+
+    out = {}
+    for tag, argv, kill, env in jobs:
+        seen: list[int] = []
+
+        def hook(i: int, seen=seen, kill=kill) -> None:
+            seen.append(i)
+            if kill is not None and i == kill:
+                raise KeyboardInterrupt
+
+        engine._after_block = hook
+        os.environ.update(env)
+        try:
+            rc, err = _cli(argv)
+        finally:
+            for k in env:
+                os.environ.pop(k)
+            engine._after_block = lambda i: None
+        out[tag] = (rc, err, seen)
+    torch.save(out, Path(root) / f"jobs-{world}-{rank}.pt")
+
+
+def _jobs(root: Path, world: int, jobs: list) -> list[dict]:
+    """:func:`_jobs_worker` over ``world`` gloo processes (one process: here); each rank's results."""
+    if world == 1:
+        _jobs_worker(0, 1, str(root), jobs)
+    else:
+        spawn_gloo(_jobs_worker, world, (str(root), jobs), threads=1)
+    return [torch.load(root / f"jobs-{world}-{r}.pt") for r in range(world)]
+
+
+def _ppl(out: Path) -> str:
+    return json.loads((out / "secateur-report.json").read_text())["perplexity"][0]["ppl"].hex()
+
+
+@pytest.fixture(scope="module")
+def alone(inputs, tmp_path_factory) -> dict:
+    """One process: each :data:`STREAMED` run resident and streamed (the streamed one with --eval-ppl)."""
+    root = tmp_path_factory.mktemp("alone")
+    got = {}
+    for name, args in STREAMED:
+        rc, err = _cli(_argv(inputs, root / f"{name}-resident", args))
+        assert rc == 0, err
+        rc, err = _cli(_argv(inputs, root / f"{name}-stream", args, "--stream", *EVAL))
+        assert rc == 0, err
+        got[name] = {"resident": folder_digest(root / f"{name}-resident"),
+                     "stream": folder_digest(root / f"{name}-stream"), "ppl": _ppl(root / f"{name}-stream")}
+        assert got[name]["resident"] == got[name]["stream"]
+    return got
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_streamed_split_equals_one_process(inputs, alone, tmp_path, world):
+    """--stream over N processes: every rank streams the blocks, rank 0 alone writes; the weights, masks and the
+    --eval-ppl perplexity (every rank evaluating rank 0's folder, windows split) are one process's bits; rank 0
+    prints every rank's memory plan (the windows of its own chunks: 3 chunks of 2 windows, chunk c on rank c % N)."""
+    jobs = [(name, _argv(inputs, tmp_path / name, args, "--stream", *EVAL), None, {}) for name, args in STREAMED]
+    ranks = _jobs(tmp_path, world, jobs)
+    windows = [sum(2 for c in range(3) if c % world == r) for r in range(world)]
+    for name, _ in STREAMED:
+        for r, res in enumerate(ranks):
+            assert res[name][0] == 0, (r, res[name][1])
+        assert folder_digest(tmp_path / name) == alone[name]["stream"] == alone[name]["resident"], name
+        assert _ppl(tmp_path / name) == alone[name]["ppl"]
+        err = ranks[0][name][1]
+        plans = [ln for ln in err.splitlines() if ln.startswith("secateur: rank ") and "memory plan" in ln]
+        assert len(plans) == world, err
+        for r, ln in enumerate(plans):
+            assert ln.startswith(f"secateur: rank {r} (") and f"({windows[r]} of the 6 windows: this rank's" in ln, ln
+        assert not [ln for r in ranks[1:] for ln in r[name][1].splitlines() if ln.startswith("secateur: rank ")]
+        report = json.loads((tmp_path / name / "secateur-report.json").read_text())
+        assert report["processes"] == world
+        assert [p["rank"] for p in report["memory_plan"]["ranks"]] == list(range(world))
+    written = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("jobs-"))
+    assert written == sorted(n for n, _ in STREAMED)  # no temporary folder left
+
+
+def test_streamed_split_memory_plan_counts_the_machine(inputs, tmp_path):
+    """The ranks on one machine must fit together: each rank's plan alone fits in 0.45 MiB, both do not; every rank
+    refuses in one line before anything is written."""
+    out = tmp_path / "out"
+    ranks = _jobs(tmp_path, 2, [("tight", _argv(inputs, out, ["--method", "wanda"], "--stream"), None,
+                                 {"SECATEUR_MEM_AVAILABLE_MB": "0.45"})])
+    for res in ranks:
+        rc, err, _ = res["tight"]
+        assert rc == 2
+        line = [ln for ln in err.splitlines() if ln.startswith("secateur: error")]
+        assert len(line) == 1 and "its 2 processes (ranks 0, 1) need about" in line[0] and "fewer --procs" in line[0]
+    assert not out.exists()
+
+
+def _ckpt_names(out: Path) -> list[str]:
+    from secateur.calib.resume import checkpoint_dir
+
+    return sorted(p.name for p in checkpoint_dir(out).iterdir())
+
+
+@pytest.mark.parametrize(("name", "first", "then"), [
+    ("sparsegpt-50", 2, 2), ("sparsegpt-50", 2, 1), ("wanda-sp-ls", 2, 2),
+    pytest.param("sparsegpt-50", 3, 2, marks=pytest.mark.slow),
+    pytest.param("wanda-sp-ls", 1, 3, marks=pytest.mark.slow),
+])
+def test_split_run_killed_resumes_at_any_number_of_processes(inputs, alone, tmp_path, name, first, then):
+    """A run split over ``first`` processes interrupted after block 0 keeps block 0 (written by rank 0) and the next
+    block's inputs one file per chunk (each by its rank); ``--resume`` over ``then`` processes continues from block 1
+    and ends with one process's bits; no checkpoint is left."""
+    from secateur.calib.resume import checkpoint_dir
+
+    args = dict(STREAMED)[name]
+    out = tmp_path / "out"
+    (tmp_path / "a").mkdir()
+    killed = _jobs(tmp_path / "a", first, [("killed", _argv(inputs, out, args), 0, {})])
+    assert [r["killed"][0] for r in killed] == [130] * first
+    assert _ckpt_names(out) == ["engine0-block0.pt", "engine0-hs0-c0.pt", "engine0-hs0-c1.pt", "engine0-hs0-c2.pt",
+                                "manifest.json"]
+    assert not out.exists()
+    (tmp_path / "b").mkdir()
+    resumed = _jobs(tmp_path / "b", then, [("resumed", _argv(inputs, out, args, "--resume"), None, {})])
+    for r in resumed:
+        assert r["resumed"][0] == 0, r["resumed"][1]
+        assert r["resumed"][2][:2] == [1, 2]  # blocks 1 and 2 of the first pass: block 0 came from the checkpoint
+    assert "resuming from the checkpoint" in resumed[0]["resumed"][1]
+    assert not checkpoint_dir(out).exists()
+    assert folder_digest(out) == alone[name]["resident"]
+
+
+@pytest.mark.slow
+def test_procs_rank_killed_then_resumed(inputs, alone, tmp_path):
+    """``--procs 2``: rank 1 SIGKILLed once block 0 is checkpointed; the same command with --resume continues."""
+    from secateur.calib.resume import checkpoint_dir
+
+    out = tmp_path / "out"
+    argv = _argv(inputs, out, dict(STREAMED)["sparsegpt-50"]) + ["--procs", "2"]
+    p, _ = _secateur(argv, SECATEUR_FAIL="block-done:1:kill")
+    assert p.returncode == 2 and "rank 1: ended by SIGKILL" in p.stderr and "--resume" in p.stderr, p.stderr
+    assert "engine0-block0.pt" in _ckpt_names(out) and not out.exists()
+    p, _ = _secateur(argv + ["--resume"])
+    assert p.returncode == 0, p.stderr
+    assert "resuming from the checkpoint" in p.stderr
+    assert not checkpoint_dir(out).exists() and folder_digest(out) == alone["sparsegpt-50"]["resident"]
+
+
+@pytest.mark.slow
+def test_one_file_checkpoint_of_one_process_resumes_split(inputs, alone, tmp_path):
+    """A one-process checkpoint of the earlier format (every chunk's hidden states in one ``<stage>-hs.pt``) is
+    still read: resumed at 2 processes, each takes its own chunks from it."""
+    from secateur.calib.resume import Checkpoint, checkpoint_dir
+
+    args = dict(STREAMED)["sparsegpt-50"]
+    out = tmp_path / "out"
+    (tmp_path / "a").mkdir()
+    assert _jobs(tmp_path / "a", 1, [("killed", _argv(inputs, out, args), 0, {})])[0]["killed"][0] == 130
+    ck = Checkpoint(checkpoint_dir(out))
+    chunks = [ck.load(f"engine0-hs0-c{j}.pt")["hs"] for j in range(3)]
+    ck.save("engine0-hs.pt", {"after": 0, "hs": chunks})
+    for j in range(3):
+        ck.delete(f"engine0-hs0-c{j}.pt")
+    (tmp_path / "b").mkdir()
+    resumed = _jobs(tmp_path / "b", 2, [("resumed", _argv(inputs, out, args, "--resume"), None, {})])
+    assert [r["resumed"][2][:2] for r in resumed] == [[1, 2], [1, 2]]
+    assert not checkpoint_dir(out).exists() and folder_digest(out) == alone["sparsegpt-50"]["resident"]

@@ -6,10 +6,21 @@ Each run is the CLI (``secateur prune ... --procs N``; N = 1 runs without torch.
 (seed 0), Wanda 50% and SparseGPT 2:4; the export's weights and masks are hashed as ``bench/checks/digests.py`` does.
 Wall time of the whole command (start-up, loading, calibration, prune, save) and rank 0's peak RSS (its report).
 The machine's load is recorded: on a loaded machine the seconds are indicative, the digests are not.
+
+    python bench/checks/distributed_smollm2.py --rows 7b-stream    # adds the 7B-shaped streamed row (~15+ min, 2 cores)
+    python bench/checks/distributed_smollm2.py --rows 7b-stream --model-7b /tmp/m  # the same path, a small folder
+
+The ``7b-stream`` row prunes the 7B-shaped Llama (``bench/tools/make_7b.py``; its default folder, or ``--model-7b``)
+with Wanda 50% by ``--stream --procs 2`` (bfloat16, C4 8 x 512, seed 0, ``--chunk-size 4``: two chunks, one per
+rank; the default 8 would leave rank 1 no calibration window), and records the wall time, every rank's
+peak RSS (``peak_rss_mb_per_rank`` of the report: each rank's ``ru_maxrss`` at the end of the prune, gathered by
+rank 0; rank 0's own after its save is ``peak_rss_mb``), every rank's memory plan and the digests. It is merged into
+the existing results (the SmolLM2 rows are kept), so it can be run alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -28,7 +39,75 @@ RUNS = {"wanda-50": ["--method", "wanda", "--sparsity", "0.5"], "sparsegpt-2:4":
                                                                                    "--pattern", "2:4"]}
 
 
-def main() -> None:
+def default_7b() -> Path:
+    return Path(os.environ.get("SECATEUR_CACHE", Path.home() / ".cache" / "secateur")) / "models" / "llama2-7b-shaped"
+
+
+def torch_digest(path: Path) -> tuple[str, str]:
+    """:func:`digests.folder_digest` for a bfloat16 folder (numpy has no bfloat16): every tensor's bytes through torch,
+    the masks' arrays as there."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    w = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name).contiguous()
+                w.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+                w.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    m = hashlib.sha256()
+    masks = path / "secateur-masks.npz"
+    if masks.exists():
+        import numpy as np
+
+        with np.load(masks) as z:
+            for name in sorted(z.files):
+                m.update(name.encode())
+                m.update(np.ascontiguousarray(z[name]).tobytes())
+    return w.hexdigest(), (m.hexdigest() if masks.exists() else "-")
+
+
+def stream_7b_row(model: Path, procs: int = 2) -> dict:
+    """The 7B-shaped model pruned by ``--stream --procs N`` (module docstring): wall, per-rank peak RSS and plans."""
+    if not (model / "config.json").exists():
+        raise SystemExit(f"no model at {model}: run python bench/tools/make_7b.py first (or pass --model-7b)")
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out"
+        cmd = [sys.executable, "-m", "secateur", "prune", "--model", str(model), "--dtype", "bfloat16", "--method",
+               "wanda", "--sparsity", "0.5", "--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0",
+               "--chunk-size", "4", "--stream", "--procs", str(procs), "--quiet", "--out", str(out)]
+        load = os.getloadavg()[0]
+        t = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+        wall = time.monotonic() - t
+        if p.returncode != 0:
+            raise SystemExit(f"7b-stream: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
+        rep = json.loads((out / "secateur-report.json").read_text())
+        w, m = torch_digest(out)
+        plan = rep.get("memory_plan") or {}
+        return {"run": "wanda-50-stream-7b", "model": model.name, "procs": procs, "wall_s": round(wall, 1),
+                "load_1min": round(load, 2), "peak_rss_mb_rank0": rep.get("peak_rss_mb"),
+                "peak_rss_mb_per_rank": rep.get("peak_rss_mb_per_rank"),
+                "memory_plan_bytes_per_rank": [r["total"] for r in plan.get("ranks", [])],
+                "memory_plan_rank0_bytes": plan.get("total_bytes"),
+                "prune_s": (rep.get("timings") or {}).get("phases", {}).get("prune"),
+                "weights_sha256": w[:16], "masks_sha256": m[:16]}
+
+
+def main(rows_wanted: list[str], model_7b: Path) -> None:
+    if "7b-stream" in rows_wanted:  # merged into the recorded results (the SmolLM2 rows kept)
+        rec = json.loads(OUT.read_text()) if OUT.exists() else stamped(
+            {"command": "python bench/checks/distributed_smollm2.py", "threads_per_process": 1, "rows": []})
+        row = stream_7b_row(model_7b)
+        print(row, flush=True)
+        rec["stream_7b"] = stamped(row | {"command": "python bench/checks/distributed_smollm2.py --rows 7b-stream"})
+        OUT.write_text(json.dumps(rec, indent=1) + "\n")
+        render(rec)
+        if "smollm2" not in rows_wanted:
+            return
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for name, args in RUNS.items():
@@ -50,6 +129,8 @@ def main() -> None:
                 print(rows[-1], flush=True)
     rec = {"command": "python bench/checks/distributed_smollm2.py", "threads_per_process": 1,
            "rows": rows}
+    if OUT.exists() and "stream_7b" in json.loads(OUT.read_text()):  # a recorded 7B row is kept
+        rec["stream_7b"] = json.loads(OUT.read_text())["stream_7b"]
     rec = stamped(rec)
     OUT.write_text(json.dumps(rec, indent=1) + "\n")
     render(rec)
@@ -75,7 +156,20 @@ def render(rec: dict) -> None:
               "4 busy processes on 2 cores at N = 2), and every rank repeats every decision (SparseGPT's OBS solves "
               "run on both ranks: the round-robin owner is not built yet), so only the forwards are split. The "
               "speed of a split is to be measured on a quiet machine or on GPUs; what this page shows is the "
-              "guarantee. The 7B-shaped streamed row is not measured: `--stream` is not yet split."]
+              "guarantee."]
+    r = rec.get("stream_7b")
+    if r is None:
+        lines += ["", "The 7B-shaped streamed row (`--rows 7b-stream`: `--stream --procs 2`) is not measured yet."]
+    else:
+        per = ", ".join(f"rank {i} {v:.0f} MB" for i, v in enumerate(r["peak_rss_mb_per_rank"] or []))
+        plans = ", ".join(f"rank {i} {b / 2**30:.2f} GiB" for i, b in enumerate(r["memory_plan_bytes_per_rank"]))
+        lines += ["", f"## {r['model']} streamed at {r['procs']} processes", "",
+                  f"`{r['command']}` at {r['commit']}: Wanda 50%, bfloat16, C4 8 x 512 (seed 0), "
+                  f"`--chunk-size 4 --stream --procs "
+                  f"{r['procs']}`, one thread per process. Wall {r['wall_s']} s (prune {r['prune_s']:.0f} s; load "
+                  f"{r['load_1min']} before it). Peak RSS per rank (at the end of the prune): {per}; rank 0 after "
+                  f"its save {r['peak_rss_mb_rank0']:.0f} MB. Memory plans: {plans}. Weights sha256 "
+                  f"`{r['weights_sha256']}`, masks `{r['masks_sha256']}`."]
     OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -83,4 +177,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--render"]:
         render(json.loads(OUT.read_text()))
     else:
-        main()
+        ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        ap.add_argument("--rows", default="smollm2", help="comma-separated: smollm2 (default), 7b-stream")
+        ap.add_argument("--model-7b", type=Path, default=default_7b(),
+                        help="the 7B-shaped folder (bench/tools/make_7b.py)")
+        a = ap.parse_args()
+        main(a.rows.split(","), a.model_7b)

@@ -25,7 +25,7 @@ from secateur.errors import SecateurError
 from secateur.eval.ppl import check_ppl_args, perplexity
 from secateur.export.card import base_license, card_files
 from secateur.export.hf import export_size
-from secateur.export.outputs import SavedAtEnd, StreamedOutput
+from secateur.export.outputs import SavedAtEnd, StreamedOutput, WrittenByRankZero
 from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
 from secateur.methods.unstructured import parse_pattern
@@ -92,7 +92,10 @@ def prune(**kwargs) -> PruneResult:
 
     Called by every process of an initialized ``torch.distributed`` group (``secateur prune --procs N``, torchrun),
     the run is split over them (:func:`shard`: chunks of calibration windows and evaluation windows) with the same
-    result as one process, bit for bit; rank 0 alone writes the output (:mod:`secateur.calib.dist`)."""
+    result as one process, bit for bit; rank 0 alone writes the output (:mod:`secateur.calib.dist`). Streamed, every
+    rank streams the blocks and prints its own memory plan (through rank 0); rank 0's sink writes the shards, the
+    others' write nothing. Checkpointed, rank 0 writes the blocks and each rank its chunks' hidden states
+    (:mod:`secateur.calib.resume`)."""
     opts = _options(kwargs)
     split = shard()
     if split.split:
@@ -105,15 +108,17 @@ def prune(**kwargs) -> PruneResult:
     run = _open(opts, spec, method, needs_calibration, timer)
     if method.check is not None:  # e.g. a RoPE model for corp-qk, an unreachable structured target
         method.check(run.adapter, opts)
-    output = _output(opts, method, run, needs_calibration)
+    output = _output(opts, method, run, needs_calibration, split)
     run.ready(timer)
     ids, manifest = _calibration(opts, run, needs_calibration, timer)
     if split.split and ids is not None:  # every rank calibrates on rank 0's tokens (the same by construction)
         from secateur.calib.dist import broadcast
 
         ids = broadcast(ids, 0)
-    ckpt = None if output.streamed or split.split else _checkpoint(opts, run.model, manifest)
+    ckpt = None if output.streamed else _checkpoint(opts, run.model, manifest, split)
     with output.opened():  # streamed: the atomic output folder, written during the run
+        if split.split and output.streamed and opts.eval_ppl:
+            _share_folder(output, split)
         with timer("prune"):
             result = _run_checkpointed(method, run, ids, opts, ckpt, Blocks(run.source, output.sink, split))
         with _kept_on_interrupt(ckpt):  # the final save: an interruption names the checkpoint it leaves
@@ -121,8 +126,29 @@ def prune(**kwargs) -> PruneResult:
     report["timings"]["phases"] = timer.phases
     report["peak_rss_mb"] = peak_rss_mb()  # the process's peak so far (the file's: read once its weights were written)
     if ckpt is not None:  # the output is in place: the checkpoint has served
-        ckpt.remove()
+        if split.split:  # every rank is done reading it
+            from secateur.calib.dist import barrier
+
+            barrier()
+        ckpt.remove()  # by rank 0
     return PruneResult(report, run.model, run.tokenizer)
+
+
+def _share_folder(output, split: Shard) -> None:
+    """``--stream --eval-ppl`` split over processes: every rank evaluates rank 0's (temporary) output folder once it
+    is saved, so every rank must see it; checked now, before the prune, and refused in one line when a rank (on
+    another machine) does not."""
+    from pathlib import Path
+
+    from secateur.calib.dist import agree, broadcast
+
+    folder = Path(broadcast(str(output.folder) if split.rank == 0 else None, 0))
+    if split.rank > 0:
+        output.folder = folder
+    agree(None if folder.is_dir() else
+          f"rank {split.rank} does not see rank 0's output folder {folder}, which --stream --eval-ppl evaluates "
+          "(several machines without a shared --out); drop --eval-ppl and run secateur eval ppl --model OUT --stream "
+          f"--procs {split.world} on the output afterwards, or put --out on a filesystem every process sees")
 
 
 def _options(kwargs: dict) -> PruneOptions:
@@ -190,13 +216,16 @@ def _open(opts: PruneOptions, spec: ModelSpec, method, needs_calibration: bool, 
         return _Run(spec, model, tok, get_adapter(model), ResidentSource())
 
 
-def _output(opts: PruneOptions, method, run: _Run, needs_calibration: bool) -> SavedAtEnd | StreamedOutput:
+def _output(opts: PruneOptions, method, run: _Run, needs_calibration: bool, split: Shard = ALONE
+            ) -> SavedAtEnd | StreamedOutput | WrittenByRankZero:
     """Where the pruned model goes, its size known now rather than after the prune: a resident run's folder is
     written at the end (the free space checked now: sliced models at least the kept share, with the checkpoint
     beside ``--out``, which holds every pruned block until the export is in place); a streamed run's shards are
     planned from the dense tensors (structured: at least the kept share; unstructured: every weight + the masks)
-    and written as blocks finish."""
+    and written as blocks finish (split over processes: by rank 0; the other ranks' sinks write nothing)."""
     structured = method.kind == "structured"
+    if run.stream is not None and split.rank > 0:
+        return WrittenByRankZero()
     if run.stream is not None:
         specs = [Spec(k, t.dtype, tuple(t.shape)) for k, t in streaming.saved_tensors(run.model).items()]
         dense = sum(s.nbytes for s in specs)
@@ -225,12 +254,17 @@ def _calibration(opts: PruneOptions, run: _Run, needs_calibration: bool, timer: 
 def _finish(opts: PruneOptions, method, run: _Run, output, result, manifest, timer: Timer,
             split: Shard = ALONE) -> dict:
     """The report, ``--eval-ppl`` and the output folder (split over processes: written by rank 0 alone, the report
-    saying ``processes``). A resident model is evaluated in memory before the save; a streamed one's pruned blocks are
-    in the (temporary) output folder only, so it is evaluated block by block there after the save, then its card
-    and report are written again with the perplexity."""
+    saying ``processes`` and every rank's peak RSS so far, ``peak_rss_mb_per_rank``). A resident model is evaluated
+    in memory before the save; a streamed one's pruned blocks are in the (temporary) output folder only, so it is
+    evaluated block by block there after the save (split: by every rank, windows split), then its card and report
+    are written again with the perplexity."""
     report = _report(opts, run.spec, method, run.model, result, manifest, timer)
     if split.split:
+        from secateur.calib.dist import gather_objects
+
         report["processes"] = split.world
+        # every rank's peak so far (the prune done; rank 0's own save comes after): rank r's at index r
+        report["peak_rss_mb_per_rank"] = gather_objects(peak_rss_mb())
     if run.plan is not None:
         report["memory_plan"] = run.plan
     if opts.eval_ppl and not output.streamed:
@@ -241,8 +275,13 @@ def _finish(opts: PruneOptions, method, run: _Run, output, result, manifest, tim
         with timer("save"):
             output.save(run.model, run.tokenizer, report, result.masks, files)
     if opts.eval_ppl and output.streamed:
+        if split.split:  # rank 0's folder is saved: every rank evaluates it, its windows split
+            from secateur.calib.dist import barrier
+
+            barrier()
         report["perplexity"] = [_eval_entry(_eval_pruned(opts, str(output.folder), None, timer))]
-        output.rewrite(report, _card_files(opts, report))
+        if split.rank == 0:
+            output.rewrite(report, _card_files(opts, report))
     return report
 
 
@@ -256,25 +295,72 @@ def _eval_pruned(opts: PruneOptions, model, tokenizer, timer: Timer) -> dict:
 
 def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: streaming.BlockStream,
                  adapter: Adapter) -> tuple[Shape, dict]:
-    """``(shape, report entry)``: the streamed prune's memory plan, printed, and refused when it does not fit."""
+    """``(shape, report entry)``: the streamed prune's memory plan, printed, and refused when it does not fit.
+
+    Split over processes, the plan is each rank's: its activations are those of the windows of its own chunks
+    (chunk ``c`` of ``--chunk-size`` windows on rank ``c % N``), plus the merge of the statistics (a chunk's
+    contribution and the one being merged). Rank 0 prints every rank's plan (the others print nothing), and the
+    plans of the ranks on one machine must fit in its memory together: refused on every rank otherwise."""
     from secateur.compensate import solver_matrices
     from secateur.methods.structured import selection_kinds
     from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
 
+    split = shard()
+    windows = _rank_windows(opts.nsamples, opts.run.chunk_size, split) if needs_calibration else 0
     shape = shape_of(stream.model, adapter, stream)
     if method.kind == "structured":  # the terms each stage declares: the score's statistics, the solver's matrices
         cfg = method.config(opts)
         solver = None if cfg.compensation == "none" else (cfg.compensation, solver_matrices(cfg.compensation))
-        plan = structured_prune_plan(shape, opts.nsamples if needs_calibration else 0, opts.seqlen,
-                                     opts.run.chunk_size, bool(selection_kinds(cfg)), solver)
+        plan = structured_prune_plan(shape, windows, opts.seqlen, opts.run.chunk_size, bool(selection_kinds(cfg)),
+                                     solver)
     else:
-        plan = prune_plan(shape, method.memory, needs_calibration, opts.nsamples, opts.seqlen, opts.run.chunk_size,
+        plan = prune_plan(shape, method.memory, needs_calibration, windows, opts.seqlen, opts.run.chunk_size,
                           opts.run.mode)
     available = available_bytes()
-    print(f"secateur: {plan.describe(available)}", file=sys.stderr)
-    plan.check(available)
-    return shape, {"total_bytes": plan.total, "available_bytes": available,
-                   "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
+    entry = {"total_bytes": 0, "available_bytes": available, "terms": {}}
+    if split.split:
+        if needs_calibration and "statistics" in plan.terms:
+            plan.add("merge", 2 * plan.terms["statistics"][0], "2 x statistics (a chunk's contribution and the one "
+                     "being merged)")
+        plan.what += f" ({windows} of the {opts.nsamples} windows: this rank's chunks)"
+        _check_rank_plans(plan, available, split, entry)
+    else:
+        print(f"secateur: {plan.describe(available)}", file=sys.stderr)
+        plan.check(available)
+    entry |= {"total_bytes": plan.total, "terms": {k: {"bytes": b, "formula": f} for k, (b, f) in plan.terms.items()}}
+    return shape, entry
+
+
+def _rank_windows(nsamples: int, chunk: int, split: Shard) -> int:
+    """Calibration windows this rank embeds and carries: those of its chunks (chunk ``c`` on rank ``c % N``)."""
+    return sum(min(chunk, nsamples - s) for c, s in enumerate(range(0, nsamples, chunk)) if split.owns(c))
+
+
+def _check_rank_plans(plan, available: int | None, split: Shard, entry: dict) -> None:
+    """Every rank's plan printed by rank 0 (the other ranks print nothing), then checked per machine: the ranks
+    that share one must fit in its memory together; every rank refuses when one machine does not fit."""
+    import socket
+
+    from secateur.calib.dist import agree, gather_objects
+    from secateur.models.memory import _gb
+
+    host = socket.gethostname()
+    plans = gather_objects({"rank": split.rank, "host": host, "line": plan.describe(available),
+                            "total": plan.total, "available": available})
+    if split.rank == 0:
+        for p in plans:
+            print(f"secateur: rank {p['rank']} ({p['host']}): {p['line']}", file=sys.stderr)
+    entry["ranks"] = [{k: p[k] for k in ("rank", "host", "total", "available")} for p in plans]
+    same = [p for p in plans if p["host"] == host]
+    need = sum(p["total"] for p in same)
+    avail = [p["available"] for p in same if p["available"] is not None]
+    error = None
+    if avail and need > min(avail):
+        ranks = ", ".join(str(p["rank"]) for p in same)
+        error = (f"not enough memory for the streamed prune on {host}: its {len(same)} processes (ranks {ranks}) need "
+                 f"about {_gb(need)} together (the memory plans above), {_gb(min(avail))} is available; run fewer "
+                 f"--procs on it, or {plan.fix}")
+    agree(error)
 
 
 def _report(opts: PruneOptions, spec: ModelSpec, method, model, result, manifest, timer: Timer) -> dict:
@@ -413,14 +499,18 @@ def _run_checkpointed(method, run: _Run, ids, opts: PruneOptions, ckpt: _resume.
             raise
 
 
-def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest) -> _resume.Checkpoint | None:
+def _checkpoint(opts: PruneOptions, model: torch.nn.Module, manifest, split: Shard = ALONE
+                ) -> _resume.Checkpoint | None:
     """The run's checkpoint beside ``--out`` (written whenever there is an output, so a killed run can be
-    resumed; reused only with ``--resume``). Methods without a calibration pass have nothing to resume."""
+    resumed; reused only with ``--resume``). Methods without a calibration pass have nothing to resume. Split over
+    processes: opened by rank 0, shared by every rank (:meth:`~secateur.calib.resume.Checkpoint.open_shared`)."""
     if not opts.out or manifest is None:
         if opts.resume:
             print(f"secateur: {opts.method} has no calibration pass to resume; running it in full", file=sys.stderr)
         return None
     fp = _resume.fingerprint(opts, model, manifest.sha256)
+    if split.split:
+        return _resume.Checkpoint.open_shared(opts.out, fp, opts.resume, split.rank)
     return _resume.Checkpoint.open(opts.out, fp, opts.resume)
 
 
@@ -501,12 +591,14 @@ def _eval_model(spec: ModelSpec, device: str, stream: bool
 
 def _eval_plan(stream: streaming.BlockStream, ids: torch.Tensor, seqlen: int, stride: int | None,
                max_windows: int | None):
-    """The streamed evaluation's memory plan, printed and refused when it does not fit; then the tensors outside
-    the blocks are loaded."""
+    """The streamed evaluation's memory plan, printed and refused when it does not fit (split over processes: each
+    rank's, its windows only; rank 0's printed); then the tensors outside the blocks are loaded."""
     from secateur.eval.ppl import window_plan
     from secateur.models.memory import available_bytes, eval_plan, shape_of
 
     n_windows = len(window_plan(ids.numel(), seqlen, stride)[:max_windows])
+    split = shard()  # split over processes: this rank's windows only (window w on rank w % N)
+    n_windows = sum(1 for w in range(n_windows) if split.owns(w))
     plan = eval_plan(shape_of(stream.model, get_adapter(stream.model), stream), n_windows, seqlen)
     available = available_bytes()
     print(f"secateur: {plan.describe(available)}", file=sys.stderr)

@@ -201,12 +201,8 @@ class PruneOptions:
             check_output_dir(self.out, self.overwrite, protect=protect)
 
     def check_split(self) -> None:
-        """What a run split over several processes (``--procs``, torchrun) cannot do yet, refused in one line."""
-        if self.stream:
-            raise SecateurError("--stream is not split over processes yet; drop --procs (or torchrun), or --stream")
-        if self.resume:
-            raise SecateurError("--resume is not available over several processes (a split run keeps no checkpoint); "
-                                "drop --procs (or torchrun), or --resume")
+        """What a run split over several processes (``--procs``, torchrun) cannot do yet, refused in one line
+        (``--stream`` and ``--resume`` are split: docs/distributed.md)."""
         if self.method in SPLIT_REFUSED:
             why = SPLIT_REFUSED[self.method]
             raise SecateurError(f"--method {self.method} is not split over processes yet ({why}); run it in one "

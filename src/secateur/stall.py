@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-POINTS = ("startup", "join", "calibration", "checkpoint-write", "save")
+POINTS = ("startup", "join", "calibration", "checkpoint-write", "block-done", "save")
 
 
 def point(name: str) -> None:

@@ -279,6 +279,31 @@ def gather_ordered(local: dict[int, object], n: int) -> list:
     return [merged[i] for i in range(n)]
 
 
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank (``[obj]`` in one process)."""
+    _, world = rank_world()
+    if world == 1:
+        return [obj]
+    parts: list = [None] * world
+    tdist.all_gather_object(parts, obj)
+    return parts
+
+
+def barrier() -> None:
+    """Every rank waits here for the others (nothing in one process): e.g. files one rank wrote are complete before
+    another reads or deletes them."""
+    if rank_world()[1] > 1:
+        tdist.barrier()
+
+
+def agree(error: str | None) -> None:
+    """Every rank ends with the first rank's error (in rank order) when any rank has one: a check some ranks may fail
+    (a file only some of them see, a memory plan that fits on one machine only) fails on every rank in one line."""
+    errors = [e for e in gather_objects(error) if e]
+    if errors:
+        raise SecateurError(errors[0])
+
+
 def sum_floats(values: list[float]) -> list[float]:
     """Sum a few scalars over the ranks (timings, counters)."""
     t = torch.tensor(values, dtype=torch.float64)

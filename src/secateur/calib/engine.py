@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from secateur import stall
 from secateur.calib import resume
 from secateur.calib.stats import Accumulator, update_all
 from secateur.errors import SecateurError
@@ -304,7 +305,7 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
     stage = ck.stage("engine") if ck is not None else ""
     start = 0
     if ck is not None:
-        start, restored = _restore(ck, stage, todo, adapter, handler)
+        start, restored = _restore(ck, stage, todo, adapter, handler, walk.shard, len(walk.hs))
         walk.hs = restored if restored is not None else walk.hs
     for pos, visit in enumerate(walk.blocks(todo, start, progress, f"blocks ({mode})"), start):
         ctx = BlockContext(visit.index, visit.layer, adapter, adapter.linears(visit.layer), visit.kwargs)
@@ -312,30 +313,59 @@ def run(model: nn.Module, adapter: Adapter, ids: torch.Tensor, handler: Handler,
         handler.on_block_end(ctx)
         if ck is not None:
             _save_block(ck, stage, pos, ctx, handler, visit.outputs)
+        stall.point("block-done")
         _after_block(visit.index)
     if keep_outputs:
         rep.outputs = walk.hs
     return rep
 
 
+def _hs_name(stage: str, pos: int, chunk: int) -> str:
+    return f"{stage}-hs{pos}-c{chunk}.pt"
+
+
 def _save_block(ck: resume.Checkpoint, stage: str, pos: int, ctx: BlockContext, handler: Handler,
-                hs: list[torch.Tensor]) -> None:
-    """Block ``pos`` of the run: its weights and handler state, then the inputs of the next block (in this
-    order, so the hidden states never point past a block whose file is missing)."""
+                hs: list[torch.Tensor | None]) -> None:
+    """Block ``pos`` of the run: its weights and handler state (rank 0's file when split over processes: every rank
+    holds the same), then the inputs of the next block, one file per chunk, each written by the rank that holds it
+    (in this order, so the hidden states never point past a block whose file is missing). Once every chunk is
+    written (on every rank), the previous generation of chunks is deleted."""
+    from secateur.calib import dist
+
     weights = {k: v.detach().cpu() for k, v in ctx.layer.state_dict().items()} if handler.modifies_weights else None
     ck.save(f"{stage}-block{pos}.pt", {"index": ctx.index, "weights": weights,
                                        "handler": handler.block_state(ctx)})
-    ck.save(f"{stage}-hs.pt", {"after": pos, "hs": hs})
+    for j, h in enumerate(hs):
+        if h is not None:
+            ck.save_own(_hs_name(stage, pos, j), {"after": pos, "chunk": j, "hs": h})
+    dist.barrier()  # the generation is complete: every rank's chunks are written
+    ck.delete(f"{stage}-hs.pt")  # a checkpoint of the one-file format, continued
+    if pos > 0:
+        for j in range(len(hs)):
+            ck.delete(_hs_name(stage, pos - 1, j))
 
 
-def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapter,
-             handler: Handler) -> tuple[int, list[torch.Tensor] | None]:
-    """Load the finished blocks of a checkpointed run; returns (next position, its input hidden states)."""
-    name = f"{stage}-hs.pt"
-    if not ck.has(name):
+def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapter, handler: Handler,
+             shard: Shard = ALONE, n_chunks: int = 0) -> tuple[int, list[torch.Tensor | None] | None]:
+    """Load the finished blocks of a checkpointed run; returns (next position, its input hidden states: this
+    process's chunks, None for the others'). The newest complete generation of per-chunk hidden states (every
+    chunk's file there, whichever number of processes wrote them), else the one-file format of older checkpoints."""
+    done, hs = 0, None
+    for pos in range(len(todo) - 1, -1, -1):
+        if n_chunks and all(ck.has(_hs_name(stage, pos, j)) for j in range(n_chunks)):
+            done = pos + 1
+            break
+    if done:
+        hs = [_load_chunk(ck, _hs_name(stage, done - 1, j), done - 1, j) if shard.owns(j) else None
+              for j in range(n_chunks)]
+    elif ck.has(f"{stage}-hs.pt"):  # written before the per-chunk files: every chunk in one file
+        saved = ck.load(f"{stage}-hs.pt")
+        done = saved["after"] + 1
+        hs = [h if shard.owns(j) else None for j, h in enumerate(saved["hs"])]
+        if len(hs) != n_chunks:
+            return 0, None  # not this run's layout: recompute everything
+    if not done:
         return 0, None
-    saved = ck.load(name)
-    done = saved["after"] + 1
     if done > len(todo) or not all(ck.has(f"{stage}-block{p}.pt") for p in range(done)):
         return 0, None  # not this run's layout: recompute everything
     for pos in range(done):
@@ -345,7 +375,15 @@ def _restore(ck: resume.Checkpoint, stage: str, todo: list[int], adapter: Adapte
         if block["weights"] is not None:
             adapter.layers[todo[pos]].load_state_dict(block["weights"])
         handler.load_block_state(todo[pos], block["handler"])
-    return done, saved["hs"]
+    return done, hs
+
+
+def _load_chunk(ck: resume.Checkpoint, name: str, pos: int, j: int) -> torch.Tensor:
+    saved = ck.load(name)
+    if saved.get("after") != pos or saved.get("chunk") != j:
+        raise resume.CheckpointError(f"checkpoint file {ck.path / name} does not hold chunk {j} after block {pos}; "
+                                     f"remove {ck.path} and run without --resume")
+    return saved["hs"]
 
 
 def _run_block(ctx: BlockContext, hs: list[torch.Tensor | None], handler: Handler, mode: str, device,

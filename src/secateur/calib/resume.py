@@ -7,8 +7,11 @@ The checkpoint is a hidden folder beside the output, ``<parent>/.<name>.secateur
   library versions; not the thread count, which no result depends on: docs/protocols.md) -- and the
   marker that makes the folder recognizably secateur's;
 * per finished engine block: ``<stage>-block<i>.pt`` with the block's parameters after pruning and the
-  handler's state for that block (masks, statistics, records); ``<stage>-hs.pt``: the hidden states that
-  feed the next block (only the latest is kept);
+  handler's state for that block (masks, statistics, records); ``<stage>-hs<i>-c<j>.pt``: chunk ``j`` of the
+  hidden states that feed the next block (one file per chunk of ``--chunk-size`` windows: a generation ``i`` is
+  complete when every chunk's file is there; the previous generation is deleted once the new one is complete, so
+  a kill leaves at least one complete generation). Checkpoints written before the per-chunk files
+  (``<stage>-hs.pt``: every chunk in one file) are still read;
 * per compensated projection of a structured run: ``<stage>-<layer>-<group>.pt``.
 
 Stages are named by the order in which the run reaches them (``engine0``, ``comp0``, ...): the computation
@@ -16,6 +19,15 @@ is deterministic, so a resumed run reaches the same stages in the same order. Ev
 temporary name and moved into place (``os.replace``), so a kill leaves either the old or the new file.
 torch.save/load round-trips tensors exactly, so the continued computation sees the same bits as an
 uninterrupted one and ends with bit-identical weights and masks.
+
+Several processes (``secateur prune --procs N``, torchrun; :meth:`Checkpoint.open_shared`): rank 0 creates or
+validates the folder and its manifest and the others wait for its answer, then check that they see the folder
+(several machines need ``--out`` on a filesystem every process sees). The block and compensation files are the
+same on every rank (every rank prunes alike): rank 0 writes them (:meth:`Checkpoint.save`); each rank writes the
+hidden-state chunks it holds (:meth:`Checkpoint.save_own`). The fingerprint does not hold the number of processes
+and the chunks do not depend on it, so a run killed at ``N`` processes resumes at any other number (one included).
+Which files exist is read once, by rank 0, when the checkpoint is opened (:meth:`Checkpoint.has`), so every rank
+resumes from the same point.
 
 The active checkpoint is a context variable set by :func:`secateur.api.prune` around the method's run; the
 calibration engine and the structured compensation read it with :func:`current` (no argument threading
@@ -150,10 +162,12 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
 class Checkpoint:
     """One run's checkpoint folder: atomic ``save``/``load`` of named pieces and per-kind stage names."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rank: int = 0, files: set[str] | None = None) -> None:
         self.path = path
         self._stages: dict[str, int] = {}
         self.saved = False  # whether this run has written anything (then an interruption can be resumed)
+        self.rank = rank  # split over processes: rank 0 alone writes the shared pieces and removes the folder
+        self._files = files  # split: the files rank 0 saw when the checkpoint was opened (None: look each time)
 
     # --- opening / removing ------------------------------------------------------------------------
     @classmethod
@@ -193,9 +207,40 @@ class Checkpoint:
                                              indent=1).encode())
         return ck
 
+    @classmethod
+    def open_shared(cls, out: str | Path, fp: dict, resume: bool, rank: int) -> Checkpoint | None:
+        """:meth:`open` in a run split over processes (module docstring): rank 0 opens it, every rank gets its
+        answer (a refusal is every rank's one line) and checks that it sees the folder. None (no checkpoint, said
+        in one line) when a rank does not see it and ``resume`` was not asked; refused when it was."""
+        from secateur.calib import dist
+
+        answer: dict[str, Any] = {}
+        if rank == 0:
+            try:
+                ck = cls.open(out, fp, resume)
+                answer = {"path": str(ck.path), "files": sorted(p.name for p in ck.path.iterdir())}
+            except SecateurError as e:
+                answer = {"error": str(e)}
+        answer = dist.broadcast(answer, 0)
+        if "error" in answer:
+            raise CheckpointError(answer["error"])
+        path = Path(answer["path"])
+        blind = [r for r, ok in enumerate(dist.gather_objects((path / MANIFEST).is_file())) if not ok]
+        if blind:
+            where = f"rank {blind[0]} does not see the checkpoint folder {path}"
+            if resume:
+                raise CheckpointError(f"{where}; --resume over several machines needs --out on a filesystem every "
+                                      "process sees: put --out there, or drop --resume")
+            if rank == 0:
+                print(f"secateur: {where} (several machines without a shared --out): this run keeps no "
+                      "checkpoint", file=sys.stderr)
+                cls(path).remove()
+            return None
+        return cls(path, rank, set(answer["files"]))
+
     def remove(self) -> None:
-        """Delete the folder, only if it is recognizably a secateur checkpoint."""
-        if _is_ours(self.path):
+        """Delete the folder, only if it is recognizably a secateur checkpoint (split over processes: by rank 0)."""
+        if self.rank == 0 and _is_ours(self.path):
             shutil.rmtree(self.path)
 
     # --- pieces ------------------------------------------------------------------------------------
@@ -211,8 +256,16 @@ class Checkpoint:
         os.replace(tmp, self.path / name)
 
     def save(self, name: str, obj: Any) -> None:
-        """Write one piece atomically; a full disk is one line naming the checkpoint (the partial temporary
-        removed, the finished pieces kept for ``--resume`` once there is space)."""
+        """Write one piece every rank holds alike (split over processes: rank 0 writes it, the others only note
+        that the checkpoint holds something)."""
+        if self.rank == 0:
+            self.save_own(name, obj)
+        self.saved = True
+
+    def save_own(self, name: str, obj: Any) -> None:
+        """Write one piece of this process's own (every rank writes its pieces: its hidden-state chunks)
+        atomically; a full disk is one line naming the checkpoint (the partial temporary removed, the finished
+        pieces kept for ``--resume`` once there is space)."""
         from secateur.safe_write import _disk_full
 
         tmp = self.path / f".{name}.tmp"
@@ -242,6 +295,9 @@ class Checkpoint:
                 f"continue, or delete that folder")
 
     def has(self, name: str) -> bool:
+        """Whether the checkpoint holds ``name`` (split over processes: when it was opened, as rank 0 saw it)."""
+        if self._files is not None:
+            return name in self._files
         return (self.path / name).exists()
 
     def load(self, name: str) -> Any:
@@ -252,7 +308,9 @@ class Checkpoint:
                                 f"{self.path} and run without --resume") from e
 
     def delete(self, name: str) -> None:
-        (self.path / name).unlink(missing_ok=True)
+        """Delete a piece (split over processes: rank 0 deletes, once every rank is done with it)."""
+        if self.rank == 0:
+            (self.path / name).unlink(missing_ok=True)
 
 
 def _mb(n: int) -> str:

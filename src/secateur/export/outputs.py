@@ -9,6 +9,9 @@ tokenizer, masks, report, card) is written when the run is done. Two outputs exi
 * :class:`StreamedOutput`: the model is streamed, so the atomic folder is opened *before* the run (the shards are
   written during it, :class:`secateur.export.shards.ShardSink`) and becomes ``--out`` when the run is done; a
   failed run leaves nothing.
+* :class:`WrittenByRankZero`: a streamed run split over processes, on every rank but 0: the same block walk (each
+  finished block handed to a sink and released), but the sink writes nothing and no folder is opened here; rank 0's
+  :class:`StreamedOutput` writes the output.
 """
 
 from __future__ import annotations
@@ -85,3 +88,36 @@ class StreamedOutput:
         for name, data in files.items():
             (self.folder / name).write_bytes(data)
         write_report(self.folder, report)
+
+
+class _NoSink:
+    """A block sink that writes nothing (the ranks other than 0 of a split streamed run)."""
+
+    def plan(self, specs: list[Spec]) -> None:
+        """Nothing planned: rank 0's sink plans the output."""
+
+    def write_block(self, index: int, state) -> None:
+        """Nothing written: rank 0's sink writes the block (the same bits: every rank prunes it alike)."""
+
+
+class WrittenByRankZero:
+    """A streamed run's output on a rank other than 0 of a split run: no folder, no free-space check, nothing
+    written; its blocks are released to a sink that drops them, so the walk is rank 0's. ``folder``: rank 0's
+    temporary output folder once :meth:`share` has told it (``--eval-ppl`` reads it after rank 0 saved it)."""
+
+    streamed = True
+
+    def __init__(self) -> None:
+        self.sink = _NoSink()
+        self.folder: Path | None = None
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[None]:
+        """Nothing to open: rank 0 writes the folder."""
+        yield
+
+    def save(self, model, tokenizer, report: dict, masks, files: dict[str, bytes]) -> None:
+        raise RuntimeError("only rank 0 saves a split run's output")
+
+    def rewrite(self, report: dict, files: dict[str, bytes]) -> None:
+        raise RuntimeError("only rank 0 writes a split run's output")
