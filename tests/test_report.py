@@ -259,3 +259,17 @@ def test_schema_version_written_and_older_runs_read(runs, tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{name}: schema_version {SCHEMA_VERSION + 1} is newer" in err and not (tmp_path / "rep-new").exists()
         (old / name).write_text(json.dumps(doc))
+
+
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """A command started by a parent that once held a lot of memory reports its own peak (Linux ``ru_maxrss`` is
+    inherited across fork and kept across exec; ``VmHWM`` is not)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; b = bytearray(600 * 2**20); b[::4096] = b'x' * len(b[::4096]); del b; import subprocess; "
+            "print(subprocess.run([sys.executable, '-c', 'from secateur.runinfo import peak_rss_mb; "
+            "print(peak_rss_mb())'], capture_output=True, text=True, check=True).stdout)")
+    child_peak = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout.strip())
+    assert child_peak < 400, child_peak  # a bare interpreter importing secateur.runinfo: far below the parent's 600

@@ -62,8 +62,18 @@ def machine() -> dict[str, object]:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process, in MiB: Linux's ``VmHWM`` (the high-water mark of this process's own
+    memory, reset when it starts a program), else ``ru_maxrss``. Not ``ru_maxrss`` on Linux: it is inherited across
+    fork and kept across exec, so a command started by a large parent (a benchmark that hashed a 7B folder) would
+    report the parent's peak as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, the only other reader
 
 
 class Timer:
