@@ -145,6 +145,16 @@ _BEFORE_OWNERS = (". **Slower at 2 processes here**, for two reasons the rows ca
                   "what these rows show is the guarantee.")
 
 
+def _speed(rows: list[dict]) -> str:
+    """Wall at 2 processes against 1, per run, said plainly."""
+    pairs = [(a["run"], b["wall_s"] / a["wall_s"]) for a, b in zip(rows[::2], rows[1::2], strict=True)]
+    return ("Wall at 2 processes / 1 process: " + ", ".join(f"{n} {x:.2f}x" for n, x in pairs) + ". "
+            + ("**No faster here**: at 8 x 512 calibration tokens on SmolLM2 the split's fixed costs (a second "
+               "interpreter loading the model, gloo broadcasts of every chunk's statistics and every solve's result) "
+               "outweigh the halved forwards and solves; the split is for calibration sets and models where the "
+               "forwards and solves dominate, or for activation memory." if min(x for _, x in pairs) >= 1 else ""))
+
+
 def render(rec: dict) -> None:
     lines = ["# Pruning in several processes: SmolLM2-135M at 1 and 2 processes (issue 28)", "",
              f"`{rerunnable(rec['command'])}` at {rec['commit']}; C4 8 x 512 (seed 0), one thread per process (2 "
@@ -160,8 +170,8 @@ def render(rec: dict) -> None:
     lines += ["", f"Digests at 2 processes equal to 1 process: **{'yes' if same else 'NO'}**. "
               "Each rank holds the whole model, so the per-rank peak is about the single process's; the split "
               "saves calibration activations (1/N per rank) and forward time, and costs one broadcast of every "
-              "chunk's statistics" + ("; solves run on round-robin owner ranks (each rank a 1/N share)."
-                                      if rec.get("solve_owners") else _BEFORE_OWNERS)]
+              "chunk's statistics" + ("; solves run on round-robin owner ranks (each rank a 1/N share). "
+                                      + _speed(rec["rows"]) if rec.get("solve_owners") else _BEFORE_OWNERS)]
     r = rec.get("stream_7b")
     if r is None:
         lines += ["", "The 7B-shaped streamed row (`--rows 7b-stream`: `--stream --procs 2`) is not measured yet."]
@@ -174,7 +184,15 @@ def render(rec: dict) -> None:
                   f"{r['procs']}`, one thread per process. Wall {r['wall_s']} s (prune {r['prune_s']:.0f} s; load "
                   f"{r['load_1min']} before it). Peak RSS per rank (at the end of the prune): {per}; rank 0 after "
                   f"its save {r['peak_rss_mb_rank0']:.0f} MB. Memory plans: {plans}. Weights sha256 "
-                  f"`{r['weights_sha256']}`, masks `{r['masks_sha256']}`."]
+                  f"`{r['weights_sha256']}`, masks `{r['masks_sha256']}`.",
+                  "", "Plan against peak: " + "; ".join(
+                      f"rank {i} {(v * 2**20 - b) / 2**30:+.2f} GiB" for i, (v, b) in
+                      enumerate(zip(r["peak_rss_mb_per_rank"] or [], r["memory_plan_bytes_per_rank"], strict=False)))
+                  + " (peak minus plan). A positive number is memory the plan did not count: the per-rank plan of a "
+                  "split streamed run is not yet an upper bound here (the single-process plan was, within 0.35 GiB: "
+                  "`results/scale.md`). With 8 x 512 calibration tokens the activations a split saves are small; "
+                  "each rank still holds one block and the resident tensors, so the per-rank peak is about one "
+                  "process's (3.71 GiB in `results/scale.md`, another machine)."]
     OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
