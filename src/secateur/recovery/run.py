@@ -101,7 +101,6 @@ def _vocab(model) -> int:
 
 def _run(opts: RecoverOptions, command: str) -> RecoverResult:
     from secateur.calib import resume
-    from secateur.models.loading import load_model
     from secateur.recovery import lora
     from secateur.recovery.data import recovery_windows
     from secateur.recovery.loss import mean_loss
@@ -110,14 +109,7 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
     t0 = time.perf_counter()
     run, recipe, teacher_found, docs = _checks(opts)
     plan, available = _plan(opts, run, teacher_found)
-    model, tok = load_model(opts.run_dir, opts.dtype, opts.device)
-    teacher = None
-    if teacher_found is not None:
-        teacher, _ = load_model(teacher_found[0], opts.dtype, opts.device)
-        teacher.requires_grad_(False)
-        if _vocab(teacher) != _vocab(model):
-            raise SecateurError(f"teacher {teacher_found[0]} has a vocabulary of {_vocab(teacher)}, the run "
-                                f"{opts.run_dir} {_vocab(model)}; pass --teacher the dense model it was pruned from")
+    model, tok, teacher = _models(opts, teacher_found)
     train_ids, held, manifest = recovery_windows(docs, tok, opts.windows, opts.seqlen, opts.seed,
                                                  opts.heldout_windows, opts.data, teacher)
     train_ids, held = train_ids.to(opts.device), None if held is None else held.to(opts.device)
@@ -161,6 +153,21 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
         raise
     ckpt.remove()
     return RecoverResult(report, merged, tok)
+
+
+def _models(opts: RecoverOptions, teacher_found):
+    """``(student, tokenizer, teacher or None)``: the run loaded, and the teacher frozen with the run's vocabulary."""
+    from secateur.models.loading import load_model
+
+    model, tok = load_model(opts.run_dir, opts.dtype, opts.device)
+    if teacher_found is None:
+        return model, tok, None
+    teacher, _ = load_model(teacher_found[0], opts.dtype, opts.device)
+    teacher.requires_grad_(False)
+    if _vocab(teacher) != _vocab(model):
+        raise SecateurError(f"teacher {teacher_found[0]} has a vocabulary of {_vocab(teacher)}, the run "
+                            f"{opts.run_dir} {_vocab(model)}; pass --teacher the dense model it was pruned from")
+    return model, tok, teacher
 
 
 def _merge(pm, masks, conv1d: bool, run, heldout):

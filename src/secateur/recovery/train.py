@@ -79,6 +79,25 @@ def fingerprint(opts, run_dir: str, teacher: str | None, token_sha: str) -> dict
     return json.loads(json.dumps(fp, default=str))
 
 
+def _save(ckpt, step: int, pm, opt, sched, losses: list[float], curve: list[list]) -> None:
+    """The training state after ``step`` steps, everything a resumed run needs to continue bit for bit."""
+    ckpt.save(CKPT_FILE, {"step": step, "adapter": {n: p.detach().clone() for n, p in adapter_params(pm).items()},
+                          "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                          "losses": torch.tensor(losses, dtype=torch.float64), "curve": curve})
+
+
+def _restore(ckpt, pm, opt, sched) -> tuple[int, list[float], list[list]]:
+    """``(step, losses, curve)`` of the checkpoint, its adapters, optimizer, schedule and RNG state restored."""
+    state = ckpt.load(CKPT_FILE)
+    with torch.no_grad():
+        for name, p in adapter_params(pm).items():
+            p.copy_(state["adapter"][name])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"]), [float(x) for x in state["losses"]], [list(p) for p in state.get("curve", [])]
+
+
 def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None, probe=None) -> dict:
     """Train the adapters of ``pm`` in place; returns ``{"losses", "steps", "resumed_from", "wall_s", "curve"}``.
 
@@ -98,23 +117,15 @@ def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None, 
     curve: list[list] = []
     start = 0
     every = getattr(opts, "heldout_every", 0) if probe is not None else 0
-    seen = [0]
+    seen = [0]  # training tokens after each step
     for idx in order:
         seen.append(seen[-1] + len(idx) * train_ids.shape[1])
 
     def point(step: int) -> None:
         curve.append([step, seen[step], float(probe(pm))])
+
     if ckpt is not None and ckpt.has(CKPT_FILE):
-        state = ckpt.load(CKPT_FILE)
-        with torch.no_grad():
-            for name, p in adapter_params(pm).items():
-                p.copy_(state["adapter"][name])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        losses = [float(x) for x in state["losses"]]
-        curve = [list(p) for p in state.get("curve", [])]
-        start = int(state["step"])
+        start, losses, curve = _restore(ckpt, pm, opt, sched)
         log(f"resuming the recovery at step {start} of {total}")
     t0 = time.perf_counter()
     if every and start == 0:
@@ -134,11 +145,7 @@ def train(pm, train_ids: torch.Tensor, opts, teacher=None, ckpt=None, log=None, 
             if every and ((s + 1) % every == 0 or s + 1 == total):
                 point(s + 1)
             if ckpt is not None and (s + 1) % opts.checkpoint_every == 0 and s + 1 < total:
-                ckpt.save(CKPT_FILE, {"step": s + 1,
-                                      "adapter": {n: p.detach().clone() for n, p in adapter_params(pm).items()},
-                                      "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                      "rng": torch.get_rng_state(),
-                                      "losses": torch.tensor(losses, dtype=torch.float64), "curve": curve})
+                _save(ckpt, s + 1, pm, opt, sched, losses, curve)
             _after_step(s + 1)
     finally:
         bar.close()
