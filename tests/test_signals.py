@@ -40,6 +40,13 @@ def _env(**extra: str) -> dict:
     return os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"} | extra
 
 
+def _sigint_default() -> None:
+    """The child starts with SIGINT at its default, as from a terminal: a shell that runs the suite in the background
+    (``make test &``, nohup) ignores SIGINT, the ignore is inherited, and Python then installs no KeyboardInterrupt
+    handler, so the child would never see Ctrl-C (found on a fresh clone run in the background: 4 SIGINT cases)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
@@ -74,7 +81,7 @@ def test_signal_at_each_stage(inputs, tmp_path, point, sig):
     work.mkdir()
     out = work / "out"
     proc = subprocess.Popen(_argv(inputs, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(SECATEUR_STALL=f"{point}:{marker}"))
+                            env=_env(SECATEUR_STALL=f"{point}:{marker}"), preexec_fn=_sigint_default)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
@@ -105,7 +112,7 @@ def test_signal_at_a_random_time(inputs, tmp_path, seed):
     sig = rng.choice([signal.SIGINT, signal.SIGTERM])
     out = work / "out"
     proc = subprocess.Popen(_argv(inputs, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+                            env=_env(), preexec_fn=_sigint_default)
     time.sleep(rng.uniform(0.0, wall))
     proc.send_signal(sig)
     code = proc.wait(timeout=120)
