@@ -79,14 +79,20 @@ def folder_digest(path: Path) -> tuple[str, str]:
                 t = st.get_tensor(name)
                 w.update(f"{name}|{t.dtype}|{t.shape}".encode())
                 w.update(np.ascontiguousarray(t).tobytes())
+    return w.hexdigest(), masks_digest(path)
+
+
+def masks_digest(path: Path) -> str:
+    """sha256 of every array of the folder's ``secateur-masks.npz`` (name, bytes; sorted by name), "-" without one."""
     m = hashlib.sha256()
     masks = path / "secateur-masks.npz"
-    if masks.exists():
-        with np.load(masks) as z:
-            for name in sorted(z.files):
-                m.update(name.encode())
-                m.update(np.ascontiguousarray(z[name]).tobytes())
-    return w.hexdigest(), (m.hexdigest() if masks.exists() else "-")
+    if not masks.exists():
+        return "-"
+    with np.load(masks) as z:
+        for name in sorted(z.files):
+            m.update(name.encode())
+            m.update(np.ascontiguousarray(z[name]).tobytes())
+    return m.hexdigest()
 
 
 def run(model: str, args: list[str], calib: list[str], work: Path) -> str:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.checks.digests import folder_digest
+from bench.checks.digests import folder_digest, masks_digest
 from bench.common import rerunnable, stamped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,16 +58,7 @@ def torch_digest(path: Path) -> tuple[str, str]:
                 t = st.get_tensor(name).contiguous()
                 w.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
                 w.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    m = hashlib.sha256()
-    masks = path / "secateur-masks.npz"
-    if masks.exists():
-        import numpy as np
-
-        with np.load(masks) as z:
-            for name in sorted(z.files):
-                m.update(name.encode())
-                m.update(np.ascontiguousarray(z[name]).tobytes())
-    return w.hexdigest(), (m.hexdigest() if masks.exists() else "-")
+    return w.hexdigest(), masks_digest(path)
 
 
 def stream_7b_row(model: Path, procs: int = 2) -> dict:
