@@ -110,7 +110,7 @@ def _layer_problem(seed=0, rows=4, cols=12):
 
 def test_sparsegpt_zero_sparsity_leaves_weights():
     W, H = _layer_problem()
-    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, 0.0), percdamp=0.0)
+    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, 0.0), percdamp=0.0, dtype=torch.float64)
     assert not mask.any()
     torch.testing.assert_close(new, W)
 
@@ -120,7 +120,7 @@ def test_sparsegpt_single_weight_matches_obs_closed_form():
     W, H = _layer_problem(rows=1)
     W[0, 0] = 1e-3  # the least salient weight, first column
     rho = 1 / W.numel()
-    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, rho), percdamp=0.0)
+    new, mask = sparsegpt_prune(W, H, lambda k: deletion_count(k, rho), percdamp=0.0, dtype=torch.float64)
     assert mask.sum() == 1 and mask[0, 0]
     dW = new - W
     loss = (dW @ H @ dW.T).item()
@@ -208,7 +208,7 @@ def test_sparsegpt_sub_blocked_loop_equals_the_column_loop(rows, cols, pattern):
     W, H = torch.randn(rows, cols, generator=g, dtype=torch.float64), X @ X.T
     n, m = pattern or (0, 0)
     ref, ref_mask = _obs_reference(W, H, 0.5, n, m)
-    new, mask = sparsegpt_prune(W, H, None if m else (lambda k: deletion_count(k, 0.5)), n, m)
+    new, mask = sparsegpt_prune(W, H, None if m else (lambda k: deletion_count(k, 0.5)), n, m, dtype=torch.float64)
     assert torch.equal(mask, ref_mask)
     torch.testing.assert_close(new, ref, rtol=0, atol=1e-10)
     assert not new[mask].any()

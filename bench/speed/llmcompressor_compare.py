@@ -48,9 +48,15 @@ OUR_JSON = RESULTS / "unstructured-smollm2.jsonl"
 MAIN_PY = ROOT / ".venv" / "bin" / "python"
 
 
+# Set by ``--one ... --model-dir D --calib-file F --out-dir O`` (bench/speed/sparsegpt_side_by_side.py: another model)
+OVERRIDE: dict[str, Path] = {}
+
+
 @functools.cache
 def model_dir() -> Path:
     """SmolLM2's dequantized folder, as secateur caches it (asked of secateur's venv: this one may lack it)."""
+    if "model_dir" in OVERRIDE:
+        return OVERRIDE["model_dir"]
     code = "from secateur.models.loading import resolve; print(resolve('smollm2-135m')[0])"
     return Path(subprocess.check_output([str(MAIN_PY), "-c", code], text=True).strip().splitlines()[-1])
 
@@ -106,11 +112,15 @@ def machine() -> dict:
 
 
 def calib_path(preset: str) -> Path:
+    if "calib_file" in OVERRIDE:
+        return OVERRIDE["calib_file"]
     p = PRESETS[preset]
     return WORK / f"calib-c4-{p['nsamples']}x{p['seqlen']}-seed0.pt"
 
 
 def row_dir(row: str, preset: str) -> Path:
+    if "out_dir" in OVERRIDE:
+        return OVERRIDE["out_dir"]
     return WORK / "llmc-out" / f"{preset}-{row.replace(':', 'of')}"
 
 
@@ -443,7 +453,11 @@ def main() -> None:
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--row-file", default=None, help=argparse.SUPPRESS)
+    for name in ("model-dir", "calib-file", "out-dir"):  # --one on another model (sparsegpt_side_by_side.py)
+        ap.add_argument(f"--{name}", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    OVERRIDE.update({k: v for k, v in (("model_dir", a.model_dir), ("calib_file", a.calib_file),
+                                       ("out_dir", a.out_dir)) if v is not None})
     if a.render:
         return render()
     if a.one:

