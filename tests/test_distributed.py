@@ -3,7 +3,6 @@ one process without torch.distributed; a failing rank ends every rank with one l
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -15,7 +14,6 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,7 +23,7 @@ from secateur.calib.qk import ProjectedQKStats, QKOutputGrams
 from secateur.calib.stats import BlockInfluence, Gram, MeanVar, PerSampleGram, SumSq
 from secateur.cli import main
 from secateur.models.adapters import get_adapter
-from secateur.testing import tiny_model, tiny_tokenizer
+from secateur.testing import folder_digest, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,24 +47,6 @@ RUNS = [
     ("opt", "shortgpt", ["--method", "shortgpt", "--sparsity", "0.25"]),
 ]
 FAMILIES = sorted({f for f, _, _ in RUNS})
-
-
-def folder_digest(path: Path) -> str:
-    """sha256 of every safetensors tensor and of the masks' arrays (as bench/checks/digests.py)."""
-    from safetensors import safe_open
-
-    h = hashlib.sha256()
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), "np") as st:
-            for name in sorted(st.keys()):
-                t = st.get_tensor(name)
-                h.update(f"{name}|{t.dtype}|{t.shape}".encode() + np.ascontiguousarray(t).tobytes())
-    masks = path / "secateur-masks.npz"
-    if masks.exists():
-        with np.load(masks) as z:
-            for name in sorted(z.files):
-                h.update(name.encode() + np.ascontiguousarray(z[name]).tobytes())
-    return h.hexdigest()
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from bench.common import stamped
 from secateur import api
 from secateur.runinfo import machine, versions
+from secateur.testing import folder_digest
 
 RUNS = {
     "magnitude": dict(method="magnitude", sparsity=0.5),
@@ -134,25 +135,6 @@ SPLIT_RUNS = {
     "sparsegpt-2:4": ["--method", "sparsegpt", "--pattern", "2:4"],
     "wanda": ["--method", "wanda", "--sparsity", "0.5"],
 }
-
-
-def folder_digest(path: Path) -> str:
-    """sha256 of every safetensors tensor and of the masks' arrays (as tests/test_distributed.py)."""
-    import numpy as np
-    from safetensors import safe_open
-
-    h = hashlib.sha256()
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), "np") as st:
-            for name in sorted(st.keys()):
-                t = st.get_tensor(name)
-                h.update(f"{name}|{t.dtype}|{t.shape}".encode() + np.ascontiguousarray(t).tobytes())
-    masks = path / "secateur-masks.npz"
-    if masks.exists():
-        with np.load(masks) as z:
-            for name in sorted(z.files):
-                h.update(name.encode() + np.ascontiguousarray(z[name]).tobytes())
-    return h.hexdigest()
 
 
 def _launch(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, float]:

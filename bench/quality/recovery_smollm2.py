@@ -9,8 +9,10 @@ Protocol (every stage through the public commands, each in its own process so it
 * prune: ``secateur prune --calib c4 --nsamples 16 --seqlen 2048 --seed 0`` (the papers use 128 x 2048; 16 keeps
   a row to minutes here) with the row's method;
 * recover: ``secateur recover RUN --data c4 --tokens 65536`` (the defaults: LoRA r 16, alpha 32 on every attention
-  and MLP projection; top-64 KL to the dense model; windows of 512, batches of 4; AdamW 2e-4 cosine), the curve row
-  also ``--heldout-every 8`` (held-out perplexity of 4 x 512 C4 tokens from documents disjoint from training);
+  and MLP projection; top-64 KL to the dense model; windows of 512, one per step; AdamW 1e-3 cosine), the curve row
+  also ``--heldout-every 32`` (held-out perplexity of 4 x 512 C4 tokens from documents disjoint from training).
+  Rows record the defaults they ran under (``DEFAULTS``); a row of earlier defaults (batch 4, lr 2e-4, session 13)
+  is kept and shown apart;
 * evaluate, before and after: perplexity at ``nonoverlap-2048`` on the first ``EVAL_WINDOWS`` windows of
   WikiText-2, C4 and PTB (test splits; 8 windows = 16,384 tokens each), and the seven-task zero-shot mean on the
   first 200 documents per task. The dense model is evaluated the same way once.
@@ -39,7 +41,9 @@ DIR = WORK / "recovery-smollm2"
 MODEL = "smollm2-135m"
 PRUNE = ["--calib", "c4", "--nsamples", "16", "--seqlen", "2048", "--seed", "0"]
 RECOVER = ["--data", "c4", "--tokens", "65536"]
-CURVE_ROW, CURVE_EVERY = "wanda_sp-30", 8
+CURVE_ROW, CURVE_EVERY = "wanda_sp-30", 32
+DEFAULTS = "batch 1, lr 1e-3"  # the recover defaults the rows ran under (session 13's rows: "batch 4, lr 2e-4")
+OLD_DEFAULTS = "batch 4, lr 2e-4"
 EVAL_WINDOWS = 8
 CORPORA = ("wikitext2", "c4", "ptb")
 ZS_LIMIT = 200
@@ -108,8 +112,12 @@ def dense() -> dict:
     return json.loads((d / "eval.json").read_text())
 
 
+def _defaults(r: dict) -> str:
+    return r.get("defaults", OLD_DEFAULTS)
+
+
 def row(name: str) -> None:
-    if any(r.get("key") == name for r in read_rows(OUT_JSON)):
+    if any(r.get("key") == name and _defaults(r) == DEFAULTS for r in read_rows(OUT_JSON)):
         print(f"{name}: done", flush=True)
         return
     d = DIR / name
@@ -128,7 +136,8 @@ def row(name: str) -> None:
     prune_report = json.loads((pruned / "secateur-report.json").read_text())
     r = report["recovery"]
     append_row(OUT_JSON, {
-        "key": name, "prune_flags": ROWS[name] + PRUNE, "recover_flags": rec, "threads": int(_threads()),
+        "key": name, "defaults": DEFAULTS, "prune_flags": ROWS[name] + PRUNE, "recover_flags": rec,
+        "threads": int(_threads()),
         "realized_sparsity": prune_report.get("realized_sparsity"), "params": prune_report.get("params"),
         "prune_wall_s": prune_report.get("timings", {}).get("total_s"), "prune_peak_rss_mb":
         prune_report.get("peak_rss_mb"),
@@ -139,7 +148,7 @@ def row(name: str) -> None:
                      "masks": r.get("masks") and {k: v for k, v in r["masks"].items() if k != "realized_sparsity"}},
         "before": json.loads((d / "eval-pruned.json").read_text()),
         "after": json.loads((d / "eval-recovered.json").read_text()),
-    }, unique_key=True)
+    })
     print(f"{name}: row written", flush=True)
 
 
@@ -157,14 +166,16 @@ def _gap(before: float, after: float, dense_: float) -> str:
 
 
 def render() -> None:
-    rows = read_rows(OUT_JSON)
+    every = read_rows(OUT_JSON)
+    rows = [r for r in every if _defaults(r) == DEFAULTS]
+    old = [r for r in every if _defaults(r) != DEFAULTS]
     dz = json.loads((DIR / "dense" / "eval.json").read_text()) if (DIR / "dense" / "eval.json").exists() else None
     L = ["# Recovery of pruned SmolLM2-135M: LoRA distillation from the dense model (issue 30)\n",
          "Made by `python bench/quality/recovery_smollm2.py` (rows in `recovery-smollm2.jsonl`; protocol in its "
          "docstring). "
          "Prune: C4 16 x 2048 calibration (seed 0). Recover: `secateur recover RUN --data c4 --tokens 65536` "
          "(LoRA r 16 / alpha 32 on every attention and MLP projection, top-64 KL to the dense model, 512-token "
-         "windows, batches of 4, AdamW 2e-4 cosine, seed 0; C4 training documents disjoint from every evaluation "
+         "windows, one per step, AdamW 1e-3 cosine, seed 0; C4 training documents disjoint from every evaluation "
          f"split). Evaluation: perplexity at nonoverlap-2048 on the first {EVAL_WINDOWS} windows of each test "
          f"split; zero-shot: seven-task mean on the first {ZS_LIMIT} documents per task (task-stratified SE). "
          "Gap closed: the share of the pruned model's excess log-perplexity over the dense model that recovery "
@@ -175,9 +186,29 @@ def render() -> None:
     L += ["Realized: the share of the targeted weights removed / of all parameters (the CLI's `--sparsity 0.3` for "
           "Wanda-sp keeps every one of SmolLM2's 3 KV groups per layer under uniform ceil rounding, so 30% of the MLP "
           "channels go and 22.5% of the targeted weights).\n",
-          "| row | realized | stage | WikiText-2 | C4 | PTB | zero-shot | gap closed (WT2 / C4 / PTB) | recovery "
-          "tokens | recovery wall (s) | peak RSS (MB) | load | commit |",
-          "|---|---|---|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
+          *_table(rows, dz)]
+    L += _claim(rows, dz)
+    if old:
+        L += ["", f"Earlier defaults ({OLD_DEFAULTS}: 32 steps of 4 windows), the same prune and evaluation:", "",
+              *_table(old, dz), *_claim(old, dz)[1:]]
+    curves = {d: next((r["recovery"]["curve"] for r in rs if r["key"] == CURVE_ROW and r["recovery"].get("curve")),
+                      None) for d, rs in ((DEFAULTS, rows), (OLD_DEFAULTS, old))}
+    curves = {d: c for d, c in curves.items() if c}
+    if curves:
+        _plot(curves)
+        L.append(f"\nHeld-out perplexity of `{CURVE_ROW}` against recovery tokens (4 x 512 held-out C4 tokens from "
+                 "documents disjoint from training): "
+                 + "; ".join(f"{d} (every {c['every']} steps): " + ", ".join(f"{p[1]}: {p[2]:.2f}" for p in c["points"])
+                             for d, c in curves.items()) + f". ![curve]({OUT_PNG.name})\n")
+    OUT_MD.write_text("\n".join(L) + "\n")
+    print(f"wrote {OUT_MD}")
+
+
+def _table(rows: list[dict], dz: dict | None) -> list[str]:
+    """The before/after table of ``rows``."""
+    L = ["| row | realized | stage | WikiText-2 | C4 | PTB | zero-shot | gap closed (WT2 / C4 / PTB) | recovery "
+         "tokens | recovery wall (s) | peak RSS (MB) | load | commit |",
+         "|---|---|---|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for r in rows:
         rs = r.get("realized_sparsity") or {}
         real = (f"{100 * rs['targeted']:.1f}% / {100 * rs['of_all_parameters']:.1f}%"
@@ -193,16 +224,7 @@ def render() -> None:
                      + (f"{rec['tokens']} | {rec['wall_s']:.0f} | {rec['peak_rss_mb']:.0f} | "
                         f"{r['load_avg_1_5_15'][0]} | `{r['commit']}` |" if stage == "after" else
                         f" | | {fmt(r.get('prune_peak_rss_mb'), 0)} | | |"))
-    L += _claim(rows, dz)
-    curve = next((r["recovery"]["curve"] for r in rows if r["key"] == CURVE_ROW and r["recovery"].get("curve")), None)
-    if curve:
-        _plot(curve, dz)
-        pts = curve["points"]
-        L.append(f"\nHeld-out perplexity of `{CURVE_ROW}` against recovery tokens (`--heldout-every {CURVE_EVERY}`, "
-                 f"{curve['windows']} x 512 held-out C4 tokens): "
-                 + ", ".join(f"{p[1]}: {p[2]:.2f}" for p in pts) + f". ![curve]({OUT_PNG.name})\n")
-    OUT_MD.write_text("\n".join(L) + "\n")
-    print(f"wrote {OUT_MD}")
+    return L
 
 
 def _claim(rows: list[dict], dz: dict | None) -> list[str]:
@@ -226,18 +248,21 @@ def _claim(rows: list[dict], dz: dict | None) -> list[str]:
     return out
 
 
-def _plot(curve: dict, dz: dict | None) -> None:
+def _plot(curves: dict[str, dict]) -> None:
+    """Held-out perplexity against recovery tokens, one line per recovery defaults."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = curve["points"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o")
+    for label, curve in curves.items():
+        pts = curve["points"]
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
     ax.set_xlabel("recovery tokens")
     ax.set_ylabel("held-out C4 perplexity")
     ax.set_title(f"{CURVE_ROW}: recovery curve")
+    ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(OUT_PNG, dpi=110)

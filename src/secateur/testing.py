@@ -221,3 +221,28 @@ def _gguf_block(put, sd: dict, i: int, cfg, permute) -> None:
     put(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
     put(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
     put(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+
+
+def folder_digest(path) -> str:
+    """sha256 of an output folder's content: every safetensors tensor (name, dtype, shape, bytes, in name order) and
+    every array of ``secateur-masks.npz``. Two runs with equal digests wrote the same model bit for bit (the tests'
+    and the device check's "same answer on any number of processes")."""
+    import hashlib
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors import safe_open
+
+    path = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "np") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name)
+                h.update(f"{name}|{t.dtype}|{t.shape}".encode() + np.ascontiguousarray(t).tobytes())
+    masks = path / "secateur-masks.npz"
+    if masks.exists():
+        with np.load(masks) as z:
+            for name in sorted(z.files):
+                h.update(name.encode() + np.ascontiguousarray(z[name]).tobytes())
+    return h.hexdigest()
