@@ -182,14 +182,15 @@ def _solve(x: int):
                    (torch.rand(5, generator=g) > 0.5, {"n": x, "t": torch.arange(x)}))
 
 
-def _owned_worker(rank: int, world: int, root: str) -> None:
+def _owned_worker(rank: int, world: int, root: str, workers: int = 1) -> None:
     ran: list[int] = []
 
     def fn(x):
         ran.append(x)
         return _solve(x)
 
-    got = dist.owned_map(list(range(7)), fn, first=1)
+    got = dist.owned_map(list(range(7)), fn, first=1, workers=workers)
+    ran.sort()  # side by side (workers > 1) the solves start in any order
     owners = dist.Owners()
     owners.map([0, 1, 2], lambda x: x)
     again = owners.map([10, 11], lambda x: (x, rank))  # the count goes on: solve 3 on rank 3 % N, 4 on 4 % N
@@ -201,15 +202,15 @@ def _owned_worker(rank: int, world: int, root: str) -> None:
         return x
 
     try:
-        dist.owned_map(list(range(5)), boom)
+        dist.owned_map(list(range(5)), boom, workers=workers)
     except Exception as e:  # noqa: BLE001 - what each rank ends with is the finding
         failed = f"{type(e).__name__}: {e}"
     torch.save({"ran": ran, "got": got, "again": again, "failed": failed}, Path(root) / f"owned-{world}-{rank}.pt")
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_owned_map_runs_each_solve_once_and_gives_every_rank_every_result(tmp_path, world):
-    spawn_gloo(_owned_worker, world, (str(tmp_path),), threads=1)
+@pytest.mark.parametrize("world,workers", [(2, 1), (3, 1), (2, 2)])
+def test_owned_map_runs_each_solve_once_and_gives_every_rank_every_result(tmp_path, world, workers):
+    spawn_gloo(_owned_worker, world, (str(tmp_path), workers), threads=1)
     want = [_solve(x) for x in range(7)]
     for rank in range(world):
         r = torch.load(tmp_path / f"owned-{world}-{rank}.pt", weights_only=False)
@@ -228,6 +229,32 @@ def test_owned_map_alone_is_the_plain_map():
     before = dist.SOLVES["t"]
     assert dist.owned_map([1, 2, 3], lambda x: x * 2, kind="t") == [2, 4, 6]
     assert dist.SOLVES["t"] - before == 3
+
+
+def test_owned_map_workers_solve_side_by_side_and_report_the_first_failure_in_order():
+    """``workers=2``: two solves wait for each other at a barrier, which only passes when they run at the same
+    time (one after another, the first would time out); results in item order; with several failures the first in
+    item order is raised, as in the sequential loop."""
+    import threading
+
+    meet = threading.Barrier(2, timeout=20)
+
+    def fn(x):
+        if x < 2:
+            meet.wait()
+        return _solve(x)
+
+    got = dist.owned_map(list(range(5)), fn, workers=2)
+    assert [g.note for g in got] == [f"item {x}" for x in range(5)]
+    assert all(torch.equal(a.w, _solve(x).w) for x, a in enumerate(got))
+
+    def boom(x):
+        if x in (1, 3):
+            raise ValueError(f"boom {x}")
+        return x
+
+    with pytest.raises(ValueError, match="boom 1"):
+        dist.owned_map(list(range(5)), boom, workers=2)
 
 
 # --- 2 and 3 processes == 1 process --------------------------------------------------------------------------------

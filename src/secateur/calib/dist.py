@@ -24,11 +24,12 @@ benches).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import os
 import socket
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -217,27 +218,29 @@ def ordered_merge(accs: dict, contribution: dict | None, owner: int) -> None:
 SOLVES: Counter = Counter()
 
 
-def owned_map(items: Sequence, fn: Callable, first: int = 0, kind: str = "solve") -> list:
+def owned_map(items: Sequence, fn: Callable, first: int = 0, kind: str = "solve", workers: int = 1) -> list:
     """``[fn(x) for x in items]`` on every rank, each ``fn(items[j])`` run once, on rank ``(first + j) % N`` (its
     owner), its result (tensors bit for bit, :func:`broadcast`) sent to every rank; in item order. With one process
     it is the plain list. Every rank calls it with the same items in the same order. A solve that fails on its
-    owner ends every rank: the owner with its own error, the others with the owner's line."""
+    owner ends every rank: the owner with its own error, the others with the owner's line. ``workers > 1``: this
+    rank's solves run side by side on that many Python threads (``fn`` must be thread-safe, and the caller pins
+    torch to one thread per solve so the result does not depend on ``workers``); failures are reported in item
+    order as in the sequential loop."""
     rank, world = rank_world()
     mine = [j for j in range(len(items)) if (first + j) % world == rank]
     out: list = [None] * len(items)
     failed: dict[int, Exception] = {}
-    for j in mine:  # this rank's solves first (in parallel with the other ranks'), then every result in order
+    for j, res, err in _run_mine(items, mine, fn, workers):  # in parallel with the other ranks' solves
         SOLVES[kind] += 1
-        if world == 1:
-            out[j] = fn(items[j])
-            continue
-        try:
-            out[j] = fn(items[j])
-        except Exception as e:  # the others wait for this result: tell them, then end here with the cause
-            failed[j] = e
-            line = str(e) if isinstance(e, SecateurError) else f"rank {rank}: {type(e).__name__}: {str(e)[:200]}"
+        if err is not None and world == 1:
+            raise err
+        if err is not None:  # the others wait for this result: tell them, then end here with the cause
+            failed[j] = err
+            line = (str(err) if isinstance(err, SecateurError)
+                    else f"rank {rank}: {type(err).__name__}: {str(err)[:200]}")
             out[j] = {_FAILED: line}
             break  # nothing after it is needed: every rank stops at this item
+        out[j] = res
     if world == 1:
         return out
     for j in range(len(items)):
@@ -251,6 +254,25 @@ def owned_map(items: Sequence, fn: Callable, first: int = 0, kind: str = "solve"
     return out
 
 
+def _run_mine(items: Sequence, mine: list[int], fn: Callable,
+              workers: int) -> Iterator[tuple[int, object, Exception | None]]:
+    """``(j, fn(items[j]) or None, its exception or None)`` for this rank's items in order: one after another (a
+    failure ends the loop before the next solve starts), or all submitted to ``workers`` threads at once."""
+    if workers <= 1 or len(mine) <= 1:
+        for j in mine:
+            try:
+                yield j, fn(items[j]), None
+            except Exception as e:  # noqa: BLE001 - handed to owned_map, which raises or reports it
+                yield j, None, e
+                return
+        return
+    with cf.ThreadPoolExecutor(min(workers, len(mine))) as ex:
+        futures = [(j, ex.submit(fn, items[j])) for j in mine]
+        for j, f in futures:
+            err = f.exception()
+            yield j, (None if err else f.result()), err
+
+
 _FAILED = "__secateur_solve_failed__"
 
 
@@ -262,9 +284,9 @@ class Owners:
         self.kind = kind
         self.count = 0
 
-    def map(self, items: Sequence, fn: Callable) -> list:
+    def map(self, items: Sequence, fn: Callable, workers: int = 1) -> list:
         items = list(items)
-        out = owned_map(items, fn, self.count, self.kind)
+        out = owned_map(items, fn, self.count, self.kind, workers)
         self.count += len(items)
         return out
 

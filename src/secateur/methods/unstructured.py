@@ -24,6 +24,7 @@ from secateur.calib import dist, engine
 from secateur.calib.stats import Accumulator, Gram, SumSq
 from secateur.compensate.sparsegpt import sparsegpt_prune
 from secateur.errors import SecateurError, check_fraction
+from secateur.linalg import one_thread
 from secateur.methods.knobs import MethodOptions, knob, rounding_knob
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
@@ -124,7 +125,10 @@ class UnstructuredHandler(engine.Handler):
     def on_group(self, ctx, group, names, accs) -> None:
         targets = self._targets(ctx, names)
         if self.cfg.method == "sparsegpt":  # the group's OBS solves, each on its owner rank (calib.dist.owned_map)
-            solved = self.owners.map(targets, lambda name: sparsegpt_solve(ctx.refs[name].weight, self.cfg, accs))
+            workers = torch.get_num_threads()
+            with one_thread():  # each solve on one thread, the group's solves side by side on the process's threads
+                solved = self.owners.map(targets, lambda name: sparsegpt_solve(ctx.refs[name].weight, self.cfg, accs),
+                                         workers=workers)
         for k, name in enumerate(targets):
             ref = ctx.refs[name]
             key = f"{ctx.adapter.base_prefix}.{ctx.index}.{name}"
