@@ -190,7 +190,7 @@ def render() -> None:
     L += _claim(rows, dz)
     if old:
         L += ["", f"Earlier defaults ({OLD_DEFAULTS}: 32 steps of 4 windows), the same prune and evaluation:", "",
-              *_table(old, dz), *_claim(old, dz)[1:]]
+              *_table(old, dz), *_claim(old, dz)]
     curves = {d: next((r["recovery"]["curve"] for r in rs if r["key"] == CURVE_ROW and r["recovery"].get("curve")),
                       None) for d, rs in ((DEFAULTS, rows), (OLD_DEFAULTS, old))}
     curves = {d: c for d, c in curves.items() if c}
