@@ -213,19 +213,19 @@ def medium_section(rows_all: list[dict]) -> list[str]:
                  f"**{plan['estimate_hours_rows_in_2_processes']} h** with the sweep over 2 ranks and the rows in "
                  f"two lanes (one per rho). Parts (s): {json.dumps(plan['estimate_wall_s'])}.")
     rows = [r for r in rows_all if r.get("preset") == "medium"]
-    g = graph_path("medium")
-    if g.exists():
-        meta = graph_summary("medium")[0] or {}
+    meta = graph_summary("medium")[0]  # the npz (git-ignored) or its committed summary: a clone renders the same
+    if meta:
         L.append(f"\nGraph: built, {meta.get('wall_s', 0) / 3600:.2f} h wall over "
                  f"{meta.get('timings', {}).get('world_size')} ranks (H sha256 in the rows).")
     else:
         from secateur.calib.resume import checkpoint_dir
 
+        g = graph_path("medium")
         done = len(list(checkpoint_dir(g).glob("sweep0-block*.pt"))) if checkpoint_dir(g).exists() else 0
         L.append(f"\nGraph: in progress, {done} of {PRESETS['medium']['n_graph']} blocks of sequences checkpointed "
                  "(`--resume` continues it bit-identically: `tests/test_cocurve_resume.py`).")
     if rows:
-        L.append(_measured_cost(rows, (graph_summary("medium")[0] or {}) if g.exists() else {}))
+        L.append(_measured_cost(rows, meta))
     if not rows:
         L.append("\nNo medium rows yet; `bench/quality/cocurve_medium.sh` (rerun it after a stop) continues "
                  "where it stopped.")
