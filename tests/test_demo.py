@@ -17,8 +17,7 @@ def test_demo_without_data_uses_heldout_self_text(tmp_path, monkeypatch, capsys)
     def tiny_load(spec, dtype="float32", device="cpu"):  # the real model is too slow for a unit test
         return tiny_model("llama"), tiny_tokenizer()
 
-    monkeypatch.setattr(loading, "load_model", tiny_load)
-    monkeypatch.setattr(api, "load_model", tiny_load)
+    monkeypatch.setattr(loading, "load_model", tiny_load)  # every entry point loads through loading.load_model
     monkeypatch.setattr(api, "check_model", lambda spec: None, raising=False)
     out = tmp_path / "demo"
     assert cli.main(["demo", "--out", str(out), "--nsamples", "2", "--seqlen", "16"]) == 0

@@ -22,7 +22,7 @@ from secateur.methods.knobs import MethodOptions, flag_of
 from secateur.methods.registry import STREAMABLE, method_options, resolve
 from secateur.methods.structured import REFUSED
 from secateur.models.digest import known_model, local_digest
-from secateur.models.loading import check_device
+from secateur.models.loading import check_device, check_tokenizer
 from secateur.models.spec import ModelSpec
 from secateur.safe_write import check_output_dir, model_paths
 from secateur.schemas.api import check_common, plain_paths
@@ -344,7 +344,3 @@ def check_recipe_calibration(opts: PruneOptions, manifest) -> None:
                             f"{want[:12]}...): the {opts.calib} text or the tokenizer is not the same; point "
                             "--data-dir at the recipe's data, or remove its check: to run anyway")
 
-
-def check_tokenizer(model, tokenizer) -> None:
-    if not isinstance(model, str) and tokenizer is None:
-        raise SecateurError("an in-memory model needs its tokenizer")

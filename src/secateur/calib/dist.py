@@ -37,6 +37,7 @@ import torch
 import torch.distributed as tdist
 
 from secateur.errors import SecateurError
+from secateur.models.blocks import Shard
 
 #: seconds a rank waits for the others in one collective (``SECATEUR_DIST_TIMEOUT`` overrides it)
 DEFAULT_TIMEOUT_S = 600.0
@@ -197,6 +198,12 @@ def broadcast(obj, src: int):
             tdist.broadcast(buf, src=src)
         got[slot.i] = tensors[slot.i] if rank == src else buf if buf.device.type == slot.device else buf.to(slot.device)
     return _fill(skeleton, got)
+
+
+def shard() -> Shard:
+    """This process's share when ``torch.distributed`` is initialized with several processes (else the whole run)."""
+    rank, world = rank_world()
+    return Shard(rank, world)
 
 
 def ordered_merge(accs: dict, contribution: dict | None, owner: int) -> None:

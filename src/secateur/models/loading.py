@@ -261,3 +261,9 @@ def check_seqlen(spec: str, seqlen: int, cfg: dict | None, flag: str = "--seqlen
     if ctx is not None and seqlen > ctx:
         raise SecateurError(f"{flag} {seqlen} exceeds the context length {ctx} of model {spec}; use {flag} {ctx} "
                             "or less")
+
+
+def check_tokenizer(model, tokenizer) -> None:
+    """A model given as an object (not a spec to load) comes with its tokenizer."""
+    if not isinstance(model, str) and tokenizer is None:
+        raise SecateurError("an in-memory model needs its tokenizer")
