@@ -23,6 +23,14 @@ PRESETS = {
 }
 
 
+def model_path(model: str) -> str:
+    """A bench's model argument as secateur reads it: the GGUF files ``bench/tools/get_models.py`` assembles
+    (``qwen2.5-0.5b``, ``gemma3-270m``) by their path, anything else (a name, a folder) as given."""
+    from bench.tools.get_models import MODELS, models_dir
+
+    return str(models_dir() / MODELS[model].file) if model in MODELS else model
+
+
 def calib_tokens(tokenizer, source: str, nsamples: int, seqlen: int, seed: int = 0):
     """Calibration ids cached on disk so every row (and llm-compressor) sees the same tokens."""
     from secateur.data.windows import calibration_set

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, append_row, read_rows
+from bench.common import RESULTS, append_row, model_path, read_rows
 
 OUT_JSON = RESULTS / "solver-profile.jsonl"
 OUT_MD = RESULTS / "solver-profile.md"
@@ -78,14 +78,6 @@ def _stage_of_name(name: str) -> str:
     return "other"
 
 
-def _model_path(model: str) -> str:
-    if model == "qwen2.5-0.5b":
-        from bench.tools.get_models import MODELS, models_dir
-
-        return str(models_dir() / MODELS[model].file)
-    return model
-
-
 def flops(model, nsamples: int, seqlen: int) -> dict:
     """The arithmetic of a SparseGPT prune (per block summed): forward 2 P T; Grams T d_in^2 per distinct input
     (q/k/v share one, gate/up one); factorization ~ (2/3) d_in^3 per projection (a Cholesky and a triangular
@@ -113,7 +105,7 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     rate = machine_rate(args.threads)
     load_before = os.getloadavg()
-    kw = dict(model=_model_path(args.model), method=args.method, sparsity=args.sparsity, calib="c4",
+    kw = dict(model=model_path(args.model), method=args.method, sparsity=args.sparsity, calib="c4",
               nsamples=args.nsamples, seqlen=args.seqlen, quiet=True)
     if args.compensation:
         kw["compensation"] = args.compensation

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, read_rows, run_logged
+from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, model_path, read_rows, run_logged
 
 OUT_JSON = RESULTS / "sparsegpt-side-by-side.jsonl"
 OUT_MD = RESULTS / "sparsegpt-side-by-side.md"
@@ -40,7 +40,7 @@ def calibration(model: str, nsamples: int, seqlen: int) -> tuple[Path, Path, str
     from secateur.data.windows import calibration_set
     from secateur.models.loading import resolve
 
-    folder = Path(resolve(model)[0])
+    folder = Path(resolve(model_path(model))[0])
     path = WORK / f"calib-{model}-c4-{nsamples}x{seqlen}-seed0.pt"
     if not path.exists():
         from transformers import AutoTokenizer
