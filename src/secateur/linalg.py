@@ -15,7 +15,7 @@ an optional ``info`` dict (so callers can put it in their diagnostics).
 * :func:`solve_spd` - ``X A = B`` for symmetric positive (semi)definite ``A``: Cholesky, Cholesky with
   growing jitter, then least squares (CORP / LS ridge solves).
 * :func:`chol_inverse_upper` - the upper Cholesky factor of ``H^-1`` from one Cholesky of ``H`` and one
-  triangular inverse (SparseGPT's ``U``), without forming ``H^-1``.
+  triangular inverse (SparseGPT's ``U``), without forming ``H^-1``; on one thread.
 * :func:`one_thread` / :func:`pinned` - run LAPACK on one thread: MKL's factorizations (Cholesky, QR, SVD,
   eigh, solves) split their work by the thread count and their last bits change with it, which flips
   downstream pruning decisions (docs/protocols.md, "Determinism across threads"). Every factorization
@@ -68,35 +68,36 @@ def pinned(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-TRI_LEAF = 128  # below this width the triangular inverse is one LAPACK solve; above, two halves and two GEMMs
+TRI_LEAF = 128  # below this width the triangular inverse is one LAPACK solve; above, two halves and two solves
 
 
+@pinned
 def chol_inverse_upper(h: torch.Tensor) -> torch.Tensor:
     """Upper-triangular ``U`` with positive diagonal and ``U^T U = H^-1``, for symmetric positive definite ``H``.
 
     With ``J`` the order-reversing permutation and ``L = chol(J H J)`` (lower), ``R = J L J`` is upper triangular and
     ``H = R R^T``; so ``H^-1 = R^-T R^-1`` and ``U = R^-1`` (upper, positive diagonal: Cholesky's factor is unique).
-    Cost: one Cholesky (d^3/3) and one triangular inverse (d^3/3, recursive halves whose off-diagonal block is
-    ``-A^-1 B C^-1``: GEMMs), against 4d^3/3 for ``chol(cholesky_inverse(chol(H)))``, and ``H^-1`` is never formed.
-    Both are backward stable: they agree to about ``d eps kappa(H)`` relative (tested). The LAPACK calls run on one
-    thread (their last bits depend on the thread count), the GEMMs on every thread (theirs do not); raises
+    Cost: one Cholesky (d^3/3) and one triangular inverse (recursive halves whose off-diagonal block
+    ``-A^-1 B C^-1`` is two triangular solves, d^3/4 at the top level), against 4d^3/3 for
+    ``chol(cholesky_inverse(chol(H)))``, and ``H^-1`` is never formed. Both are backward stable: they agree to about
+    ``d eps kappa(H)`` relative (tested). Everything runs on one thread (LAPACK's and BLAS's triangular kernels split
+    their work by the thread count, and SparseGPT solves on one thread anyway); raises
     ``torch.linalg.LinAlgError`` when ``H`` is not positive definite, as ``torch.linalg.cholesky`` does."""
-    with one_thread():
-        r = torch.linalg.cholesky(h.flip(0, 1)).flip(0, 1)
+    r = torch.linalg.cholesky(h.flip(0, 1)).flip(0, 1)
     return _tri_inv_upper(r)
 
 
 def _tri_inv_upper(r: torch.Tensor) -> torch.Tensor:
-    """``R^-1`` of an upper-triangular ``R``: ``[[A, B], [0, C]]^-1 = [[A^-1, -A^-1 B C^-1], [0, C^-1]]``."""
+    """``R^-1`` of an upper-triangular ``R``: ``[[A, B], [0, C]]^-1 = [[A^-1, -A^-1 B C^-1], [0, C^-1]]``, the
+    off-diagonal block by two triangular solves (half the arithmetic of two products with the inverted halves)."""
     d = r.shape[0]
     if d <= TRI_LEAF:
-        with one_thread():
-            return torch.linalg.solve_triangular(r, torch.eye(d, dtype=r.dtype, device=r.device), upper=True)
+        return torch.linalg.solve_triangular(r, torch.eye(d, dtype=r.dtype, device=r.device), upper=True)
     h = d // 2
-    a_inv, c_inv = _tri_inv_upper(r[:h, :h]), _tri_inv_upper(r[h:, h:])
     out = torch.zeros_like(r)
-    out[:h, :h], out[h:, h:] = a_inv, c_inv
-    out[:h, h:] = -(a_inv @ r[:h, h:]) @ c_inv
+    out[:h, :h], out[h:, h:] = _tri_inv_upper(r[:h, :h]), _tri_inv_upper(r[h:, h:])
+    y = torch.linalg.solve_triangular(r[h:, h:], r[:h, h:], upper=True, left=False)  # B C^-1
+    out[:h, h:] = -torch.linalg.solve_triangular(r[:h, :h], y, upper=True)           # -A^-1 (B C^-1)
     return out
 
 
