@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, model_path, read_rows, run_logged
+from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, git_commit, model_path, read_rows, run_logged
 
 OUT_JSON = RESULTS / "sparsegpt-side-by-side.jsonl"
 OUT_MD = RESULTS / "sparsegpt-side-by-side.md"
@@ -63,8 +63,17 @@ def theirs(folder: Path, calib: Path, out: Path, threads: int, log: Path) -> dic
             "realized_sparsity": rec["realized_sparsity"], "versions": rec["versions"], "process_wall_s": wall}
 
 
-def ours(model: str, folder: Path, sha: str, out: Path, nsamples: int, seqlen: int, log: Path) -> dict:
-    cmd = [sys.executable, "-m", "secateur", "prune", "--model", str(folder), "--method", "sparsegpt", "--sparsity",
+# side "secateur-float64": the same CLI run with every SparseGPT solve in float64 (the precision before issue 29),
+# to measure what the float32 solves change
+FLOAT64 = ("import functools, sys, torch; import secateur.methods.unstructured as u; "
+           "u.sparsegpt_prune = functools.partial(u.sparsegpt_prune, dtype=torch.float64); "
+           "from secateur.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def ours(model: str, folder: Path, sha: str, out: Path, nsamples: int, seqlen: int, log: Path,
+         float64: bool = False) -> dict:
+    head = [sys.executable, "-c", FLOAT64] if float64 else [sys.executable, "-m", "secateur"]
+    cmd = [*head, "prune", "--model", str(folder), "--method", "sparsegpt", "--sparsity",
            "0.5", "--calib", "c4", "--nsamples", str(nsamples), "--seqlen", str(seqlen), "--seed", "0", "--out",
            str(out), "--overwrite", "--quiet"]
     rc, wall = run_logged(cmd, log)
@@ -95,13 +104,14 @@ def run(a: argparse.Namespace) -> None:
     base.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     for rep in range(a.repeats):
-        order = ["llm-compressor", "secateur"] if rep % 2 == 0 else ["secateur", "llm-compressor"]
+        sides = a.sides.split(",")
+        order = sides if rep % 2 == 0 else sides[::-1]
         for side in order:
             out, log = base / side, base / f"{side}.log"
             load = os.getloadavg()[0]
             got = (theirs(folder, calib, out, a.threads, log) if side == "llm-compressor"
-                   else ours(a.model, folder, sha, out, a.nsamples, a.seqlen, log))
-            row = {"model": a.model, "nsamples": a.nsamples, "seqlen": a.seqlen, "threads": a.threads, "repeat": rep,
+                   else ours(a.model, folder, sha, out, a.nsamples, a.seqlen, log, side == "secateur-float64"))
+            row = {"measured_at": git_commit(), "model": a.model, "nsamples": a.nsamples, "seqlen": a.seqlen, "threads": a.threads, "repeat": rep,
                    "side": side, "calibration_sha256": sha, "load_before": round(load, 2),
                    "load_after": round(os.getloadavg()[0], 2), **got,
                    "wikitext2": wikitext2(out, a.windows, log), "windows": a.windows}
@@ -118,10 +128,10 @@ def render() -> None:
              "| model | calibration | threads | repeat | side | prune (s) | ratio | WikiText-2 | peak RSS (MB) | "
              "load before / after | commit |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        mate = next((o for o in rows if o is not r and o["repeat"] == r["repeat"] and o["model"] == r["model"]
-                     and o["nsamples"] == r["nsamples"] and o["seqlen"] == r["seqlen"] and o["side"] != r["side"]
-                     and o.get("commit") == r.get("commit")), None)
-        ratio = r["prune_s"] / mate["prune_s"] if mate and r["side"] == "secateur" else None
+        mate = next((o for o in rows if o["repeat"] == r["repeat"] and o["model"] == r["model"]
+                     and o["nsamples"] == r["nsamples"] and o["seqlen"] == r["seqlen"]
+                     and o["side"] == "llm-compressor" and o.get("commit") == r.get("commit")), None)
+        ratio = r["prune_s"] / mate["prune_s"] if mate and r["side"] != "llm-compressor" else None
         lines.append(f"| {r['model']} | C4 {r['nsamples']} x {r['seqlen']} | {r['threads']} | {r['repeat']} | "
                      f"{r['side']} | {fmt(r['prune_s'], 1)} | {fmt(ratio, 2)} | {fmt(r['wikitext2'], 2)} "
                      f"(first {r['windows']} windows) | {fmt(r['peak_rss_mb'], 0)} | {r['load_before']} / "
@@ -136,6 +146,8 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--sides", default="llm-compressor,secateur",
+                    help="in the order of even repeats: llm-compressor, secateur, secateur-float64")
     ap.add_argument("--windows", type=int, default=16, help="WikiText-2 windows of 2048 tokens evaluated")
     ap.add_argument("--render", action="store_true")
     a = ap.parse_args()
