@@ -111,7 +111,8 @@ def run(a: argparse.Namespace) -> None:
             load = os.getloadavg()[0]
             got = (theirs(folder, calib, out, a.threads, log) if side == "llm-compressor"
                    else ours(a.model, folder, sha, out, a.nsamples, a.seqlen, log, side == "secateur-float64"))
-            row = {"measured_at": git_commit(), "model": a.model, "nsamples": a.nsamples, "seqlen": a.seqlen, "threads": a.threads, "repeat": rep,
+            row = {"measured_at": git_commit(),
+                   "model": a.model, "nsamples": a.nsamples, "seqlen": a.seqlen, "threads": a.threads, "repeat": rep,
                    "side": side, "calibration_sha256": sha, "load_before": round(load, 2),
                    "load_after": round(os.getloadavg()[0], 2), **got,
                    "wikitext2": wikitext2(out, a.windows, log), "windows": a.windows}
