@@ -121,22 +121,28 @@ def run(a: argparse.Namespace) -> None:
     render()
 
 
+def _measured_at(r: dict) -> str:
+    """The checkout a row's prune ran: recorded when the row began (``measured_at``), else the one at its write
+    (rows before that field: the side ran after the bench started, so the start commit can be older)."""
+    return r.get("measured_at") or r.get("commit_at_write") or r.get("commit", "?")
+
+
 def render() -> None:
     rows = read_rows(OUT_JSON)
     lines = ["# SparseGPT 50%: secateur and llm-compressor side by side (issue 29)", "",
              f"Made by `python bench/speed/sparsegpt_side_by_side.py` (protocol in its docstring; rows in "
              f"`{OUT_JSON.name}`). Time ratio = secateur / llm-compressor of the same repeat.", "",
              "| model | calibration | threads | repeat | side | prune (s) | ratio | WikiText-2 | peak RSS (MB) | "
-             "load before / after | commit |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             "load before / after | measured at |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         mate = next((o for o in rows if o["repeat"] == r["repeat"] and o["model"] == r["model"]
                      and o["nsamples"] == r["nsamples"] and o["seqlen"] == r["seqlen"]
-                     and o["side"] == "llm-compressor" and o.get("commit") == r.get("commit")), None)
+                     and o["side"] == "llm-compressor"), None)
         ratio = r["prune_s"] / mate["prune_s"] if mate and r["side"] != "llm-compressor" else None
         lines.append(f"| {r['model']} | C4 {r['nsamples']} x {r['seqlen']} | {r['threads']} | {r['repeat']} | "
                      f"{r['side']} | {fmt(r['prune_s'], 1)} | {fmt(ratio, 2)} | {fmt(r['wikitext2'], 2)} "
                      f"(first {r['windows']} windows) | {fmt(r['peak_rss_mb'], 0)} | {r['load_before']} / "
-                     f"{r['load_after']} | `{r.get('commit', '?')}` |")
+                     f"{r['load_after']} | `{_measured_at(r)}` |")
     OUT_MD.write_text("\n".join(lines) + "\n")
 
 
