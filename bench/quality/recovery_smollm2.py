@@ -105,11 +105,20 @@ def _eval_stage(model: str, out: Path, log: Path) -> None:
            [sys.executable, __file__, "--eval-one", model, "--eval-out", str(out)], log)
 
 
+def _dense_row() -> dict | None:
+    """The dense model's evaluation, a committed row (key ``dense``), so ``--render`` needs no work folder."""
+    return next((r["eval"] for r in read_rows(OUT_JSON) if r.get("key") == "dense"), None)
+
+
 def dense() -> dict:
+    if (dz := _dense_row()) is not None:
+        return dz
     d = DIR / "dense"
     d.mkdir(parents=True, exist_ok=True)
     _eval_stage(MODEL, d / "eval.json", d / "log.txt")
-    return json.loads((d / "eval.json").read_text())
+    dz = json.loads((d / "eval.json").read_text())
+    append_row(OUT_JSON, {"key": "dense", "threads": int(_threads()), "eval": dz})
+    return dz
 
 
 def _defaults(r: dict) -> str:
@@ -166,10 +175,10 @@ def _gap(before: float, after: float, dense_: float) -> str:
 
 
 def render() -> None:
-    every = read_rows(OUT_JSON)
+    every = [r for r in read_rows(OUT_JSON) if r.get("key") != "dense"]
     rows = [r for r in every if _defaults(r) == DEFAULTS]
     old = [r for r in every if _defaults(r) != DEFAULTS]
-    dz = json.loads((DIR / "dense" / "eval.json").read_text()) if (DIR / "dense" / "eval.json").exists() else None
+    dz = _dense_row()
     L = ["# Recovery of pruned SmolLM2-135M: LoRA distillation from the dense model (issue 30)\n",
          "Made by `python bench/quality/recovery_smollm2.py` (rows in `recovery-smollm2.jsonl`; protocol in its "
          "docstring). "
@@ -273,6 +282,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows, in order")
     ap.add_argument("--render", action="store_true", help="only render the page from the committed rows")
+    ap.add_argument("--dense", action="store_true", help="only evaluate the dense model (a row), then render")
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)
     ap.add_argument("--eval-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -281,7 +291,7 @@ def main() -> None:
     if not args.render:
         print(f"start {time.strftime('%FT%TZ', time.gmtime())} {START_COMMIT} load {os.getloadavg()[0]:.2f}")
         dense()
-        for name in args.rows.split(","):
+        for name in ([] if args.dense else args.rows.split(",")):
             if name not in ROWS:
                 raise SystemExit(f"--rows: unknown row {name!r}; choose from {', '.join(ROWS)}")
             row(name)
