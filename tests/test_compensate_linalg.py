@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secateur import linalg
 from secateur.linalg import (
     cayley_retract,
+    gram_polar,
     newton_schulz_inverse,
     newton_schulz_polar,
     polar,
@@ -118,6 +121,29 @@ def test_newton_schulz_polar_matches_svd():
     torch.testing.assert_close(p, u @ vh, atol=1e-10, rtol=0)
     assert info["ns_polar_err"] < 1e-12
     torch.testing.assert_close(newton_schulz_polar(z.mT), (u @ vh).mT, atol=1e-10, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 24), extra=st.integers(0, 40), norm=st.floats(0.0, 1.0), seed=st.integers(0, 10**6))
+def test_gram_polar_is_the_polar_factor_of_a_retraction_step(b, extra, norm, seed):
+    """``polar(R - step)`` for row-orthonormal R and a tangent step with ||step||_F <= 1 (the COEC step cap): the Gram
+    route equals the SVD's ``U V^T``. Error argument: ``Z Z^T`` has eigenvalues in [1, 2], so a backward-stable eigh
+    and two products leave an error of a few ``sqrt(b) eps`` (bound 1e-12 at these sizes, ~100x eps*sqrt(b))."""
+    k = b + extra
+    g = torch.Generator().manual_seed(seed)
+    r = torch.linalg.qr(torch.randn(k, b, generator=g, dtype=F64)).Q.mT  # b x k, orthonormal rows
+    e = torch.randn(b, k, generator=g, dtype=F64)
+    step = e - 0.5 * (e @ r.mT + r @ e.mT) @ r  # tangent: step R^T is skew
+    n = float(step.norm())
+    step = step * (norm / n) if n > 0 else step
+    z = r - step
+    u, _, vh = torch.linalg.svd(z, full_matrices=False)
+    info: dict = {}
+    q = gram_polar(z, info=info)
+    torch.testing.assert_close(q, u @ vh, atol=1e-12, rtol=0)
+    assert info["polar_err"] < 1e-12 and info["polar_cond"] <= 2 + 1e-9
+    torch.testing.assert_close(polar_retract(r, step), q, atol=0, rtol=0)  # the retraction takes this route
+    torch.testing.assert_close(gram_polar(z.mT), q.mT, atol=1e-12, rtol=0)  # tall input: the transpose's factor
 
 
 def test_newton_schulz_inverse():

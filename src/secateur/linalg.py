@@ -328,15 +328,40 @@ def newton_schulz_inverse(b: torch.Tensor, *, tol: float | None = None, max_iter
     return x.to(b.dtype)
 
 
+def gram_polar(z: torch.Tensor, *, info: dict[str, Any] | None = None) -> torch.Tensor:
+    """Polar factor ``(Z Z^T)^(-1/2) Z`` of a well-conditioned full-row-rank ``Z`` (``b x k``, ``b <= k``; the
+    transpose otherwise) from the eigendecomposition of its ``b x b`` Gram ``Z Z^T = E diag(l) E^T``.
+
+    Cost: two ``b x b x k`` products and one ``b x b`` eigh (pinned), against two products per Newton-Schulz
+    iteration (:func:`newton_schulz_polar`, 4-8 iterations from singular values in ``[1, sqrt 2]``). Forming the
+    Gram squares the condition number, so this is for ``Z`` whose singular values lie in a narrow band, such as
+    a retraction step ``R - step`` (:func:`polar_retract`: ``l`` in ``[1, 2]``): a backward-stable eigh then gives
+    ``||Q Q^T - I||_F`` of order ``sqrt(b) eps max(l) / min(l)``. Records that number in ``info['polar_err']``
+    only when asked (it costs one more product)."""
+    transpose = z.shape[0] > z.shape[1]
+    if transpose:
+        z = z.mT
+    with one_thread():  # LAPACK's last bits depend on the thread count
+        lam, e = torch.linalg.eigh(sym(z @ z.mT))
+    q = ((e * lam.rsqrt()) @ e.mT) @ z
+    if info is not None:
+        info["polar_err"] = float(det_norm(q @ q.mT - torch.eye(q.shape[0], dtype=q.dtype, device=q.device)))
+        info["polar_cond"] = float(lam.max() / lam.min())
+    return q.mT if transpose else q
+
+
 def polar_retract(r: torch.Tensor, step: torch.Tensor, *, info: dict[str, Any] | None = None) -> torch.Tensor:
     """Polar retraction of a row-orthonormal ``R`` (``b x k``) along ``-step``: ``polar(R - step)``.
 
     For a tangent ``step`` (``step R^T`` skew), ``(R - step)(R - step)^T = I + step step^T`` so the
     singular values lie in ``[1, sqrt(1 + ||step||_2^2)]``; with ``||step||_F <= 1`` (the COEC step cap)
-    they are ``< sqrt(3)`` and Newton-Schulz needs no prescaling."""
+    they are in ``[1, sqrt 2]`` and the polar factor comes from the Gram's eigendecomposition
+    (:func:`gram_polar`, condition number <= 2). A longer step (never taken by COEC) falls back to
+    Newton-Schulz after Frobenius scaling."""
     z = r - step
-    prescaled = float(det_norm(step)) < 1.0 + 1e-6
-    return newton_schulz_polar(z, prescaled=prescaled, info=info)
+    if float(det_norm(step)) < 1.0 + 1e-6:
+        return gram_polar(z)
+    return newton_schulz_polar(z, prescaled=False, info=info)
 
 
 def cayley_retract(r: torch.Tensor, direction: torch.Tensor, tau: float, *, ns_dtype: torch.dtype | None = None,

@@ -1,7 +1,8 @@
 """COEC's right rotation (COEC Sec. 4.1-4.2, App. B; coec.md Sec. 4.5): projected gradient on the reduced Stiefel
-manifold St(b, k), Newton-Schulz polar retraction for rectangular frames, Cayley with a Newton-Schulz inverse for
-square ones, Q_r = I start, step eta / s^2 capped so that ||step * grad||_F <= 1, the scale recomputed
-after every step; per row slice of the iterate (slice_rows) or on the full matrix."""
+manifold St(b, k), polar retraction for rectangular frames (the polar factor from the b x b Gram's
+eigendecomposition, :func:`secateur.linalg.gram_polar`), Cayley with a Newton-Schulz inverse for square ones,
+Q_r = I start, step eta / s^2 capped so that ||step * grad||_F <= 1, the scale recomputed after every step; per row
+slice of the iterate (slice_rows) or on the full matrix."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
     f = f0
     it, stop = 0, "max_iter"
     # ||R R^T - I||_F of the current iterate when a converged Newton-Schulz polar retraction produced it
-    # (its last convergence check is that very number), so the final drift check needs no b x b x k product
+    # (its last convergence check is that very number); otherwise the final drift check measures it once
     drift_known: float | None = None
     rinfo: dict[str, Any] = {}
     for it in range(1, max_iter + 1):  # noqa: B007
@@ -134,6 +135,7 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         tau = min(tau, 1.0 / gn)
         accepted = False
         for _ in range(30):
+            rinfo.clear()  # only a Newton-Schulz retraction measures its drift (gram_polar does not)
             r_new = (cayley_retract(r, gam, tau, ns_dtype=ns_dtype) if use_cayley
                      else polar_retract(r, tau * gam, info=rinfo))
             f_new, s_new, rg_new = terms(r_new, s)
