@@ -44,7 +44,12 @@ def no_load(monkeypatch):
     def fail(*a, **k):
         raise AssertionError("the model was loaded before the output was checked")
 
-    monkeypatch.setattr(secateur.api, "load_model", fail)
+    # every load goes through these two names: a prune's ModelSpec.load and the evaluators (eval/entry.py)
+    import secateur.models.loading
+    import secateur.models.spec
+
+    monkeypatch.setattr(secateur.models.loading, "load_model", fail)
+    monkeypatch.setattr(secateur.models.spec, "load_model", fail)
 
 
 def _err(capsys) -> str:

@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +177,8 @@ _KEEP_DIAG = ("method", "recon_before", "recon_after", "gcv_lambda", "gcv_lambda
               "gcv_clamped", "solve_method")
 
 
-def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st, kept, bias):
+def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st, kept, bias,
+           opts: dict | None = None):
     """One compensator call on projection ``(i, group)``. COEC with ``alpha != 1`` runs as ``alpha = 1`` on the
     tempered Gram ``G^alpha`` (the same computation: ``G^alpha`` is taken before slicing, COEC Alg. 1 l. 1),
     taken here and freed when the call returns: never cached across projections (memory, module docstring)."""
@@ -184,7 +187,7 @@ def _solve(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, w0, st
     from secateur.linalg import psd_power
 
     fn = COMPENSATIONS[cfg.compensation]
-    opts = _options(cfg, group, adapter, i)
+    opts = dict(_options(cfg, group, adapter, i) if opts is None else opts)
     if fn != "coec" or opts["options"].alpha == 1.0:
         return compensate(fn, w0, st, kept, bias=bias, **opts)
     alpha = opts["options"].alpha
@@ -214,10 +217,26 @@ def _guarded(cfg: CompensationConfig, comp, rec: dict, w0, st, kept, bias):
     return comp
 
 
+@dataclass(frozen=True)
+class _Frozen:
+    """What a solve reads of a projection and its block, copied when the block ends (a pipelined solve runs while
+    the walk has moved on, and a block read from disk or another device may be gone by then)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    opts: dict
+
+    @classmethod
+    def of(cls, cfg: CompensationConfig, adapter: Adapter, i: int, group: str, ref) -> _Frozen:
+        return cls(ref.weight.detach().cpu().clone(), None if ref.bias is None else ref.bias.detach().cpu().clone(),
+                   _options(cfg, group, adapter, i))
+
+
 def _compensate_one(cfg: CompensationConfig, adapter: Adapter, i: int, group: str, ref, kept,
                     st) -> tuple[Any, dict]:
     """``(Compensation or None, record)`` of one projection that lost columns (None: nothing kept), from its
-    dense input statistics ``st`` (:class:`secateur.compensate.InputStats`; unused when nothing is kept)."""
+    dense input statistics ``st`` (:class:`secateur.compensate.InputStats`; unused when nothing is kept).
+    ``ref``: the projection, or its :class:`_Frozen` copy."""
     w0 = ref.weight.detach().cpu()  # compensators solve on the CPU, next to the statistics
     bias = None if ref.bias is None else ref.bias.detach().cpu()
     rec: dict[str, Any] = {"layer": i, "group": group, "kept": int(kept.numel()), "width": int(w0.shape[1])}
@@ -226,7 +245,7 @@ def _compensate_one(cfg: CompensationConfig, adapter: Adapter, i: int, group: st
                    skipped="no kept columns")
         return None, rec
     t = time.perf_counter()
-    comp = _solve(cfg, adapter, i, group, w0, st, kept, bias)
+    comp = _solve(cfg, adapter, i, group, w0, st, kept, bias, opts=ref.opts if isinstance(ref, _Frozen) else None)
     dt = time.perf_counter() - t
     rec.update({k: _summary(comp.diagnostics[k]) for k in _KEEP_DIAG if k in comp.diagnostics}, seconds=dt)
     comp = _guarded(cfg, comp, rec, w0, st, kept, bias)
@@ -284,6 +303,28 @@ class _Results:
             self.ck.save(self._name(i, group), {"weight": comp.weight.clone(), "rec": rec, "kept": comp.kept.clone(),
                                                 "bias": None if comp.bias is None else comp.bias.clone()})
 
+    def _pend(self, i: int, group: str) -> str:
+        return f"{self.stage}-pend-{i}-{group}.pt"
+
+    def save_pending(self, i: int, group: str, kept: torch.Tensor, st) -> None:
+        """The statistics of a projection whose solve is still running when its block is checkpointed."""
+        if self.ck is not None and st is not None:
+            self.ck.save(self._pend(i, group), {"kept": kept.clone(), "second_moment": st.second_moment,
+                                                "mean": st.mean, "n": int(st.n)})
+
+    def load_pending(self, i: int, group: str):
+        """:class:`secateur.compensate.InputStats` saved by :meth:`save_pending`, or None."""
+        from secateur.compensate import InputStats
+
+        if self.ck is None or not self.ck.has(self._pend(i, group)):
+            return None
+        got = self.ck.load(self._pend(i, group))
+        return InputStats(second_moment=got["second_moment"], mean=got["mean"], n=int(got["n"]))
+
+    def drop_pending(self, i: int, group: str) -> None:
+        if self.ck is not None:
+            self.ck.delete(self._pend(i, group))
+
     @property
     def seconds(self) -> float:
         return sum(r.get("seconds", 0.0) for r in self.records)
@@ -316,15 +357,59 @@ def compensate_selection(model: nn.Module, adapter: Adapter, sel, stats: Structu
     return res.reps, res.records, res.seconds
 
 
+class _DaemonPool:
+    """``n`` daemon threads taking jobs first in, first out. Daemon threads, unlike ``ThreadPoolExecutor``'s, do
+    not hold the process at an interrupt: Ctrl-C ends a run at once instead of after the solves that are
+    running (minutes each at 7B widths); their results are not needed then."""
+
+    def __init__(self, n: int) -> None:
+        import queue
+        import threading
+
+        self.n = n
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        for j in range(n):
+            threading.Thread(target=self._loop, daemon=True, name=f"secateur-comp-{j}").start()
+
+    def _loop(self) -> None:
+        while (item := self.jobs.get()) is not None:
+            fut, fn, arg = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(arg))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller by fut.result()
+                    fut.set_exception(e)
+
+    def submit(self, fn, arg):
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        self.jobs.put((fut, fn, arg))
+        return fut
+
+    def close(self) -> None:
+        for _ in range(self.n):
+            self.jobs.put(None)
+
+
 class BlockCompensation(Handler):
     """The per-block compensation pass (engine mode ``dense``): accumulates the dense input Grams of one block's
     ``o_proj`` / ``down_proj`` that lost columns, compensates them as soon as the block's forward is done
     (``on_block_end``, recorded in the order attn_out, mlp_out; over several processes each projection is solved
-    on its owner rank, :func:`secateur.calib.dist.owned_map`) and drops them before the next block, so at most one
-    block's Grams are alive. The Gram becomes ``E[x x^T]`` in place (the same values as
-    :attr:`secateur.calib.stats.Gram.second_moment`). Nothing is written to the model: the walk stays dense
-    and the replacements are sliced in after the pass. Resumable: a finished block's projections are in the
-    checkpoint's ``comp`` files, reloaded by :meth:`load_block_state`.
+    on its owner rank, :func:`secateur.calib.dist.owned_map`) and drops them once solved. The Gram becomes
+    ``E[x x^T]`` in place (the same values as :attr:`secateur.calib.stats.Gram.second_moment`). Nothing is written
+    to the model: the walk stays dense and the replacements are sliced in after the pass. Resumable: a finished
+    block's projections are in the checkpoint's ``comp`` files, reloaded by :meth:`load_block_state`.
+
+    Pipelined **[impl]** (issue 29; :meth:`pipelined`, one process with ``w = torch.get_num_threads() > 1``): the
+    walk does not wait for a block's solves. They run on ``w`` worker threads, torch pinned to one intra-op thread
+    for the whole pass, while the next blocks are walked, so the solves of ``w`` blocks use ``w`` cores (the
+    eigendecompositions, pinned to one thread anyway, no longer leave the other cores idle). Results are bit for
+    bit those of the sequential pass: every solve runs on one thread either way, and results are recorded in
+    block order. At most ``w`` blocks are in flight (the walk waits for the oldest before it submits another),
+    so the Grams alive are at most ``w + 1`` blocks'. A block checkpointed while its solves are still running
+    leaves their statistics in the checkpoint (``pend`` files, deleted once the result is saved), which
+    ``--resume`` solves first.
 
     ``live_bytes`` / ``peak_bytes``: the Gram state alive now and at most (8 d^2 bytes each)."""
 
@@ -340,6 +425,37 @@ class BlockCompensation(Handler):
         self.owners = dist_owners("compensation")  # the solves over several processes: round-robin owners
         self.pending: list[tuple[int, str, Any, Any, Any]] = []  # this block's projections, solved at its end
         self.pending_bytes = 0  # their Grams' bytes
+        self.pool = None  # the worker threads of a pipelined pass
+        self.workers = 1
+        # blocks whose solves run: (block, [(key, job, future)], their Grams' bytes), oldest first
+        self.inflight: list[tuple[int, list[tuple[tuple[int, str], Any, Any]], int]] = []
+        self.waited_s = 0.0  # seconds the walk spent waiting for solves (pipelined) or solving (sequential)
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Run the pass (the caller's ``engine.run``) with the solves on worker threads when that helps: one
+        process and more than one torch thread. Every solve is collected before the block returns."""
+        from secateur.calib.dist import rank_world
+        from secateur.linalg import one_thread
+
+        workers = torch.get_num_threads()
+        if workers <= 1 or rank_world()[1] > 1:
+            yield
+            return
+        self.workers = workers
+        with one_thread():
+            self.pool = _DaemonPool(workers)
+            try:
+                yield
+                while self.inflight:
+                    self._collect_oldest()
+            finally:
+                for _, jobs, _ in self.inflight:  # an error or an interrupt: what has not started never will
+                    for _, _, fut in jobs:
+                        fut.cancel()
+                self.inflight.clear()
+                self.pool.close()
+                self.pool = None
 
     @property
     def layers(self) -> list[int]:
@@ -377,35 +493,72 @@ class BlockCompensation(Handler):
         self.pending.append((*key, ref, kept, st))
         self.pending_bytes += 0 if st is None else 8 * width ** 2
 
+    def _solve(self, job) -> tuple[Any, dict]:
+        return _compensate_one(self.cfg, self.adapter, *job)
+
     def on_block_end(self, ctx: BlockContext) -> None:
         """The block's projections solved (each on its owner rank over several processes, in parallel:
-        :func:`secateur.calib.dist.owned_map`), their Grams freed, the results recorded in the single process's
-        order (attn_out, mlp_out)."""
+        :func:`secateur.calib.dist.owned_map`; pipelined: submitted to the workers), their Grams freed once
+        solved, the results recorded in the single process's order (attn_out, mlp_out)."""
         jobs, self.pending = self.pending, []
+        nbytes, self.pending_bytes = self.pending_bytes, 0
+        t = time.perf_counter()
+        if self.pool is not None:
+            while len(self.inflight) >= self.workers:  # bounded memory: at most ``workers`` blocks in flight
+                self._collect_oldest()
+            if jobs:
+                frozen = [(i, g, _Frozen.of(self.cfg, self.adapter, i, g, ref), kept, st)
+                          for i, g, ref, kept, st in jobs]
+                self.inflight.append((ctx.index, [(job[:2], job, self.pool.submit(self._solve, job))
+                                                  for job in frozen], nbytes))
+            self.waited_s += time.perf_counter() - t
+            return
         keys = [job[:2] for job in jobs]
         try:
-            solved = self.owners.map(jobs, lambda job: _compensate_one(self.cfg, self.adapter, *job))
+            solved = self.owners.map(jobs, self._solve)
         finally:
             del jobs[:]  # every Gram of the block goes
-            self.live_bytes -= self.pending_bytes
-            self.pending_bytes = 0
+            self.live_bytes -= nbytes
         for (i, group), (comp, rec) in zip(keys, solved, strict=True):
             self.results.add(i, group, comp, rec)
+        self.waited_s += time.perf_counter() - t
+
+    def _collect_oldest(self) -> None:
+        """Wait for the oldest block in flight, record its results in order, drop its Grams and ``pend`` files."""
+        t = time.perf_counter()
+        _, jobs, nbytes = self.inflight[0]
+        done = [(key, fut.result()) for key, _, fut in jobs]  # a failed solve raises here, in block order
+        self.inflight.pop(0)
+        self.live_bytes -= nbytes
+        for key, (comp, rec) in done:
+            self.results.add(*key, comp, rec)
+            self.results.drop_pending(*key)
+        self.waited_s += time.perf_counter() - t
 
     def block_state(self, ctx: BlockContext) -> dict:
-        return {}  # the block's compensations are in the checkpoint's comp files already
+        """Nothing: a finished block's compensations are in the checkpoint's ``comp`` files, and those of a block
+        still in flight (pipelined) are saved as ``pend`` files here, so the checkpoint can always continue."""
+        while self.inflight and all(fut.done() for _, _, fut in self.inflight[0][1]):
+            self._collect_oldest()  # in block order; a failed solve raises here
+        for index, jobs, _ in self.inflight:
+            if index == ctx.index:
+                for key, job, _ in jobs:
+                    self.results.save_pending(*key, job[3], job[4])
+        return {}
 
     def load_block_state(self, index: int, state: dict) -> None:
         for i, group in self.todo:
             if i == index and not self.results.restore(i, group):
                 kept, _ = self.todo[(i, group)]
-                if kept.numel():
+                st = self.results.load_pending(i, group)
+                if kept.numel() and st is None:
                     from secateur.calib.resume import CheckpointError
 
                     raise CheckpointError(f"checkpoint {self.results.ck.path} lacks the compensation of layer {i} "
                                           f"{group}; remove it and run without --resume")
                 ref = self.adapter.role_refs(self.adapter.layers[i])[GROUP_ROLE[group]]
-                self.results.add(i, group, *_compensate_one(self.cfg, self.adapter, i, group, ref, kept, None))
+                self.results.add(i, group, *_compensate_one(self.cfg, self.adapter, i, group, ref, kept, st))
+                self.results.drop_pending(i, group)
 
 
 def _aggregate(records: list[dict]) -> dict:
@@ -431,7 +584,8 @@ def _aggregate(records: list[dict]) -> dict:
 #: the memory of the statistics of a compensated structured run (also in the report: ``statistics_memory``)
 MEMORY_FORMULA = ("per block: 8 (d_o^2 + d_down^2) bytes for the float64 input Grams of its o_proj and down_proj, "
                   "+ 8 d_in^2 for COEC's tempered copy C^alpha (alpha != 1) + the solver's workspace, one block at "
-                  "a time (independent of the depth L); plus 24 d bytes per layer and group for the selection "
+                  "a time (independent of the depth L; w + 1 blocks' Grams and w solves' workspaces when the "
+                  "solves run on w threads beside the walk); plus 24 d bytes per layer and group for the selection "
                   "statistics (sumsq, meanvar)")
 
 
@@ -440,7 +594,7 @@ def _nbytes(acc) -> int:
 
 
 def statistics_memory(adapter: Adapter, sel, cfg: CompensationConfig, stats: StructuredStats | None,
-                      per_block: bool, peak_bytes: int | None = None) -> dict:
+                      per_block: bool, peak_bytes: int | None = None, workers: int = 1) -> dict:
     """The report's ``statistics_memory``: bytes of the Grams alive at once (one block's with the per-block
     pass, every layer's with statistics passed in), of COEC's tempered copy, of the selection statistics, and
     :data:`MEMORY_FORMULA`."""
@@ -452,8 +606,12 @@ def statistics_memory(adapter: Adapter, sel, cfg: CompensationConfig, stats: Str
     coec = cfg.compensation == "coec" and (cfg.coec or COECOptions()).alpha != 1.0
     selection = sum(_nbytes(a) for g in (stats.groups.values() if stats else ()) for accs in g.values()
                     for k, a in accs.items() if k != "gram")
-    out = {"mode": "one block at a time" if per_block else "every layer (statistics passed in)",
-           "grams_bytes": max(blocks) if per_block else sum(blocks), "grams_bytes_all_layers": sum(blocks),
+    # pipelined (``workers`` > 1): the largest w + 1 blocks at most, never more than all of them
+    alive = sum(sorted(blocks, reverse=True)[: workers + 1]) if workers > 1 else max(blocks)
+    out = {"mode": ("one block at a time" if workers <= 1 else f"one block at a time, solves on {workers} threads "
+                    f"beside the walk (at most {workers + 1} blocks' Grams)") if per_block
+           else "every layer (statistics passed in)",
+           "grams_bytes": alive if per_block else sum(blocks), "grams_bytes_all_layers": sum(blocks),
            "tempered_bytes": 8 * max((d * d for ds in widths.values() for d in ds), default=0) if coec else 0,
            "selection_bytes": selection, "formula": MEMORY_FORMULA}
     if peak_bytes is not None:
@@ -484,11 +642,15 @@ def materialize_selection(model: nn.Module, adapter: Adapter, sel, cfg: Compensa
             t = time.perf_counter()
             h = BlockCompensation(cfg, adapter, sel)
             if h.todo:
-                engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device,
-                           progress=progress, layers=h.layers, blocks=blocks)
+                with h.pipelined():
+                    engine.run(model, adapter, ids, h, mode="dense", chunk_size=chunk_size, device=device,
+                               progress=progress, layers=h.layers, blocks=blocks)
             reps, records, comp_s = h.results.reps, h.results.records, h.results.seconds
-            timings["gram_pass_s"] = time.perf_counter() - t - comp_s
-            memory = statistics_memory(adapter, sel, cfg, stats, per_block=True, peak_bytes=h.peak_bytes)
+            # the walk's own time: the solves (sequential) or the waits for them (pipelined) taken out
+            timings["gram_pass_s"] = time.perf_counter() - t - h.waited_s
+            timings["compensation_wall_s"] = h.waited_s
+            memory = statistics_memory(adapter, sel, cfg, stats, per_block=True, peak_bytes=h.peak_bytes,
+                                       workers=h.workers)
         else:
             raise SecateurError(f"compensation {cfg.compensation!r} needs dense calibration statistics")
     t = time.perf_counter()
