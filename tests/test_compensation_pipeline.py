@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from secateur.calib import engine, resume
@@ -23,8 +23,10 @@ CASES = {"wanda-sp+coec": ("wanda_sp", "coec"), "rcpu": ("rcpu", "rcpu"), "flap+
 
 
 @pytest.fixture
-def threads():
-    """Set the torch thread count for one test (the pass pipelines only with more than one)."""
+def threads(monkeypatch):
+    """Set the torch thread count for one test (the pass pipelines only with more than one), the pool started
+    from the first block (tiny solves never outlast the walk, so ``"auto"`` would not start it)."""
+    monkeypatch.setattr(materialize.BlockCompensation, "pipeline", "always")
     n = torch.get_num_threads()
     yield torch.set_num_threads
     torch.set_num_threads(n)
@@ -35,6 +37,9 @@ def _run(family: str, case: str, layers: int = 4):
     cfg = StructuredConfig(score=CASES[case][0], sparsity=0.3, compensation=CASES[case][1],
                            coec=COECOptions(max_rounds=2))
     res = prune_structured(m, get_adapter(m), random_ids(4, 16), cfg)
+    # the walk's waits and its own time are parts of the pass: neither negative, neither over the whole
+    t = res.timings
+    assert 0 <= t["compensation_wall_s"] and 0 <= t["gram_pass_s"] <= t["total_s"], t
     return {k: v.detach().clone() for k, v in m.state_dict().items()}, res.details
 
 
@@ -71,6 +76,35 @@ def test_a_failing_solve_ends_the_run_with_its_error(threads, monkeypatch):
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("mode", ["auto", "never"])
+def test_auto_pipelines_once_the_solves_outlast_the_walk(monkeypatch, mode):
+    """``"auto"`` starts the pool after the first block whose solves took longer than its walk (here: a solve
+    slowed to 0.2 s, far above a tiny block's walk) and gives the thread count back; ``"never"`` does not.
+    Either way the weights are the sequential pass's."""
+    import time
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want, _ = _run("llama", "flap+ls")
+        real = materialize._compensate_one
+
+        def slow(*a):
+            time.sleep(0.2)
+            return real(*a)
+
+        monkeypatch.setattr(materialize, "_compensate_one", slow)
+        monkeypatch.setattr(materialize.BlockCompensation, "pipeline", mode)
+        torch.set_num_threads(2)
+        got, d = _run("llama", "flap+ls")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    mode_line = d["statistics_memory"]["mode"]
+    assert ("solves on 2 threads" in mode_line) == (mode == "auto"), mode_line
+
+
 @st.composite
 def _kills(draw) -> tuple[int, int]:
     """(block of the compensation pass after which the run is killed, first block whose solves are held). At
@@ -80,27 +114,50 @@ def _kills(draw) -> tuple[int, int]:
     return kill_after, draw(st.integers(max(0, kill_after - 1), 4))
 
 
-@settings(max_examples=6, deadline=None)
-@given(kill=_kills())
-def test_kill_with_solves_in_flight_resumes_bit_identical(tmp_path_factory, kill):
-    """The run is killed (KeyboardInterrupt, as Ctrl-C) after block ``kill_after`` of the compensation pass while
-    every solve of a block >= ``hold_from`` is held unfinished; the resumed run gives the uninterrupted run's
-    bits and leaves no ``pend`` file behind."""
+ARGS = ["--method", "wanda-sp", "--compensation", "coec", "--coec-rounds", "2", "--sparsity", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A tiny model folder and the digests of its uninterrupted run (2 threads, pool from the first block)."""
     from secateur.testing import tiny_tokenizer
     from tests.test_resume import _digests, _prune
 
-    kill_after, hold_from = kill
-    tmp = tmp_path_factory.mktemp("pipe")
+    tmp = tmp_path_factory.mktemp("pipe-clean")
     model = tmp / "model"
     tiny_model("llama", layers=4).save_pretrained(model)
     tiny_tokenizer().save_pretrained(model)
-    args = ["--method", "wanda-sp", "--compensation", "coec", "--coec-rounds", "2", "--sparsity", "0.5"]
-    n = torch.get_num_threads()
+    n, mode = torch.get_num_threads(), materialize.BlockCompensation.pipeline
+    try:
+        torch.set_num_threads(2)
+        materialize.BlockCompensation.pipeline = "always"
+        assert _prune(str(model), tmp / "a", ARGS) == 0
+    finally:
+        torch.set_num_threads(n)
+        materialize.BlockCompensation.pipeline = mode
+    return model, _digests(tmp / "a")
+
+
+@settings(max_examples=3, deadline=None)
+@given(kill=_kills())
+@example(kill=(2, 1))  # two blocks in flight, one held, killed with both unfinished
+@example(kill=(0, 4))  # killed at the first block, nothing held
+def test_kill_with_solves_in_flight_resumes_bit_identical(tmp_path_factory, clean, kill):
+    """The run is killed (KeyboardInterrupt, as Ctrl-C) after block ``kill_after`` of the compensation pass while
+    every solve of a block >= ``hold_from`` is held unfinished; the resumed run gives the uninterrupted run's
+    bits and leaves no ``pend`` file behind."""
+    from tests.test_resume import _digests, _prune
+
+    kill_after, hold_from = kill
+    model, want = clean
+    tmp = tmp_path_factory.mktemp("pipe")
+    args = ARGS
+    n, mode = torch.get_num_threads(), materialize.BlockCompensation.pipeline
     real_after, real_one = engine._after_block, materialize._compensate_one
     gate = threading.Event()
     try:
         torch.set_num_threads(2)
-        assert _prune(str(model), tmp / "a", args) == 0
+        materialize.BlockCompensation.pipeline = "always"  # tiny solves never outlast the walk
         seen: list[int] = []
 
         def hook(i: int) -> None:
@@ -123,9 +180,10 @@ def test_kill_with_solves_in_flight_resumes_bit_identical(tmp_path_factory, kill
         gate.set()
         engine._after_block, materialize._compensate_one = (lambda i: None), real_one
         assert _prune(str(model), tmp / "b", args, "--resume") == 0
-        assert _digests(tmp / "a") == _digests(tmp / "b")
+        assert _digests(tmp / "b") == want
         assert not ck.exists() or not list(ck.glob("*pend-*.pt"))
     finally:
         gate.set()
         engine._after_block, materialize._compensate_one = real_after, real_one
         torch.set_num_threads(n)
+        materialize.BlockCompensation.pipeline = mode

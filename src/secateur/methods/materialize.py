@@ -402,19 +402,23 @@ class BlockCompensation(Handler):
     block's projections are in the checkpoint's ``comp`` files, reloaded by :meth:`load_block_state`.
 
     Pipelined **[impl]** (issue 29; :meth:`pipelined`, one process with ``w = torch.get_num_threads() > 1``): the
-    walk does not wait for a block's solves. They run on ``w`` worker threads, torch pinned to one intra-op thread
-    for the whole pass, while the next blocks are walked, so the solves of ``w`` blocks use ``w`` cores (the
-    eigendecompositions, pinned to one thread anyway, no longer leave the other cores idle). Results are bit for
-    bit those of the sequential pass: every solve runs on one thread either way, and results are recorded in
-    block order. At most ``w`` blocks are in flight (the walk waits for the oldest before it submits another),
-    so the Grams alive are at most ``w + 1`` blocks'. A block checkpointed while its solves are still running
-    leaves their statistics in the checkpoint (``pend`` files, deleted once the result is saved), which
-    ``--resume`` solves first.
+    walk stops waiting for a block's solves. With :attr:`pipeline` ``"auto"`` this starts after the first block
+    whose solves took longer than its walk. From then on the solves run on ``w`` worker threads, torch pinned to
+    one intra-op thread until the pass ends, while the next blocks are walked, so the solves of ``w`` blocks use
+    ``w`` cores (the eigendecompositions, pinned to one thread anyway, no longer leave the other cores idle).
+    Results are bit for bit those of the sequential pass: every solve runs on one thread either way, and results
+    are recorded in block order. At most ``w`` blocks are in flight (the walk waits for the oldest before it
+    submits another), so the Grams alive are at most ``w + 1`` blocks'. A block checkpointed while its solves are
+    still running leaves their statistics in the checkpoint (``pend`` files, deleted once the result is saved),
+    which ``--resume`` solves first.
 
     ``live_bytes`` / ``peak_bytes``: the Gram state alive now and at most (8 d^2 bytes each)."""
 
     resumable = True
     modifies_weights = False
+    #: ``"auto"``: the pool starts once a block's solves took longer than its walk (cheap solves, as the least-squares
+    #: or RCPU ones, would gain nothing and the walk would lose its threads); ``"always"`` / ``"never"``
+    pipeline = "auto"
 
     def __init__(self, cfg: CompensationConfig, adapter: Adapter, sel) -> None:
         self.cfg, self.adapter = cfg, adapter
@@ -430,32 +434,44 @@ class BlockCompensation(Handler):
         # blocks whose solves run: (block, [(key, job, future)], their Grams' bytes), oldest first
         self.inflight: list[tuple[int, list[tuple[tuple[int, str], Any, Any]], int]] = []
         self.waited_s = 0.0  # seconds the walk spent waiting for solves (pipelined) or solving (sequential)
+        self.can_pipeline = False  # inside pipelined(), where a pool may start
+        self.threads_before = 1
+        self.mark = time.perf_counter()  # when the walk of the current block began (its previous block's end)
 
     @contextmanager
     def pipelined(self) -> Iterator[None]:
         """Run the pass (the caller's ``engine.run``) with the solves on worker threads when that helps: one
-        process and more than one torch thread. Every solve is collected before the block returns."""
+        process, more than one torch thread, and (``pipeline = "auto"``) solves that outlast the walk. Every
+        solve is collected before the block returns, and the thread count is given back."""
         from secateur.calib.dist import rank_world
-        from secateur.linalg import one_thread
 
-        workers = torch.get_num_threads()
-        if workers <= 1 or rank_world()[1] > 1:
+        if torch.get_num_threads() <= 1 or rank_world()[1] > 1 or self.pipeline == "never":
             yield
             return
-        self.workers = workers
-        with one_thread():
-            self.pool = _DaemonPool(workers)
-            try:
-                yield
-                while self.inflight:
-                    self._collect_oldest()
-            finally:
-                for _, jobs, _ in self.inflight:  # an error or an interrupt: what has not started never will
-                    for _, _, fut in jobs:
-                        fut.cancel()
-                self.inflight.clear()
+        self.can_pipeline, self.mark = True, time.perf_counter()
+        if self.pipeline == "always":
+            self._start_pool()
+        try:
+            yield
+            while self.inflight:
+                self._collect_oldest()
+        finally:
+            for _, jobs, _ in self.inflight:  # an error or an interrupt: what has not started never will
+                for _, _, fut in jobs:
+                    fut.cancel()
+            self.inflight.clear()
+            if self.pool is not None:
                 self.pool.close()
                 self.pool = None
+                torch.set_num_threads(self.threads_before)
+            self.can_pipeline = False
+
+    def _start_pool(self) -> None:
+        """From now on the solves run on ``w`` worker threads and the walk on one intra-op thread (each solve is
+        pinned to one thread anyway, so the weights do not change; the walk's GEMMs do not depend on it)."""
+        self.threads_before = self.workers = torch.get_num_threads()
+        torch.set_num_threads(1)
+        self.pool = _DaemonPool(self.workers)
 
     @property
     def layers(self) -> list[int]:
@@ -511,7 +527,7 @@ class BlockCompensation(Handler):
                           for i, g, ref, kept, st in jobs]
                 self.inflight.append((ctx.index, [(job[:2], job, self.pool.submit(self._solve, job))
                                                   for job in frozen], nbytes))
-            self.waited_s += time.perf_counter() - t
+            self.mark = time.perf_counter()  # the waits were counted by _collect_oldest
             return
         keys = [job[:2] for job in jobs]
         try:
@@ -521,7 +537,11 @@ class BlockCompensation(Handler):
             self.live_bytes -= nbytes
         for (i, group), (comp, rec) in zip(keys, solved, strict=True):
             self.results.add(i, group, comp, rec)
-        self.waited_s += time.perf_counter() - t
+        now = time.perf_counter()
+        self.waited_s += now - t
+        if self.can_pipeline and self.pool is None and keys and now - t > t - self.mark:
+            self._start_pool()  # the solves outlast the walk: from the next block on they run beside it
+        self.mark = time.perf_counter()
 
     def _collect_oldest(self) -> None:
         """Wait for the oldest block in flight, record its results in order, drop its Grams and ``pend`` files."""
