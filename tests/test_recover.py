@@ -3,8 +3,8 @@
 * recovery lowers the teacher KL on its training windows (every family's masked run, a Qwen2 sliced run);
 * a masked run's zero pattern survives bit for bit (masks re-applied after the merge), realized sparsity equal;
 * a sliced run with per-layer widths reloads in one call, and so does its recovered output (same logits);
-* a run interrupted after some steps and resumed ends with the adapters of an uninterrupted run (sha256), and two
-  uninterrupted runs with the same options give the same bits;
+* a run interrupted after a generated step (and checkpoint interval) and resumed ends with the adapters of an
+  uninterrupted run (sha256), and two uninterrupted runs with the same options give the same bits;
 * no evaluation text enters training (no 32-token run of the training windows in the corpus' evaluation ids);
 * bad inputs are one line and exit 2, with no output folder; ``--save-adapter`` writes a folder peft loads.
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from secateur import api
@@ -170,32 +172,59 @@ def test_sliced_run_recovers_and_reloads_with_its_widths(runs, tmp_path):
     assert (Path(run) / "secateur_selection.json").read_bytes() == (out / "secateur_selection.json").read_bytes()
 
 
-def test_resume_gives_the_adapters_of_an_uninterrupted_run(runs, tmp_path, monkeypatch, capsys):
-    run = runs["llama-run"]
-    args = ["recover", run, "--data", runs["text"], "--teacher", runs["llama"], "--tokens", "512", "--seqlen", "32",
-            "--batch", "4", "--epochs", "2", "--rank", "4", "--lr", "3e-3", "--dropout", "0.1",
-            "--checkpoint-every", "3", "--heldout-windows", "0", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "a")]) == 0
-    assert main([*args, "--out", str(tmp_path / "b")]) == 0  # same machine, same options: the same bits
-    sha = api_report(tmp_path / "a")["recovery"]["adapter_sha256"]
-    assert api_report(tmp_path / "b")["recovery"]["adapter_sha256"] == sha
+RESUME_ARGS = ["--data", None, "--teacher", None, "--tokens", "512", "--seqlen", "32", "--batch", "4", "--epochs",
+               "2", "--rank", "4", "--lr", "3e-3", "--dropout", "0.1", "--heldout-windows", "0", "--quiet"]
+RESUME_STEPS = 8  # 512 tokens / 32 = 16 windows, batches of 4, 2 epochs
 
-    def stop(step: int) -> None:
-        if step == 7:  # checkpoints at 3 and 6: resumed from step 6, step 7 done again
+
+@pytest.fixture(scope="module")
+def uninterrupted(runs, tmp_path_factory) -> dict:
+    """Two uninterrupted runs with the same options (the same bits: checked here) and their report."""
+    tmp = tmp_path_factory.mktemp("recover-clean")
+    args = ["recover", runs["llama-run"], *RESUME_ARGS]
+    args[3], args[5] = runs["text"], runs["llama"]
+    for name in "ab":
+        assert main([*args, "--out", str(tmp / name)]) == 0
+    rep = api_report(tmp / "a")["recovery"]
+    assert api_report(tmp / "b")["recovery"]["adapter_sha256"] == rep["adapter_sha256"]
+    assert rep["steps"] == RESUME_STEPS
+    return {"args": args, "report": rep, "weights": _weights(tmp / "a")}
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(1, RESUME_STEPS), every=st.integers(1, RESUME_STEPS))
+@example(stop=7, every=3)  # checkpoints at 3 and 6: resumed from 6, step 7 done again
+@example(stop=RESUME_STEPS, every=4)  # killed after the last step, before the output is written
+@example(stop=2, every=5)  # killed before the first checkpoint: the resumed run starts over
+def test_resume_gives_the_adapters_of_an_uninterrupted_run(uninterrupted, tmp_path_factory, capsys, stop, every):
+    """A recovery killed (Ctrl-C) after step ``stop`` with a checkpoint every ``every`` steps, then resumed, ends
+    with the uninterrupted run's adapters, losses and merged weights, and leaves no checkpoint behind."""
+    tmp = tmp_path_factory.mktemp("recover-kill")
+    capsys.readouterr()  # what earlier examples printed
+    args = [*uninterrupted["args"], "--checkpoint-every", str(every), "--out", str(tmp / "c")]
+
+    def kill(step: int) -> None:
+        if step == stop:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(train, "_after_step", stop)
-    assert main([*args, "--out", str(tmp_path / "c")]) == 130
-    ckpt = tmp_path / ".c.secateur-ckpt"
-    assert ckpt.is_dir() and not (tmp_path / "c").exists()
-    assert "--resume" in capsys.readouterr().err
-    monkeypatch.setattr(train, "_after_step", lambda step: None)
-    assert main([*args, "--out", str(tmp_path / "c"), "--resume"]) == 0
-    rec = api_report(tmp_path / "c")["recovery"]
-    assert rec["resumed_from_step"] == 6 and rec["adapter_sha256"] == sha
-    assert rec["loss"]["per_step"] == api_report(tmp_path / "a")["recovery"]["loss"]["per_step"]
-    wa, wc = _weights(tmp_path / "a"), _weights(tmp_path / "c")
-    assert all(torch.equal(wa[k], wc[k]) for k in wa)
+    real = train._after_step
+    try:
+        train._after_step = kill
+        assert main(args) == 130
+    finally:
+        train._after_step = real
+    ckpt = tmp / ".c.secateur-ckpt"
+    assert not (tmp / "c").exists()
+    saved = max((m for m in range(every, RESUME_STEPS, every) if m <= stop), default=0)
+    # a checkpoint to resume from, and the hint to use it; killed before any: no debris at all
+    assert ckpt.is_dir() == bool(saved) and ("--resume" in capsys.readouterr().err) == bool(saved)
+    assert main([*args, "--resume"]) == 0
+    rec, want = api_report(tmp / "c")["recovery"], uninterrupted["report"]
+    assert rec["resumed_from_step"] == (saved or None)
+    assert rec["adapter_sha256"] == want["adapter_sha256"]
+    assert rec["loss"]["per_step"] == want["loss"]["per_step"]
+    wc = _weights(tmp / "c")
+    assert all(torch.equal(w, wc[k]) for k, w in uninterrupted["weights"].items())
     assert not ckpt.exists()
 
 
