@@ -2,7 +2,7 @@
 models we prune, alternated in one process, best of ``--repeats``.
 
     python bench/speed/factorization_speed.py            # writes results/solver-speed-factorization.json and renders
-    python bench/speed/factorization_speed.py --render   # results/solver-speed.md from the JSON
+    python bench/speed/factorization_speed.py --render   # results/solver-speed-factorization.md from the JSON
 
 before: ``chol(cholesky_inverse(chol(H)), upper)`` (4d^3/3 flops, every call on one thread);
 after: :func:`secateur.linalg.chol_inverse_upper` (one Cholesky of the reversed ``H`` and a recursive triangular
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from bench.common import RESULTS, stamped
 
 OUT = RESULTS / "solver-speed-factorization.json"
-MD = RESULTS / "solver-speed.md"
+MD = RESULTS / "solver-speed-factorization.md"  # results/solver-speed.md is written by hand and quotes it
 WIDTHS = {"smollm2 q/k/v/o/gate/up": 576, "qwen2.5-0.5b q/k/v/o/gate/up": 896, "smollm2 down": 1536,
           "llama-7b q/k/v/o/gate/up": 4096, "qwen2.5-0.5b down": 4864}
 
@@ -70,8 +70,7 @@ def measure(repeats: int, threads: int) -> dict:
 def render() -> None:
     r = json.loads(OUT.read_text())
     m = r["machine"]
-    L = ["# Weight solvers: speed (issue 29)\n",
-         "## SparseGPT's factorization\n",
+    L = ["# SparseGPT's factorization: before and after (issue 29)\n",
          f"`python bench/speed/factorization_speed.py` at `{r['commit']}`, {m.get('cpu', '?')}, {r['threads']} "
          f"thread(s), load {r['load_before'][0]:.2f} before / {r['load_after'][0]:.2f} after; best of {r['repeats']}, "
          "before and after alternated. Before: `chol(cholesky_inverse(chol(H)), upper)` (4d^3/3 flops); after: "
@@ -88,15 +87,7 @@ def render() -> None:
           "that on generated matrices (sizes across the recursion's leaf, condition numbers up to 1e8). On the tiny "
           "models of every family the SparseGPT weights and masks are unchanged bit for bit "
           "(`results/digests-check.md`, session 13): the float64 differences do not reach the float32 weights.",
-          "",
-          "Where the rest of a prune's time goes: `results/solver-profile.md` (`bench/speed/solver_profile.py`; "
-          "SparseGPT on SmolLM2 8 x 2048 and Qwen2.5-0.5B 8 x 512, one thread, under cProfile). On Qwen the "
-          "factorization (now) is 21% of the run, the Gram updates 18%, the OBS loop 14%, the forward 12%, the "
-          "mask's argsort 9%: no single stage dominates, so the <= 0.3x target needs several of issue 29's ideas "
-          "(shared factorizations of q/k/v and gate/up, float32 statistics, solves on the idle core).",
-          "",
-          "Not yet measured (issue 29 is open): the side-by-side with llm-compressor on Qwen2.5-0.5B and SmolLM2, "
-          "the speed ratio against a dense forward, and COEC."]
+          ""]
     MD.write_text("\n".join(L) + "\n")
     print(f"wrote {MD}")
 
