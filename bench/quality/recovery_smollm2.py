@@ -4,6 +4,7 @@ Writes results/recovery-smollm2.{jsonl,md} and results/recovery-smollm2-curve.pn
     python bench/quality/recovery_smollm2.py                    # every row not yet done (resumable), then render
     python bench/quality/recovery_smollm2.py --rows wanda-50    # some rows
     python bench/quality/recovery_smollm2.py --render
+    BENCH_THREADS=2 python bench/quality/recovery_smollm2.py --model qwen2.5-0.5b --rows wanda_sp-30   # Qwen section
 
 Protocol (every stage through the public commands, each in its own process so its peak RSS is its own):
 * prune: ``secateur prune --calib c4 --nsamples 16 --seqlen 2048 --seed 0`` (the papers use 128 x 2048; 16 keeps
@@ -20,6 +21,10 @@ Protocol (every stage through the public commands, each in its own process so it
 Each stage leaves its output under bench/_work/recovery-smollm2/<row>/ and is skipped when it is there, so a stopped
 run continues (a killed prune or recovery from its checkpoint: ``--resume``); a row is appended to the JSONL
 when its last stage is done. ``BENCH_THREADS`` (default 1) threads per process.
+
+``--model qwen2.5-0.5b`` (the Qwen2.5-Coder-0.5B GGUF of ``bench/tools/get_models.py``): the same protocol, sized to
+an hour on 2 cores (``PRESETS``: 32,768 recovery tokens, the first 4 windows of each corpus, 50 documents per
+zero-shot task); its rows carry ``model`` and render as their own section, under bench/_work/recovery-<model>/.
 """
 
 from __future__ import annotations
@@ -38,15 +43,29 @@ OUT_JSON = RESULTS / "recovery-smollm2.jsonl"
 OUT_MD = RESULTS / "recovery-smollm2.md"
 OUT_PNG = RESULTS / "recovery-smollm2-curve.png"
 DIR = WORK / "recovery-smollm2"
-MODEL = "smollm2-135m"
+MODEL = "smollm2-135m"  # the page's model; --model picks a section's
 PRUNE = ["--calib", "c4", "--nsamples", "16", "--seqlen", "2048", "--seed", "0"]
 RECOVER = ["--data", "c4", "--tokens", "65536"]
+#: per model: recovery tokens, perplexity windows per corpus, zero-shot documents per task, the section's title
+PRESETS = {"smollm2-135m": (65536, 8, 200, "SmolLM2-135M"), "qwen2.5-0.5b": (32768, 4, 50, "Qwen2.5-Coder-0.5B")}
 CURVE_ROW, CURVE_EVERY = "wanda_sp-30", 32
 DEFAULTS = "batch 1, lr 1e-3"  # the recover defaults the rows ran under (session 13's rows: "batch 4, lr 2e-4")
 OLD_DEFAULTS = "batch 4, lr 2e-4"
 EVAL_WINDOWS = 8
 CORPORA = ("wikitext2", "c4", "ptb")
 ZS_LIMIT = 200
+
+
+def _use(model: str) -> None:
+    """Point the module's settings at ``model``'s preset (the page's defaults are SmolLM2's)."""
+    global MODEL, DIR, RECOVER, EVAL_WINDOWS, ZS_LIMIT
+    tokens, EVAL_WINDOWS, ZS_LIMIT, _ = PRESETS[model]
+    MODEL, RECOVER = model, ["--data", "c4", "--tokens", str(tokens)]
+    DIR = WORK / ("recovery-smollm2" if model == "smollm2-135m" else f"recovery-{model}")
+
+
+def _of(r: dict) -> str:
+    return r.get("model", "smollm2-135m")  # the SmolLM2 rows predate the field
 ROWS = {  # name: the prune flags of the row
     "wanda_sp-30": ["--method", "wanda-sp", "--sparsity", "0.3"],
     "wanda-50": ["--method", "wanda", "--sparsity", "0.5"],
@@ -102,12 +121,12 @@ def evaluate(model: str, out: Path) -> None:
 
 def _eval_stage(model: str, out: Path, log: Path) -> None:
     _stage(f"eval {out.parent.name}/{out.stem}", out,
-           [sys.executable, __file__, "--eval-one", model, "--eval-out", str(out)], log)
+           [sys.executable, __file__, "--model", MODEL, "--eval-one", model, "--eval-out", str(out)], log)
 
 
 def _dense_row() -> dict | None:
     """The dense model's evaluation, a committed row (key ``dense``), so ``--render`` needs no work folder."""
-    return next((r["eval"] for r in read_rows(OUT_JSON) if r.get("key") == "dense"), None)
+    return next((r["eval"] for r in read_rows(OUT_JSON) if r.get("key") == "dense" and _of(r) == MODEL), None)
 
 
 def dense() -> dict:
@@ -115,9 +134,11 @@ def dense() -> dict:
         return dz
     d = DIR / "dense"
     d.mkdir(parents=True, exist_ok=True)
-    _eval_stage(MODEL, d / "eval.json", d / "log.txt")
+    from bench.common import model_path
+
+    _eval_stage(model_path(MODEL), d / "eval.json", d / "log.txt")
     dz = json.loads((d / "eval.json").read_text())
-    append_row(OUT_JSON, {"key": "dense", "threads": int(_threads()), "eval": dz})
+    append_row(OUT_JSON, {"key": "dense", "model": MODEL, "threads": int(_threads()), "eval": dz})
     return dz
 
 
@@ -126,17 +147,19 @@ def _defaults(r: dict) -> str:
 
 
 def row(name: str) -> None:
-    if any(r.get("key") == name and _defaults(r) == DEFAULTS for r in read_rows(OUT_JSON)):
+    from bench.common import model_path
+
+    if any(r.get("key") == name and _defaults(r) == DEFAULTS and _of(r) == MODEL for r in read_rows(OUT_JSON)):
         print(f"{name}: done", flush=True)
         return
     d = DIR / name
     d.mkdir(parents=True, exist_ok=True)
     log = d / "log.txt"
     pruned, recovered = d / "pruned", d / "recovered"
-    _stage(f"prune {name}", pruned, _env_cmd(["prune", "--model", MODEL, *ROWS[name], *PRUNE, "--out", str(pruned),
-                                              "--quiet", "--resume"]), log)
+    _stage(f"prune {name}", pruned, _env_cmd(["prune", "--model", model_path(MODEL), *ROWS[name], *PRUNE, "--out",
+                                              str(pruned), "--quiet", "--resume"]), log)
     _eval_stage(str(pruned), d / "eval-pruned.json", log)
-    rec = RECOVER + (["--heldout-every", str(CURVE_EVERY)] if name == CURVE_ROW else [])
+    rec = RECOVER + (["--heldout-every", str(CURVE_EVERY)] if name == CURVE_ROW and MODEL == "smollm2-135m" else [])
     _stage(f"recover {name}", recovered, _env_cmd(["recover", str(pruned), *rec, "--out", str(recovered), "--quiet",
                                                            "--resume"]),
            log)
@@ -145,7 +168,7 @@ def row(name: str) -> None:
     prune_report = json.loads((pruned / "secateur-report.json").read_text())
     r = report["recovery"]
     append_row(OUT_JSON, {
-        "key": name, "defaults": DEFAULTS, "prune_flags": ROWS[name] + PRUNE, "recover_flags": rec,
+        "key": name, "model": MODEL, "defaults": DEFAULTS, "prune_flags": ROWS[name] + PRUNE, "recover_flags": rec,
         "threads": int(_threads()),
         "realized_sparsity": prune_report.get("realized_sparsity"), "params": prune_report.get("params"),
         "prune_wall_s": prune_report.get("timings", {}).get("total_s"), "prune_peak_rss_mb":
@@ -175,7 +198,8 @@ def _gap(before: float, after: float, dense_: float) -> str:
 
 
 def render() -> None:
-    every = [r for r in read_rows(OUT_JSON) if r.get("key") != "dense"]
+    _use("smollm2-135m")
+    every = [r for r in read_rows(OUT_JSON) if r.get("key") != "dense" and _of(r) == MODEL]
     rows = [r for r in every if _defaults(r) == DEFAULTS]
     old = [r for r in every if _defaults(r) != DEFAULTS]
     dz = _dense_row()
@@ -209,8 +233,28 @@ def render() -> None:
                  "documents disjoint from training): "
                  + "; ".join(f"{d} (every {c['every']} steps): " + ", ".join(f"{p[1]}: {p[2]:.2f}" for p in c["points"])
                              for d, c in curves.items()) + f". ![curve]({OUT_PNG.name})\n")
+    for model in PRESETS:
+        if model != "smollm2-135m":
+            L += _section(model)
     OUT_MD.write_text("\n".join(L) + "\n")
     print(f"wrote {OUT_MD}")
+
+
+def _section(model: str) -> list[str]:
+    """Another model's section: its protocol, dense evaluation, rows and claim shape (none if no rows yet)."""
+    _use(model)
+    rows = [r for r in read_rows(OUT_JSON) if r.get("key") != "dense" and _of(r) == model]
+    if not rows:
+        return []
+    dz, tokens = _dense_row(), PRESETS[model][0]
+    L = ["", f"## {PRESETS[model][3]}", "",
+         f"`python bench/quality/recovery_smollm2.py --model {model}`: the protocol above, sized to this machine: "
+         f"`--tokens {tokens}`, perplexity on the first {EVAL_WINDOWS} windows of each test split, zero-shot on the "
+         f"first {ZS_LIMIT} documents per task; {rows[0]['threads']} threads per process.", ""]
+    if dz:
+        L.append(f"Dense: WikiText-2 {_ppl(dz, 'wikitext2'):.2f}, C4 {_ppl(dz, 'c4'):.2f}, PTB "
+                 f"{_ppl(dz, 'ptb'):.2f}, zero-shot {fmt_zs(dz['zeroshot'])}.\n")
+    return L + _table(rows, dz) + _claim(rows, dz)
 
 
 def _table(rows: list[dict], dz: dict | None) -> list[str]:
@@ -280,12 +324,14 @@ def _plot(curves: dict[str, dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", choices=list(PRESETS))
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows, in order")
     ap.add_argument("--render", action="store_true", help="only render the page from the committed rows")
     ap.add_argument("--dense", action="store_true", help="only evaluate the dense model (a row), then render")
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)
     ap.add_argument("--eval-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    _use(args.model)
     if args.eval_one:
         return evaluate(args.eval_one, Path(args.eval_out))
     if not args.render:
