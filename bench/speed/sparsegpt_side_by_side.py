@@ -103,7 +103,7 @@ def run(a: argparse.Namespace) -> None:
     base = WORK / "side-by-side" / f"{a.model}-{a.nsamples}x{a.seqlen}"
     base.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
-    for rep in range(a.repeats):
+    for rep in range(a.start_repeat, a.start_repeat + a.repeats):  # even: the sides as given; odd: reversed
         sides = a.sides.split(",")
         order = sides if rep % 2 == 0 else sides[::-1]
         for side in order:
@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--start-repeat", type=int, default=0, help="number of the first repeat (a later session's pair)")
     ap.add_argument("--sides", default="llm-compressor,secateur",
                     help="in the order of even repeats: llm-compressor, secateur, secateur-float64")
     ap.add_argument("--windows", type=int, default=16, help="WikiText-2 windows of 2048 tokens evaluated")
