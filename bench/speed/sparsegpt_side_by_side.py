@@ -107,7 +107,8 @@ def run(a: argparse.Namespace) -> None:
         sides = a.sides.split(",")
         order = sides if rep % 2 == 0 else sides[::-1]
         for side in order:
-            out, log = base / side, base / f"{side}.log"
+            name = side if rep == 0 else f"{side}-r{rep}"  # its own folder: an output holds the eval's ppl.json
+            out, log = base / name, base / f"{name}.log"
             load = os.getloadavg()[0]
             got = (theirs(folder, calib, out, a.threads, log) if side == "llm-compressor"
                    else ours(a.model, folder, sha, out, a.nsamples, a.seqlen, log, side == "secateur-float64"))
