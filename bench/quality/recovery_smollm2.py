@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, fmt_zs, read_rows, run_logged
+from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, fmt_zs, model_path, read_rows, run_logged
 
 OUT_JSON = RESULTS / "recovery-smollm2.jsonl"
 OUT_MD = RESULTS / "recovery-smollm2.md"
@@ -134,8 +134,6 @@ def dense() -> dict:
         return dz
     d = DIR / "dense"
     d.mkdir(parents=True, exist_ok=True)
-    from bench.common import model_path
-
     _eval_stage(model_path(MODEL), d / "eval.json", d / "log.txt")
     dz = json.loads((d / "eval.json").read_text())
     append_row(OUT_JSON, {"key": "dense", "model": MODEL, "threads": int(_threads()), "eval": dz})
@@ -147,8 +145,6 @@ def _defaults(r: dict) -> str:
 
 
 def row(name: str) -> None:
-    from bench.common import model_path
-
     if any(r.get("key") == name and _defaults(r) == DEFAULTS and _of(r) == MODEL for r in read_rows(OUT_JSON)):
         print(f"{name}: done", flush=True)
         return

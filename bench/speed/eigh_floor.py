@@ -59,8 +59,9 @@ def measure(repeats: int) -> dict:
 def render() -> None:
     r = json.loads(OUT.read_text())
     t = {(x["d"], x["dtype"]): x["seconds"] for x in r["rows"]}
-    native = [x for x in read_rows(RESULTS / "coec-side-by-side.jsonl") if x["side"] == "native"]
-    coec = [x for x in read_rows(RESULTS / "coec-side-by-side.jsonl") if x["side"] == "coec-r5"]
+    sides = read_rows(RESULTS / "coec-side-by-side.jsonl")
+    native = [x for x in sides if x["side"] == "native"]
+    coec = [x for x in sides if x["side"] == "coec-r5"]
     L = ["# COEC's eigendecomposition floor (issue 29)", "",
          f"Made by `python bench/speed/eigh_floor.py` at `{r['commit']}` (protocol in its docstring), "
          f"{r['machine'].get('cpu', '?')}, one thread, best of {r['repeats']}, load {r['load_before'][0]:.2f} before / "
