@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
@@ -11,6 +10,7 @@ import textwrap
 
 from secateur import launch, stall
 from secateur.errors import SecateurError, one_line
+from secateur.interrupts import Terminated, as_interrupts, interrupt_in
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -309,33 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is so that the same cleanup as for Ctrl-C runs (temporary folders)."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Only the CLI turns SIGTERM into an exception; library users keep their own handlers."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        with _sigterm_as_interrupt():  # from the first import on: Ctrl-C during start-up is exit 130 too
+        with as_interrupts():  # from the first import on: Ctrl-C during start-up is exit 130 too
             launch.quiet_ranks()  # several processes (torchrun, --procs): rank 0 alone prints
             stall.point("startup")
             parser = build_parser()
@@ -347,22 +324,25 @@ def main(argv: list[str] | None = None) -> int:
                 transformers.utils.logging.set_verbosity_error()
                 transformers.utils.logging.disable_progress_bar()
             return int(args.func(args) or 0)
-    except SecateurError as e:
-        return launch.fail("error", str(e), 2)  # one process: "secateur: error: ..."; several: "... rank R: ..."
-    except Terminated:
-        if _split():
-            return launch.fail("stopped", "interrupted (SIGTERM)", 128 + signal.SIGTERM)
-        print("secateur: interrupted (SIGTERM)", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        if _split():
-            return launch.fail("stopped", "interrupted", 130)
-        print("secateur: interrupted", file=sys.stderr)
-        return 130
     except Exception as e:
+        if (stop := interrupt_in(e)) is not None:  # a library's cleanup raised over the interrupt (zipfile's close)
+            return _interrupted(stop)
+        if isinstance(e, SecateurError):  # one process: "secateur: error: ..."; several: "... rank R: ..."
+            return launch.fail("error", str(e), 2)
         if not _split():
             raise
         return launch.fail(*launch.describe(e), 2)  # a rank's crash or a lost peer: one line, never a hang
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """The interrupt's line and exit status: 143 for SIGTERM, 130 for Ctrl-C."""
+    what, code = ("interrupted (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else ("interrupted", 130)
+    if _split():
+        return launch.fail("stopped", what, code)
+    print(f"secateur: {what}", file=sys.stderr)
+    return code
 
 
 def _split() -> bool:
