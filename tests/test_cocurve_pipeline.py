@@ -56,6 +56,20 @@ def test_prune_slices_exports_and_reloads(tmp_path):
                                                              .parameters())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_selects_like_the_cpu_one():
+    """The sweep runs where the model is; its sums come back to the CPU (an H200 run once failed adding a GPU block
+    to a CPU total). GPU kernels sum in other orders, so H agrees to float32 rounding, and the selection with it."""
+    ids, held = random_ids(3, 32, seed=1), random_ids(2, 32, seed=2)
+    out = {}
+    for device in ("cpu", "cuda"):
+        model = tiny_model("llama", layers=16).to(device)
+        rep = prune(model, get_adapter(model), ids.to(device), held.to(device), 0.3, CFG)
+        out[device] = rep["_result"].removed.cpu(), rep["_graph"].H.cpu()
+    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], rtol=1e-3, atol=1e-6)
+    assert torch.equal(out["cuda"][0], out["cpu"][0])
+
+
 def test_graph_reuse_across_budgets_and_diagonal_control():
     model = tiny_model("qwen2", layers=16)
     a = get_adapter(model)

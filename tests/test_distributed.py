@@ -22,6 +22,7 @@ from secateur.calib.dist import spawn_gloo
 from secateur.calib.qk import ProjectedQKStats, QKOutputGrams
 from secateur.calib.stats import BlockInfluence, Gram, MeanVar, PerSampleGram, SumSq
 from secateur.cli import main
+from secateur.errors import SecateurError
 from secateur.models.adapters import get_adapter
 from secateur.testing import folder_digest, tiny_model, tiny_tokenizer
 
@@ -229,6 +230,34 @@ def test_owned_map_alone_is_the_plain_map():
     before = dist.SOLVES["t"]
     assert dist.owned_map([1, 2, 3], lambda x: x * 2, kind="t") == [2, 4, 6]
     assert dist.SOLVES["t"] - before == 3
+
+
+@pytest.mark.parametrize("gpus,local,backend,joins", [(1, 1, None, False), (1, 0, None, True), (2, 1, None, True),
+                                                       (1, 1, "gloo", True), (1, 3, "gloo", True)])
+def test_nccl_refuses_more_processes_than_gpus_before_joining(monkeypatch, gpus, local, backend, joins):
+    """With --device cuda each process takes the GPU of its LOCAL_RANK; NCCL refuses two on one GPU, but only once
+    the group talks, as a lost peer (seen on an H200: 'Duplicate GPU detected' after the load). So the join
+    refuses first, in one line naming both ways out; gloo (SECATEUR_DIST_BACKEND) may share a GPU."""
+    joined, devices = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setattr(dist.tdist, "init_process_group", lambda backend, **kw: joined.append(backend))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", str(local))
+    monkeypatch.setenv("LOCAL_RANK", str(local))
+    if backend:
+        monkeypatch.setenv(dist.BACKEND_ENV, backend)
+    else:
+        monkeypatch.delenv(dist.BACKEND_ENV, raising=False)
+    if joins:
+        assert dist.init_from_env("cuda") is True
+        assert joined == [backend or "nccl"] and devices == [local % gpus]
+    else:
+        with pytest.raises(SecateurError, match=rf"^LOCAL_RANK {local} but this machine shows {gpus} GPU.*one GPU per "
+                                                rf"process.*at most {gpus} process.*{dist.BACKEND_ENV}=gloo"):
+            dist.init_from_env("cuda")
+        assert joined == [] and devices == []
 
 
 def test_owned_map_workers_solve_side_by_side_and_report_the_first_failure_in_order():

@@ -356,16 +356,36 @@ def test_reused_statistics_must_hold_what_the_config_reads():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("comp", ["none", "coec", "corp"])
 def test_cuda_model_prunes_like_the_cpu_one(comp):
-    """Statistics and compensators stay on the CPU; a model on the GPU gets the same widths and weights."""
+    """Statistics and compensators stay on the CPU; a model on the GPU gets the same widths and weights.
+
+    The Grams come from the GPU's forward, equal to the CPU's up to float32 rounding (~1e-6 relative). The one-shot
+    solves (none, corp) keep that elementwise. COEC's rounds amplify it by far more (32 tokens for 64-wide inputs:
+    rank-deficient Grams held up by the damping): on the CPU, weights perturbed by 1e-6 relative move its output by
+    ~8e-3 in relative Frobenius norm, and an H200 run differed from the CPU by 2.3e-3. So for COEC the bound is
+    measured here: the GPU's largest difference over the tensors within 4x the perturbation's largest on the CPU."""
     ids = random_ids(2, 16)
     out = {}
-    for device in ("cpu", "cuda"):
-        m = tiny_model("llama").to(device)
+    for device in ("cpu", "cuda", "perturbed"):
+        m = tiny_model("llama")
+        if device == "perturbed":
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g))
+        dev = "cpu" if device == "perturbed" else device
+        m = m.to(dev)
         cfg = StructuredConfig(score="rcpu", sparsity=0.5, compensation=comp, coec=COECOptions(max_rounds=2))
-        prune_structured(m, get_adapter(m), ids.to(device), cfg, device=device)
+        prune_structured(m, get_adapter(m), ids.to(dev), cfg, device=dev)
         out[device] = {k: v.detach().cpu() for k, v in m.state_dict().items()}
+    def worst(of: str) -> float:
+        return max(float((out[of][k] - v).norm() / v.norm().clamp_min(1e-30)) for k, v in out["cpu"].items())
+
     for k, v in out["cpu"].items():
-        torch.testing.assert_close(out["cuda"][k], v, atol=1e-4, rtol=1e-4)
+        assert out["cuda"][k].shape == v.shape, k
+        if comp != "coec":
+            torch.testing.assert_close(out["cuda"][k], v, atol=1e-4, rtol=1e-4)
+    if comp == "coec":
+        assert worst("cuda") <= 4 * worst("perturbed"), (worst("cuda"), worst("perturbed"))
 
 
 def test_data_free_scores_reuse_gram_only_statistics():

@@ -152,8 +152,10 @@ def _launch(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, float]
 
 
 def split_check(model: str, calib: str, device: str, work: Path, procs: int = 2, backend: str | None = None,
-                timeout: float = 75) -> list[dict]:
-    """Each run of :data:`SPLIT_RUNS` in one process and over ``procs`` (torchrun) on ``device``: equal sha256?"""
+                timeout: float = 75, ones: dict | None = None) -> list[dict]:
+    """Each run of :data:`SPLIT_RUNS` in one process and over ``procs`` (torchrun) on ``device``: equal sha256?
+    ``ones`` keeps the one-process runs (the same for every backend: each start costs ~15 s on the H200 machine)."""
+    ones = {} if ones is None else ones
     env = os.environ | {"OMP_NUM_THREADS": "1", "SECATEUR_DIST_TIMEOUT": "60"}  # torchrun's 1 thread, everywhere
     env.pop("SECATEUR_DIST_BACKEND", None)
     split_env = env | {"NCCL_DEBUG": "WARN"} | ({"SECATEUR_DIST_BACKEND": backend} if backend else {})
@@ -162,11 +164,13 @@ def split_check(model: str, calib: str, device: str, work: Path, procs: int = 2,
     rows = []
     for key, args in SPLIT_RUNS.items():
         tag = f"{key.replace(':', '')}-{backend or 'default'}"
-        one, many = work / f"one-{tag}", work / f"split-{tag}"
+        one, many = work / f"one-{key.replace(':', '')}", work / f"split-{tag}"
         row: dict = {"run": key, "device": device, "procs": procs, "backend": backend or "default",
                      "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
-        rc1, err1, s1 = _launch([sys.executable, "-m", "secateur", "prune", *common, *args, "--out", str(one)],
-                                env, timeout)
+        if key not in ones:
+            ones[key] = _launch([sys.executable, "-m", "secateur", "prune", *common, *args, "--out", str(one)], env,
+                                timeout)
+        rc1, err1, s1 = ones[key]
         rc2, err2, s2 = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                  str(procs), "-m", "secateur", "prune", *common, *args, "--out", str(many)],
                                 split_env, timeout)
@@ -187,12 +191,13 @@ def nccl_section(device: str, work: Path, model: str, calib: str) -> dict:
         return {"skipped": "no CUDA device is visible: the NCCL section needs one"}
     if not device.startswith("cuda"):  # --nccl-device cpu: the section's plumbing over gloo
         return {"rows": split_check(model, calib, device, work)}
-    rows = split_check(model, calib, "cuda", work)
+    ones: dict = {}
+    rows = split_check(model, calib, "cuda", work, ones=ones)
     if torch.cuda.device_count() == 1:
-        for r in rows:  # NCCL >= 2.5 refuses two ranks on one GPU: the expected outcome, recorded
+        for r in rows:  # NCCL refuses two ranks on one GPU; secateur says so before joining: expected, recorded
             if r["ok"] is False and "Duplicate GPU" in r.get("error", ""):
                 r |= {"ok": None, "expected": "NCCL refuses two ranks on one GPU (Duplicate GPU detected)"}
-        rows += split_check(model, calib, "cuda", work, backend="gloo")
+        rows += split_check(model, calib, "cuda", work, backend="gloo", ones=ones)
     return {"rows": rows}
 
 

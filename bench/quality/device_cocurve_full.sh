@@ -23,7 +23,7 @@
 #   device 1: carry [".devcarry/a"], command `bash bench/quality/device_cocurve_full.sh receive`     (seconds)
 #   device 2: carry [".devcarry/b"], command `bash bench/quality/device_cocurve_full.sh`, timeout_s 560, at once after 1
 # `prepare` needs the corpora and the smollm2-135m alias here (the token file is `--stage pack` of the full preset;
-# the wheel comes from `pip download gguf==<installed version>`). Results go to $OUT (else results/): the rows
+# the wheels (gguf, pydantic) come from `pip download` at the installed versions). Results go to $OUT (else results/): the rows
 # (cocurve-smollm2.jsonl, preset full), the rendered page cocurve-smollm2-full.md + plot, the graph's summary
 # json, the probe, graph-full.npz, the chosen mask and the log (8 files). Back here: append the rows to
 # results/cocurve-smollm2.jsonl, put graph-full.npz in bench/_work/cocurve-smollm2/, then
@@ -51,8 +51,13 @@ prepare)
   tail -c +"$((half + 1))" "$src_gguf" >.devcarry/b/model.gguf.part2
   sha256sum <"$src_gguf" | cut -d' ' -f1 >.devcarry/b/model.gguf.sha256
   sha256sum <.devcarry/a/model.gguf.part1 | cut -d' ' -f1 >.devcarry/b/model.gguf.part1.sha256
-  ver=$("$py" -c "import importlib.metadata as m; print(m.version('gguf'))")
-  "$py" -m pip download -q --no-deps --only-binary=:all: -d .devcarry/a/whl "gguf==$ver"
+  # the packages secateur imports that the device image lacks (gguf; pydantic and its three parts), at this
+  # venv's versions, built for the image's Python 3.12 on x86-64
+  pins=$("$py" -c "import importlib.metadata as m; print(' '.join(f'{p}=={m.version(p)}' for p in
+         ('gguf', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection')))")
+  # shellcheck disable=SC2086
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 -d .devcarry/a/whl $pins
   "$py" bench/quality/cocurve_smollm2.py --preset full --stage pack --inputs .devcarry/b/inputs-full.pt
   du -sh .devcarry/a .devcarry/b
   ;;

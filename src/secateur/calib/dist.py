@@ -56,14 +56,16 @@ def rank_world() -> tuple[int, int]:
 
 def ordered_block_sum(local: dict[int, torch.Tensor], n_blocks: int, shape: tuple[int, ...],
                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """``sum_b block_b`` in block order, the blocks being spread over the ranks (``local``: this rank's)."""
+    """``sum_b block_b`` in block order, the blocks being spread over the ranks (``local``: this rank's, on any
+    device); on the CPU."""
     _, world = rank_world()
+    comm = _comm_device() if world > 1 else torch.device("cpu")  # the blocks may be on the GPU; the sum is not
     out = torch.zeros(shape, dtype=dtype)
     for b in range(n_blocks):
-        t = local[b].to(dtype).clone() if b in local else torch.zeros(shape, dtype=dtype)
+        t = local[b].to(comm, dtype).clone() if b in local else torch.zeros(shape, dtype=dtype, device=comm)
         if world > 1:
             tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-        out += t
+        out += t.cpu()
     return out
 
 
@@ -98,15 +100,20 @@ def init_from_env(device: str = "cpu") -> bool:
     rank, world, local = env_world()
     if world == 1 or tdist.is_initialized():
         return False
-    backend = "gloo"
-    if str(device).startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise SecateurError("--device cuda but no CUDA device is visible to this process")
-        torch.cuda.set_device(local % torch.cuda.device_count())
-        backend = "nccl"
-    backend = os.environ.get(BACKEND_ENV) or backend
+    cuda = str(device).startswith("cuda")
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if cuda else "gloo")
     if backend not in ("gloo", "nccl"):
         raise SecateurError(f"{BACKEND_ENV}={backend!r}: choose gloo or nccl, or unset it")
+    if cuda:
+        if not torch.cuda.is_available():
+            raise SecateurError("--device cuda but no CUDA device is visible to this process")
+        gpus = torch.cuda.device_count()
+        if backend == "nccl" and local >= gpus:  # before joining: NCCL's own refusal comes as a lost peer, late
+            raise SecateurError(
+                f"LOCAL_RANK {local} but this machine shows {gpus} GPU(s), and NCCL takes one GPU per "
+                f"process (two on one GPU: 'Duplicate GPU detected'); start at most {gpus} process(es) per machine, "
+                f"or set {BACKEND_ENV}=gloo to share the GPUs")
+        torch.cuda.set_device(local % gpus)  # gloo may share a GPU between processes
     tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
     return True
 

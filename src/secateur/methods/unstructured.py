@@ -125,7 +125,10 @@ class UnstructuredHandler(engine.Handler):
     def on_group(self, ctx, group, names, accs) -> None:
         targets = self._targets(ctx, names)
         if self.cfg.method == "sparsegpt":  # the group's OBS solves, each on its owner rank (calib.dist.owned_map)
-            workers = torch.get_num_threads()
+            # side by side only on the CPU: a GPU solve is parallel already, and CUDA's linear algebra library,
+            # loaded lazily, fails when threads load it at once ("lazy wrapper should be called at most once")
+            cpu = targets and ctx.refs[targets[0]].weight.device.type == "cpu"
+            workers = torch.get_num_threads() if cpu else 1
             with one_thread():  # each solve on one thread, the group's solves side by side on the process's threads
                 solved = self.owners.map(targets, lambda name: sparsegpt_solve(ctx.refs[name].weight, self.cfg, accs),
                                          workers=workers)
