@@ -71,7 +71,14 @@ ROWS = {  # name: the prune flags of the row
     "wanda-50": ["--method", "wanda", "--sparsity", "0.5"],
     "flap-20": ["--method", "flap", "--sparsity", "0.2"],
     "wanda_sp-30+coec": ["--method", "wanda-sp", "--sparsity", "0.3", "--compensation", "coec"],
+    "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3"],
 }
+#: rows whose calibration is not ``PRUNE``'s: CoCurve's graph costs ~0.4 dense forwards per ablated unit and
+#: position window (results/cocurve-sweep-cost.md), ~1.4 h on 2 cores at 16 x 2048; it runs at the medium protocol
+#: of results/cocurve-smollm2-medium.md instead (graph on 16 x 512 C4 tokens, the last 16 of 32 windows held out
+#: for the lambda choice, 32 positions per window: the paper's position stride at 512 tokens)
+ROW_PRUNE = {"cocurve-30": ["--calib", "c4", "--nsamples", "32", "--seqlen", "512", "--heldout", "16",
+                            "--positions", "32", "--seed", "0"]}
 
 
 def _threads() -> str:
@@ -152,7 +159,8 @@ def row(name: str) -> None:
     d.mkdir(parents=True, exist_ok=True)
     log = d / "log.txt"
     pruned, recovered = d / "pruned", d / "recovered"
-    _stage(f"prune {name}", pruned, _env_cmd(["prune", "--model", model_path(MODEL), *ROWS[name], *PRUNE, "--out",
+    prune = ROW_PRUNE.get(name, PRUNE)
+    _stage(f"prune {name}", pruned, _env_cmd(["prune", "--model", model_path(MODEL), *ROWS[name], *prune, "--out",
                                               str(pruned), "--quiet", "--resume"]), log)
     _eval_stage(str(pruned), d / "eval-pruned.json", log)
     rec = RECOVER + (["--heldout-every", str(CURVE_EVERY)] if name == CURVE_ROW and MODEL == "smollm2-135m" else [])
@@ -164,7 +172,7 @@ def row(name: str) -> None:
     prune_report = json.loads((pruned / "secateur-report.json").read_text())
     r = report["recovery"]
     append_row(OUT_JSON, {
-        "key": name, "model": MODEL, "defaults": DEFAULTS, "prune_flags": ROWS[name] + PRUNE, "recover_flags": rec,
+        "key": name, "model": MODEL, "defaults": DEFAULTS, "prune_flags": ROWS[name] + prune, "recover_flags": rec,
         "threads": int(_threads()),
         "realized_sparsity": prune_report.get("realized_sparsity"), "params": prune_report.get("params"),
         "prune_wall_s": prune_report.get("timings", {}).get("total_s"), "prune_peak_rss_mb":
