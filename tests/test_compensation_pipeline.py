@@ -1,11 +1,12 @@
 """Issue 29: the per-block compensation pass runs its solves on worker threads beside the walk
-(:meth:`secateur.methods.materialize.BlockCompensation.pipelined`). The weights are bit for bit those of the
+(:meth:`secateur.methods.compensation_pass.BlockCompensation.pipelined`). The weights are bit for bit those of the
 sequential pass, the Grams alive stay bounded, and a run killed while solves are still in flight resumes to the
 same bits (their statistics are in the checkpoint's ``pend`` files)."""
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from secateur.calib import engine, resume
 from secateur.compensate import COECOptions
-from secateur.methods import materialize
+from secateur.methods import compensation_pass
 from secateur.methods.structured import StructuredConfig, prune_structured
 from secateur.models.adapters import get_adapter
 from secateur.testing import random_ids, tiny_model
@@ -22,14 +23,26 @@ from secateur.testing import random_ids, tiny_model
 CASES = {"wanda-sp+coec": ("wanda_sp", "coec"), "rcpu": ("rcpu", "rcpu"), "flap+ls": ("flap", "ls")}
 
 
+@contextmanager
+def pipelined(threads: int = 2):
+    """``threads`` torch threads (the pass pipelines only with more than one) and the pool started from the first
+    block (tiny solves never outlast the walk, so ``"auto"`` would not start it); both given back on leaving. Module
+    fixtures and hypothesis tests cannot take ``monkeypatch``, so this sets and restores by hand."""
+    n, mode = torch.get_num_threads(), compensation_pass.BlockCompensation.pipeline
+    try:
+        torch.set_num_threads(threads)
+        compensation_pass.BlockCompensation.pipeline = "always"
+        yield
+    finally:
+        torch.set_num_threads(n)
+        compensation_pass.BlockCompensation.pipeline = mode
+
+
 @pytest.fixture
-def threads(monkeypatch):
-    """Set the torch thread count for one test (the pass pipelines only with more than one), the pool started
-    from the first block (tiny solves never outlast the walk, so ``"auto"`` would not start it)."""
-    monkeypatch.setattr(materialize.BlockCompensation, "pipeline", "always")
-    n = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(n)
+def threads():
+    """Set the torch thread count for one test, the pool started from the first block (:func:`pipelined`)."""
+    with pipelined(torch.get_num_threads()):
+        yield torch.set_num_threads
 
 
 def _run(family: str, case: str, layers: int = 4):
@@ -63,14 +76,14 @@ def test_pipelined_pass_is_bit_identical_to_the_sequential_one(threads, family, 
 
 def test_a_failing_solve_ends_the_run_with_its_error(threads, monkeypatch):
     threads(2)
-    real = materialize._compensate_one
+    real = compensation_pass._compensate_one
 
     def failing(cfg, adapter, i, group, *a):
         if i == 2:
             raise FloatingPointError("solve of layer 2 failed")
         return real(cfg, adapter, i, group, *a)
 
-    monkeypatch.setattr(materialize, "_compensate_one", failing)
+    monkeypatch.setattr(compensation_pass, "_compensate_one", failing)
     with pytest.raises(FloatingPointError, match="layer 2"):
         _run("llama", "wanda-sp+coec")
     assert torch.get_num_threads() == 2
@@ -87,14 +100,14 @@ def test_auto_pipelines_once_the_solves_outlast_the_walk(monkeypatch, mode):
     torch.set_num_threads(1)
     try:
         want, _ = _run("llama", "flap+ls")
-        real = materialize._compensate_one
+        real = compensation_pass._compensate_one
 
         def slow(*a):
             time.sleep(0.2)
             return real(*a)
 
-        monkeypatch.setattr(materialize, "_compensate_one", slow)
-        monkeypatch.setattr(materialize.BlockCompensation, "pipeline", mode)
+        monkeypatch.setattr(compensation_pass, "_compensate_one", slow)
+        monkeypatch.setattr(compensation_pass.BlockCompensation, "pipeline", mode)
         torch.set_num_threads(2)
         got, d = _run("llama", "flap+ls")
         assert torch.get_num_threads() == 2
@@ -127,14 +140,8 @@ def clean(tmp_path_factory):
     model = tmp / "model"
     tiny_model("llama", layers=4).save_pretrained(model)
     tiny_tokenizer().save_pretrained(model)
-    n, mode = torch.get_num_threads(), materialize.BlockCompensation.pipeline
-    try:
-        torch.set_num_threads(2)
-        materialize.BlockCompensation.pipeline = "always"
+    with pipelined():
         assert _prune(str(model), tmp / "a", ARGS) == 0
-    finally:
-        torch.set_num_threads(n)
-        materialize.BlockCompensation.pipeline = mode
     return model, _digests(tmp / "a")
 
 
@@ -152,12 +159,9 @@ def test_kill_with_solves_in_flight_resumes_bit_identical(tmp_path_factory, clea
     model, want = clean
     tmp = tmp_path_factory.mktemp("pipe")
     args = ARGS
-    n, mode = torch.get_num_threads(), materialize.BlockCompensation.pipeline
-    real_after, real_one = engine._after_block, materialize._compensate_one
+    real_after, real_one = engine._after_block, compensation_pass._compensate_one
     gate = threading.Event()
     try:
-        torch.set_num_threads(2)
-        materialize.BlockCompensation.pipeline = "always"  # tiny solves never outlast the walk
         seen: list[int] = []
 
         def hook(i: int) -> None:
@@ -170,20 +174,20 @@ def test_kill_with_solves_in_flight_resumes_bit_identical(tmp_path_factory, clea
                 gate.wait()
             return real_one(cfg, adapter, i, *a)
 
-        engine._after_block, materialize._compensate_one = hook, held
-        assert _prune(str(model), tmp / "b", args) == 130
+        engine._after_block, compensation_pass._compensate_one = hook, held
+        with pipelined():
+            assert _prune(str(model), tmp / "b", args) == 130
         ck = resume.checkpoint_dir(tmp / "b")
         pend = {p.name.split("pend-")[1] for p in ck.glob("*pend-*.pt")}
         # every held block that was checkpointed left its statistics (o_proj and down_proj); a block whose solves
         # were not held may have too, if the walk outran them
         assert pend >= {f"{i}-{g}.pt" for i in range(hold_from, kill_after + 1) for g in ("attn_out", "mlp_out")}
         gate.set()
-        engine._after_block, materialize._compensate_one = (lambda i: None), real_one
-        assert _prune(str(model), tmp / "b", args, "--resume") == 0
+        engine._after_block, compensation_pass._compensate_one = (lambda i: None), real_one
+        with pipelined():
+            assert _prune(str(model), tmp / "b", args, "--resume") == 0
         assert _digests(tmp / "b") == want
         assert not ck.exists() or not list(ck.glob("*pend-*.pt"))
     finally:
         gate.set()
-        engine._after_block, materialize._compensate_one = real_after, real_one
-        torch.set_num_threads(n)
-        materialize.BlockCompensation.pipeline = mode
+        engine._after_block, compensation_pass._compensate_one = real_after, real_one

@@ -90,7 +90,7 @@ def test_killed_run_resumes_bit_identical(models, tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(engine, "_after_block", seen.append)
     assert _prune(models[family], b, args, "--resume") == 0
     # continued after the killed block, did not start over; a compensated structured run then walks every block
-    # again (its Grams, one block at a time: secateur.methods.materialize.BlockCompensation)
+    # again (its Grams, one block at a time: secateur.methods.compensation_pass.BlockCompensation)
     second = list(range(4)) if case == "wanda-sp-coec" else []
     assert seen == list(range(k + 1, 4)) + second
     assert "resuming from the checkpoint" in capsys.readouterr().err

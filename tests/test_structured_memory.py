@@ -1,5 +1,5 @@
 """Issue 16: the statistics of a compensated structured run do not grow with depth. The Grams are taken one block
-at a time in a second dense pass (:class:`secateur.methods.materialize.BlockCompensation`) and the weights are
+at a time in a second dense pass (:class:`secateur.methods.compensation_pass.BlockCompensation`) and the weights are
 bit for bit those of compensating from every layer's Grams kept at once (the code path before, still used when
 statistics that hold every Gram are passed in)."""
 

@@ -9,7 +9,7 @@ Every side prunes the same float32 HF folder on the same calibration token ids (
 rotation + global scale), ``coec-r5`` (``--compensation coec --coec-rounds 5``, the row of results/families.md),
 ``coec`` (the paper's 50 rounds). The sides alternate (reversed in odd repeats), each in a fresh process with
 ``--threads`` torch threads (with more than one, COEC's solves run beside the walk: see
-``secateur.methods.materialize.BlockCompensation``). Prune time: the calibration data and prune phases of the
+``secateur.methods.compensation_pass.BlockCompensation``). Prune time: the calibration data and prune phases of the
 report (model loading and saving excluded); compensation: the summed solve seconds and the seconds the walk waited
 for them. WikiText-2 by ``secateur eval ppl`` (2048-token windows, the first ``--windows``). Rows:
 results/coec-side-by-side.jsonl.

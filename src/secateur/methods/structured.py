@@ -34,7 +34,7 @@ statistics pass through it and scores its units while it is loaded (:func:`secat
 ShortGPT's block influence is the streamed walk), then releases it unwritten. The selection then fixes the
 output's tensors: every kept block is sliced on a meta copy to learn them (uneven widths, the bias a compensator
 may add: an optional tensor, :class:`secateur.export.shards.Spec`) and the sink plans its shards. Pass 2 (the
-per-block Gram pass, :class:`secateur.methods.materialize.BlockCompensation`) loads each block, compensates it,
+per-block Gram pass, :class:`secateur.methods.compensation_pass.BlockCompensation`) loads each block, compensates it,
 slices it when its forward is done and hands it to the sink as it is released; blocks no forward needs are loaded,
 sliced and written alone; ShortGPT's removed blocks are never loaded again and the kept ones are written under
 their new index. At most one block is materialized at any time (memory plan:
