@@ -155,6 +155,18 @@ def test_a_signal_inside_an_import_or_finalizer_is_raised_after_it(tmp_path, mon
                                          + "".join(f"        {line}\n" for line in body.splitlines()))
     monkeypatch.syspath_prepend(str(tmp_path))
     expected = interrupts.Terminated if sig == signal.SIGTERM else KeyboardInterrupt
+    # as from a terminal: a suite run in the background (nohup, ``make test &``) starts with SIGINT ignored, and
+    # as_interrupts then leaves it ignored on purpose
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _deferred_case(interrupts, name, where, expected)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done.exists()  # the import or finalizer ran to its end, and the interrupt still came
+    assert signal.getsignal(signal.SIGTERM) is not interrupts._handler  # restored on leaving
+
+
+def _deferred_case(interrupts, name: str, where: str, expected: type) -> None:
     with interrupts.as_interrupts():
         with pytest.raises(expected):
             if where == "import":
@@ -163,8 +175,6 @@ def test_a_signal_inside_an_import_or_finalizer_is_raised_after_it(tmp_path, mon
                 probe = __import__(name).Probe()
                 del probe  # the finalizer runs here, the signal landing inside it
             _wait_for_interrupt(10 * interrupts.RETRY_S + 1.0)
-    assert done.exists()  # the import or finalizer ran to its end, and the interrupt still came
-    assert signal.getsignal(signal.SIGTERM) is not interrupts._handler  # restored on leaving
 
 
 def test_unsafe_finds_imports_and_finalizers_on_the_stack():

@@ -215,7 +215,7 @@ def test_optional_tensors_of_the_shard_plan(tmp_path):
 def test_a_bias_the_guard_drops_is_left_out_of_the_shards(folders, tmp_path, monkeypatch, opened):
     """FLAP's bias on a bias-free family, the slice-only fallback forced on layer 1: its projections stay
     bias-free, the other layers get one (a per-layer config); the optional tensors absent from the shard plan."""
-    from secateur.methods import materialize as compensation
+    from secateur.methods import compensation
 
     orig = compensation._guarded
 
