@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import random
+import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -172,9 +174,56 @@ def test_sliced_run_recovers_and_reloads_with_its_widths(runs, tmp_path):
     assert (Path(run) / "secateur_selection.json").read_bytes() == (out / "secateur_selection.json").read_bytes()
 
 
+def test_recipe_and_recorded_command_replay_to_the_same_bits(runs, tmp_path, monkeypatch):
+    """A recovered folder names how to make it again: its recipe replays the prune and its header carries the
+    ``secateur recover`` command (portable paths, so run from the folder holding the model and the text). Doing
+    both, as a user would, gives the recovered weights bit for bit."""
+    root = Path(runs["root"])
+    monkeypatch.chdir(root)  # the published paths are last components: llama, calib.txt, llama-wanda
+    first = tmp_path / "rec"
+    assert main(["recover", runs["llama-run"], "--data", "calib.txt", "--tokens", "512", "--seqlen", "32",
+                 "--batch", "4", "--rank", "4", "--lr", "3e-3", "--heldout-windows", "0", "--quiet",
+                 "--out", str(first)]) == 0
+    recipe = first / "secateur-recipe.yaml"
+    header = [ln[1:].strip() for ln in recipe.read_text().splitlines() if ln.startswith("#   secateur recover ")]
+    assert len(header) == 1, recipe.read_text()
+    replayed_run, replayed = tmp_path / "prune-again", tmp_path / "rec-again"
+    assert main(["prune", "--recipe", str(recipe), "--out", str(replayed_run), "--quiet"]) == 0
+    argv = shlex.split(header[0])[1:]  # without "secateur"
+    assert argv[1] == Path(runs["llama-run"]).name
+    argv[1] = str(replayed_run)
+    assert main([*argv, "--out", str(replayed), "--quiet"]) == 0
+    w_first, w_again = _weights(first), _weights(replayed)
+    assert w_first.keys() == w_again.keys() and all(torch.equal(w_first[k], w_again[k]) for k in w_first)
+    assert api_report(replayed)["recovery"]["adapter_sha256"] == api_report(first)["recovery"]["adapter_sha256"]
+
+
+
+def test_recovered_masked_run_exports_to_gguf(runs, tmp_path):
+    """A recovered run folder exports to GGUF like any other (here f32: the tensors are the folder's values), its
+    zeros intact: the masks survive the export, not only the merge."""
+    import gguf
+
+    from secateur.testing import tiny_bpe_tokenizer
+
+    dense, run, rec, out = tmp_path / "dense", tmp_path / "run", tmp_path / "rec", tmp_path / "rec.gguf"
+    tiny_model("llama", layers=2).save_pretrained(dense)
+    tiny_bpe_tokenizer().save_pretrained(dense)  # GGUF carries byte-level BPE tokenizers
+    api.prune(model=str(dense), method="magnitude", sparsity=0.5, out=str(run), quiet=True)
+    recover(str(run), str(rec), data=runs["text"], teacher=str(dense), **REC)
+    assert main(["export", "gguf", str(rec), "--out", str(out), "--type", "f32"]) == 0
+    tensors = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(out)).tensors}
+    assert "model.layers.0.mlp.up_proj" in load_masks(rec / "secateur-masks.npz")
+    up = _weights(rec)["model.layers.0.mlp.up_proj.weight"]
+    assert not torch.equal(up, _weights(run)["model.layers.0.mlp.up_proj.weight"])  # recovered, not the prune
+    got = tensors["blk.0.ffn_up.weight"].reshape(up.shape)  # f32, and up is not row-permuted: the same values
+    assert np.array_equal(got, up.numpy()) and (got == 0).sum() == int((up == 0).sum()) > 0
+
+
 RESUME_ARGS = ["--data", None, "--teacher", None, "--tokens", "512", "--seqlen", "32", "--batch", "4", "--epochs",
                "2", "--rank", "4", "--lr", "3e-3", "--dropout", "0.1", "--heldout-windows", "0", "--quiet"]
 RESUME_STEPS = 8  # 512 tokens / 32 = 16 windows, batches of 4, 2 epochs
+
 
 
 @pytest.fixture(scope="module")
