@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from secateur.calib.resume import checkpoint_dir
+from secateur.recovery.train import CKPT_FILE
 
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -231,3 +232,95 @@ def test_interrupt_in_follows_the_chain():
     except RuntimeError as e:
         assert isinstance(interrupt_in(e), KeyboardInterrupt)
     assert interrupt_in(ValueError("alone")) is None
+
+
+# --- secateur recover: the same promises for the training loop --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pruned(inputs, tmp_path_factory) -> str:
+    from secateur import api
+
+    run = tmp_path_factory.mktemp("recover-run") / "run"
+    api.prune(model=inputs["model"], method="magnitude", sparsity=0.5, out=str(run), quiet=True)
+    return str(run)
+
+
+def _recover_argv(inputs: dict, run: str, work: Path, *extra: str) -> list[str]:
+    """64 steps of one 32-token window, a checkpoint every 8, the adapter saved beside the output."""
+    return [sys.executable, "-m", "secateur.cli", "recover", run, "--teacher", inputs["model"], "--data",
+            inputs["text"], "--tokens", "2048", "--seqlen", "32", "--rank", "4", "--checkpoint-every", "8",
+            "--heldout-windows", "1", "--quiet", "--out", str(work / "out"), "--save-adapter",
+            str(work / "adapter"), *extra]
+
+
+def _adapter_sha(out: Path) -> str:
+    import json
+
+    return json.loads((out / "secateur-report.json").read_text())["recovery"]["adapter_sha256"]
+
+
+@pytest.fixture(scope="module")
+def recovered(inputs, pruned, tmp_path_factory) -> dict:
+    """An uninterrupted recovery: its wall time and adapters."""
+    work = tmp_path_factory.mktemp("recover-ref")
+    t = time.monotonic()
+    subprocess.run(_recover_argv(inputs, pruned, work), capture_output=True, env=_env(), timeout=300, check=True)
+    return {"wall": time.monotonic() - t, "sha": _adapter_sha(work / "out")}
+
+
+def _check_recover_outcome(proc, sig: int, work: Path, inputs: dict, pruned: str, recovered: dict) -> str:
+    """Interrupted: the one line, the exit status, no output and no adapter folder, only the named checkpoint; a
+    kept checkpoint resumes to the uninterrupted adapters. Returns 'finished' | 'default' | 'kept' | 'clean'."""
+    code = proc.wait(timeout=120)
+    left = _files(work)
+    done = {p for p in left if p.split("/")[0] in ("out", "adapter")}
+    if code == 0:  # finished before the signal: both folders complete, nothing else
+        assert left == done and _adapter_sha(work / "out") == recovered["sha"], left
+        return "finished"
+    if code == -sig:  # before the handlers exist or after they are gone: nothing, or everything
+        assert left == set() or (left == done and (work / "out" / "secateur-report.json").exists()), left
+        return "default"
+    err = proc.stderr.read()
+    assert code == CODES[sig] and "Traceback" not in err, err[-2000:]
+    assert err.rstrip().splitlines()[-1].startswith("secateur: interrupted"), err[-600:]
+    ck = checkpoint_dir(work / "out")
+    assert not (work / "out").exists() and not (work / "adapter").exists(), left
+    if not ck.exists():
+        assert left == set(), left
+        return "clean"
+    assert {p for p in left if not p.startswith(ck.name)} == set(), left
+    assert f"progress kept in {ck} (" in err and "--resume" in err, err[-600:]
+    again = subprocess.run(_recover_argv(inputs, pruned, work, "--resume"), capture_output=True, text=True,
+                           env=_env(), timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _adapter_sha(work / "out") == recovered["sha"] and not ck.exists()
+    return "kept"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_recover_signal_after_a_checkpoint(inputs, pruned, recovered, tmp_path, sig):
+    """The signal lands in the training loop once a checkpoint exists: kept, named, and resumed to the same bits."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen(_recover_argv(inputs, pruned, work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), preexec_fn=_sigint_default)
+    ck, deadline = checkpoint_dir(work / "out"), time.monotonic() + 120
+    while not (ck / CKPT_FILE).exists() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    assert _check_recover_outcome(proc, sig, work, inputs, pruned, recovered) in ("kept", "finished")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_recover_signal_at_a_random_time(inputs, pruned, recovered, tmp_path, seed):
+    """A delay drawn uniformly over an uninterrupted recovery's wall time, either signal."""
+    rng = random.Random(100 + seed)
+    work = tmp_path / "work"
+    work.mkdir()
+    sig = rng.choice([signal.SIGINT, signal.SIGTERM])
+    proc = subprocess.Popen(_recover_argv(inputs, pruned, work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), preexec_fn=_sigint_default)
+    time.sleep(rng.uniform(0.0, recovered["wall"]))
+    proc.send_signal(sig)
+    _check_recover_outcome(proc, sig, work, inputs, pruned, recovered)
