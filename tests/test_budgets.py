@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secateur.budgets.masks import (
     count,
@@ -188,3 +190,29 @@ def test_lowest_k_rows_equals_stable_sort_with_ties(k):
     ref = torch.zeros_like(scores, dtype=torch.bool)
     ref.scatter_(1, torch.argsort(scores, dim=1, stable=True)[:, :k], True)
     assert torch.equal(lowest_k_rows(scores, k), ref)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(1, 16), chunk=st.integers(1, 40), rho=st.floats(0.0, 0.95),
+       levels=st.integers(1, 5), seed=st.integers(0, 2**16), nm=st.sampled_from([None, (1, 2), (2, 4)]))
+def test_row_chunking_changes_no_mask(monkeypatch, rows, cols, chunk, rho, levels, seed, nm):
+    """Row budgets and N:M select a few rows at a time (``ROW_CHUNK_ELEMENTS``, to bound the transients): any chunk
+    gives the masks of one whole-matrix stable sort, ties (few score levels) included."""
+    import secateur.budgets.masks as masks
+
+    if nm is not None:
+        cols = max(cols - cols % nm[1], nm[1])
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (rows, cols), generator=g).double()
+    if nm is None:
+        k = deletion_count(cols, rho)
+        ref = torch.zeros_like(scores, dtype=torch.bool)
+        ref.scatter_(1, torch.argsort(scores, dim=1, stable=True)[:, :k], True)
+    else:
+        n, m = nm
+        groups = scores.reshape(rows, cols // m, m)
+        ref = torch.zeros(groups.shape, dtype=torch.bool)
+        ref = ref.scatter_(2, torch.argsort(groups, dim=2, stable=True)[..., : m - n], True).reshape(rows, cols)
+    monkeypatch.setattr(masks, "ROW_CHUNK_ELEMENTS", chunk)  # chunk < cols: one row at a time
+    got = masks.row_mask(scores, rho) if nm is None else masks.nm_mask(scores, *nm)
+    assert torch.equal(got, ref)

@@ -156,8 +156,16 @@ def test_memory_plan_fits_its_formula(folders):
 
     s = open_streamed(folders["llama"])
     shape = shape_of(s.model, get_adapter(s.model), s)
-    plan = prune_plan(shape, METHODS["wanda"].memory, True, nsamples=8, seqlen=512, chunk=8)
+    from secateur.methods.unstructured import ROW_CHUNK_ELEMENTS, UnstructuredConfig
+
+    plan = prune_plan(shape, METHODS["wanda"].memory(shape, UnstructuredConfig("wanda")), True, nsamples=8,
+                      seqlen=512, chunk=8)
     assert plan.terms["activations"][0] == 8 * 512 * (3 * 32 + 64) * 4
+    # the selection on the largest projection (d 32 x F 64 here): float64 scores + |W| (float32) + row chunks
+    assert plan.terms["selection"][0] == (8 + 4) * 32 * 64 + 16 * ROW_CHUNK_ELEMENTS
+    whole = METHODS["magnitude"].memory(shape, UnstructuredConfig("magnitude"))  # one pool: kthvalue over it all
+    assert set(whole) == {"selection"} and whole["selection"][0] == (24 + 4) * 32 * 64
+    assert set(METHODS["sparsegpt"].memory(shape, UnstructuredConfig("sparsegpt"))) == {"statistics"}
     assert plan.total == sum(b for b, _ in plan.terms.values())
     params = sum(p.numel() for n, p in s.model.named_parameters() if n.startswith("model.layers.0."))
     assert shape.block == params * 4 and shape.layers == LAYERS

@@ -305,7 +305,7 @@ def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: st
     plans of the ranks on one machine must fit in its memory together: refused on every rank otherwise."""
     from secateur.compensate import solver_matrices
     from secateur.methods.structured import selection_kinds
-    from secateur.models.memory import available_bytes, prune_plan, shape_of, structured_prune_plan
+    from secateur.models.memory import available_bytes, current_rss, prune_plan, shape_of, structured_prune_plan
 
     split = shard()
     windows = _rank_windows(opts.nsamples, opts.run.chunk_size, split) if needs_calibration else 0
@@ -316,10 +316,11 @@ def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: st
         plan = structured_prune_plan(shape, windows, opts.seqlen, opts.run.chunk_size, bool(selection_kinds(cfg)),
                                      solver)
     else:
-        plan = prune_plan(shape, method.memory, needs_calibration, windows, opts.seqlen, opts.run.chunk_size,
-                          opts.run.mode)
+        terms = method.memory(shape, method.config(opts)) if method.memory else {}
+        plan = prune_plan(shape, terms, needs_calibration, windows, opts.seqlen, opts.run.chunk_size, opts.run.mode)
     available = available_bytes()
-    entry = {"total_bytes": 0, "available_bytes": available, "terms": {}}
+    # the process's own memory when it planned: the plan counts what the run adds on top (peak <= rss + total)
+    entry = {"total_bytes": 0, "available_bytes": available, "rss_bytes_at_plan": current_rss(), "terms": {}}
     if split.split:
         if needs_calibration and "statistics" in plan.terms:
             plan.add("merge", 2 * plan.terms["statistics"][0], "2 x statistics (a chunk's contribution and the one "
@@ -348,11 +349,11 @@ def _check_rank_plans(plan, available: int | None, split: Shard, entry: dict) ->
 
     host = socket.gethostname()
     plans = gather_objects({"rank": split.rank, "host": host, "line": plan.describe(available),
-                            "total": plan.total, "available": available})
+                            "total": plan.total, "available": available, "rss_at_plan": entry["rss_bytes_at_plan"]})
     if split.rank == 0:
         for p in plans:
             print(f"secateur: rank {p['rank']} ({p['host']}): {p['line']}", file=sys.stderr)
-    entry["ranks"] = [{k: p[k] for k in ("rank", "host", "total", "available")} for p in plans]
+    entry["ranks"] = [{k: p[k] for k in ("rank", "host", "total", "available", "rss_at_plan")} for p in plans]
     same = [p for p in plans if p["host"] == host]
     need = sum(p["total"] for p in same)
     avail = [p["available"] for p in same if p["available"] is not None]

@@ -37,10 +37,11 @@ class Method:
     config: Callable[[Any], Any] | None = None  # config(opts): the validated method config (model-free checks)
     check: Callable[..., None] | None = None  # check(adapter, opts): refuse a model before calibration data
     # ``--stream`` runs it: its runner takes a streamed ``blocks`` (unstructured: each block pruned as the engine
-    # visits it; structured: two block passes); ``memory(shape) -> (bytes, formula)``: its statistics term in the
-    # streamed memory plan (unstructured methods; the structured plan reads the config)
+    # visits it; structured: two block passes); ``memory(shape, config) -> {term: (bytes, formula)}``: its own
+    # terms in the streamed memory plan (statistics, selection; unstructured methods: the structured plan reads the
+    # config)
     streamable: bool = False
-    memory: Callable[[Any], tuple[int, str]] | None = None
+    memory: Callable[[Any, Any], dict[str, tuple[int, str]]] | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -54,7 +55,7 @@ def register(method: Method) -> Method:
 def _unstructured(name: str, help_: str) -> Method:
     return Method(name, "unstructured", name != "magnitude", partial(unstructured.run, name), help_,
                   unstructured.UnstructuredOptions, partial(unstructured.unstructured_config, name),
-                  streamable=True, memory=unstructured.MEMORY[name])
+                  streamable=True, memory=unstructured.memory_terms)
 
 
 register(_unstructured("magnitude", "|W| per layer (no data)"))

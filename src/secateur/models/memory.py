@@ -15,6 +15,9 @@ A streamed prune (:mod:`secateur.models.streaming`, ``secateur prune --stream``)
                  + c T max(d, F) 8 (a float64 statistics update)
   + statistics   the method's own term, declared by the method (``Method.memory``: wanda 8 (2 d + d_att + F);
                  sparsegpt the block's four float64 Grams + its OBS solver on the widest input)
+  + selection    declared by the method too: magnitude's and wanda's scores and selection transients on the
+                 largest projection, P_max = d max(F, d_att) entries: (8 + b) P_max + 16 x 2^22 (row budget, N:M:
+                 rows at a time) or (24 + b) P_max (a matrix budget: one pool)
   + masks        every pruned weight's mask bit-packed (P / 8 bytes) + one block's boolean masks
 
 A streamed structured prune (:func:`secateur.methods.structured.prune_structured` with a streamed block source:
@@ -35,15 +38,14 @@ scoring chunk and its softmax).
 An ordinary prune of a local folder by a streamable method is checked too (:func:`whole_prune_plan`: every weight + the
 activations), silently when it fits; when it does not, the refusal names ``--stream``.
 
-This module keeps the arithmetic and names no method or compensator: a method declares its statistics term and
-whether it reads activations, a compensator its solver matrices, and the caller hands them in.
+This module keeps the arithmetic and names no method or compensator: a method declares its own terms (statistics,
+selection) and whether it reads activations, a compensator its solver matrices, and the caller hands them in.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,14 +142,10 @@ _RESIDENT = "embeddings + final norm + head"
 _RESIDENT_NO_HEAD = "embeddings + final norm; the untied head is copied file to file, never held"
 
 
-#: a method's statistics term: its bytes and formula, a function of the model's :class:`Shape`
-StatsTerm = Callable[["Shape"], tuple[int, str]]
-
-
-def prune_plan(s: Shape, statistics: StatsTerm | None, activations: bool, nsamples: int, seqlen: int, chunk: int,
-               mode: str = "sequential") -> MemoryPlan:
+def prune_plan(s: Shape, method_terms: dict[str, tuple[int, str]], activations: bool, nsamples: int, seqlen: int,
+               chunk: int, mode: str = "sequential") -> MemoryPlan:
     """The streamed prune's plan (module docstring): ``activations``: whether the method reads the calibration
-    activations; ``statistics``: its own statistics term (``Method.memory``), None when it keeps none."""
+    activations; ``method_terms``: the terms the method declares (``Method.memory``: statistics, selection)."""
     d, f, b, n, t = s.hidden, s.ffn, s.elem, nsamples, seqlen
     c = min(chunk, n)
     p = MemoryPlan("streamed prune")
@@ -158,8 +156,8 @@ def prune_plan(s: Shape, statistics: StatsTerm | None, activations: bool, nsampl
         p.add("activations", n * t * (k * d + f) * b, f"N {n} x T {t} x ({k} x d {d} + F {f}) x {b} B")
         p.add("workspace", c * t * (3 * f + 4 * d) * b + c * s.heads * t * t * b + c * t * max(d, f) * 8,
               f"c {c} x T {t} x ((3 F + 4 d) x {b} + H {s.heads} x T x {b} + max(d, F) x 8)")
-    if statistics is not None:
-        p.add("statistics", *statistics(s))
+    for name, (nbytes, how) in method_terms.items():
+        p.add(name, nbytes, how)
     p.add("masks", s.prunable // 8 + s.prunable // s.layers, f"P {s.prunable} / 8 + P / L {s.layers}")
     return p
 
