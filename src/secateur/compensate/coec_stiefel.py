@@ -131,21 +131,12 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
         if gn == 0 or not math.isfinite(gn):
             stop = "zero_gradient" if gn == 0 else "non_finite"
             break
-        tau = eta / (s * s) if s != 0 else float("inf")
-        tau = min(tau, 1.0 / gn)
-        accepted = False
-        for _ in range(30):
-            rinfo.clear()  # only a Newton-Schulz retraction measures its drift (gram_polar does not)
-            r_new = (cayley_retract(r, gam, tau, ns_dtype=ns_dtype) if use_cayley
-                     else polar_retract(r, tau * gam, info=rinfo))
-            f_new, s_new, rg_new = terms(r_new, s)
-            if f_new <= f:
-                accepted = True
-                break
-            tau *= 0.5
-        if not accepted:
+        tau = min(eta / (s * s) if s != 0 else float("inf"), 1.0 / gn)
+        found = _descent_step(terms, r, gam, tau, s, f, use_cayley, ns_dtype, rinfo)
+        if found is None:
             stop = "no_descent"
             break
+        r_new, f_new, s_new, rg_new = found
         step = float(det_norm(r_new - r)) / math.sqrt(b)
         r, s, f, rg = r_new, s_new, f_new, rg_new
         drift_known = rinfo["ns_polar_err"] if (not use_cayley and rinfo.get("ns_polar_converged")) else None
@@ -154,6 +145,21 @@ def reduced_stiefel_solve(a: torch.Tensor, gyx: torch.Tensor, gxx: torch.Tensor,
             break
     r, s, f = _reorthonormalized(obj, r, s, f, drift_known)
     return StiefelResult(r=r, s=s, objective_before=f0, objective_after=f, iters=it, stop=stop)
+
+
+def _descent_step(terms, r: torch.Tensor, gam: torch.Tensor, tau: float, s: float, f: float, use_cayley: bool,
+                  ns_dtype: torch.dtype | None, rinfo: dict[str, Any]) -> tuple[torch.Tensor, float, float, Any] | None:
+    """``(R_new, F, s, terms)`` of the first retracted step along ``-Gamma`` that does not increase ``F``, halving
+    ``tau`` at most 30 times; None when none does. ``rinfo``: what a Newton-Schulz retraction measured (its drift)."""
+    for _ in range(30):
+        rinfo.clear()  # only a Newton-Schulz retraction measures its drift (gram_polar does not)
+        r_new = (cayley_retract(r, gam, tau, ns_dtype=ns_dtype) if use_cayley
+                 else polar_retract(r, tau * gam, info=rinfo))
+        f_new, s_new, rg_new = terms(r_new, s)
+        if f_new <= f:
+            return r_new, f_new, s_new, rg_new
+        tau *= 0.5
+    return None
 
 
 def _reorthonormalized(obj: _StiefelObjective, r: torch.Tensor, s: float, f: float, drift_known: float | None
