@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from secateur.errors import SecateurError
-from secateur.models.adapters import supported_model_types
+from secateur.models.families import ADAPTERS
 from secateur.models.loading import check_model
-from secateur.testing import save_tiny
+from secateur.testing import VISION_FAMILIES, save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAMILIES = supported_model_types()
+FAMILIES = sorted(f for f, a in ADAPTERS.items() if a.modality == "text")
 TEXT = "The quick brown fox jumps over the lazy dog. " * 20
 
 
@@ -33,7 +33,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 20
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """One tiny folder per family (2 layers, hidden 32, vocab 128), built once for the module."""
     root = tmp_path_factory.mktemp("tiny")
-    return {fam: Path(save_tiny(fam, root / fam)) for fam in FAMILIES}
+    return {fam: Path(save_tiny(fam, root / fam)) for fam in FAMILIES + list(VISION_FAMILIES)}
 
 
 def _cfg_key(cfg: dict, *names: str) -> str:
@@ -115,6 +115,40 @@ def test_folder_that_disagrees_with_itself_is_one_line(tiny, tmp_path, family, c
     cfg_edit, weights_edit, message = CASES[case]
     model = variant(tiny[family], tmp_path / "model", cfg_edit, weights_edit)
     for name, argv in _commands(model, tmp_path).items():
+        code, _, err = check(f"model-folder:{case}", argv, [tmp_path])
+        assert code == 2, f"{name}: {family} {case} was accepted"
+        assert re.search(message, err), f"{name}: {err!r} does not match {message!r}"
+        assert f"model {model}" in err
+
+
+#: the cases that apply to a vision encoder (no vocabulary, no position-count key)
+VISION_CASES = ("layers-more", "layers-fewer", "hidden", "deleted-tensor", "extra-tensor")
+
+
+def _vision_commands(model: Path, tmp: Path) -> dict[str, list[str]]:
+    import numpy as np
+
+    images = tmp / "images.npz"
+    if not images.exists():
+        rng = np.random.default_rng(0)
+        np.savez(images, images=rng.integers(0, 256, (4, 16, 16, 3), dtype=np.uint8), labels=np.arange(4))
+    return {"prune": ["prune", "--model", model, "--method", "wanda-sp", "--calib", images, "--nsamples", "2",
+                      "--quiet", "--out", tmp / "out"],
+            "eval-accuracy": ["eval", "accuracy", "--model", model, "--dataset", images, "--quiet",
+                              "--json", tmp / "acc.json"]}
+
+
+@pytest.mark.parametrize("case", VISION_CASES)
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_folder_that_disagrees_with_itself_is_one_line(tiny, tmp_path, family, case):
+    """The same promise for the vision encoders, through ``prune`` and ``eval accuracy`` on images."""
+    import re
+
+    cfg_edit, weights_edit, message = CASES[case]
+    model = variant(tiny[family], tmp_path / "model", cfg_edit, weights_edit)
+    for name, argv in _vision_commands(model, tmp_path).items():
+        if name == "eval-accuracy" and family in ("siglip_vision_model", "clip_vision_model"):
+            continue  # backbones have no class logits: eval accuracy refuses them whatever their folder holds
         code, _, err = check(f"model-folder:{case}", argv, [tmp_path])
         assert code == 2, f"{name}: {family} {case} was accepted"
         assert re.search(message, err), f"{name}: {err!r} does not match {message!r}"

@@ -20,11 +20,12 @@ from secateur.models.adapters import adapter_class, get_adapter, supported_model
 from secateur.models.families import ADAPTERS, check_adapter, family_of, layout_of
 from secateur.models.families.gpt2 import GPT2Adapter
 from secateur.models.families.llama import LlamaAdapter
-from secateur.testing import FAMILIES, TINY_CONFIGS, tiny_config, tiny_model
+from secateur.testing import FAMILIES, TINY_CONFIGS, VISION_FAMILIES, tiny_config, tiny_model
 
 
 def test_registry_and_fixtures_name_the_same_families():
-    assert sorted(FAMILIES) == supported_model_types() == sorted(ADAPTERS) == sorted(TINY_CONFIGS)
+    assert sorted(FAMILIES + VISION_FAMILIES) == supported_model_types() == sorted(ADAPTERS)
+    assert sorted(FAMILIES) == sorted(TINY_CONFIGS) == sorted(f for f, a in ADAPTERS.items() if a.modality == "text")
     assert sorted(hetero.LAYOUTS) == sorted(hetero.HETERO_CLASSES) == sorted(ADAPTERS)
 
 
@@ -96,7 +97,7 @@ def test_unknown_model_type_is_refused():
     cfg = PretrainedConfig()
     cfg.model_type = "falcon"
     with pytest.raises(SecateurError,
-                       match="unsupported model family 'falcon'; supported: gemma3_text, gpt2, llama, mistral"):
+                       match="unsupported model family .falcon.; supported: gemma3_text, gpt2, llama, mistral"):
         family_of(cfg)
 
 

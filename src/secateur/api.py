@@ -103,8 +103,9 @@ def prune(**kwargs) -> PruneResult:
     if split.split:
         opts.check_split()
     spec = ModelSpec(opts.model, opts.dtype)  # resolved once; every later stage reads it
-    _check_eval(opts, spec)
     method = METHODS[opts.method]
+    _check_modality(opts, spec, method)
+    _check_eval(opts, spec)
     needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
     timer = Timer()
     run = _open(opts, spec, method, needs_calibration, timer)
@@ -246,8 +247,14 @@ def _calibration(opts: PruneOptions, run: _Run, needs_calibration: bool, timer: 
     if not needs_calibration:
         return None, None
     with timer("calibration_data"):
-        ids, manifest = calibration_set(opts.calib, run.tokenizer, opts.nsamples, opts.seqlen, opts.seed,
-                                        opts.data_dir, model=run.model)
+        if run.adapter.modality == "vision":
+            from secateur.data.images import calibration_images
+
+            ids, manifest = calibration_images(opts.calib, run.tokenizer, run.model.config, opts.nsamples, opts.seed,
+                                               opts.data_dir)
+        else:
+            ids, manifest = calibration_set(opts.calib, run.tokenizer, opts.nsamples, opts.seqlen, opts.seed,
+                                            opts.data_dir, model=run.model)
     check_recipe_calibration(opts, manifest)
     stall.point("calibration")
     return ids, manifest
@@ -411,6 +418,34 @@ def _card_files(opts: PruneOptions, report: dict) -> dict[str, bytes]:
 
 def _eval_seqlen(opts: PruneOptions) -> int:
     return min(opts.seqlen, 2048)
+
+
+def modality_of(spec: ModelSpec) -> str:
+    """``text`` or ``vision``: the modality of the spec's family (read from its config: nothing is loaded)."""
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    if spec.in_memory:
+        return get_adapter(spec.given).modality
+    cfg = spec.config or {}
+    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    return fam.modality if fam is not None else "text"
+
+
+def _check_modality(opts: PruneOptions, spec: ModelSpec, method) -> None:
+    """What a vision encoder cannot take, before anything is loaded: a text-only method, text calibration,
+    perplexity, streaming (not yet)."""
+    if modality_of(spec) != "vision":
+        return
+    from secateur.data.images import check_image_source
+
+    if method.text_only:
+        raise SecateurError(f"--method {method.name} does not apply to a vision model: {method.text_only}")
+    needs_calibration = method.needs_calibration or opts.method_options.needs_calibration
+    if needs_calibration:
+        check_image_source(opts.calib, opts.data_dir)
+    if opts.eval_ppl:
+        raise SecateurError("--eval-ppl measures next-token perplexity, which a vision model has no head for; "
+                            "drop it and run secateur eval accuracy --model OUT afterwards")
 
 
 def _check_eval(opts: PruneOptions, spec: ModelSpec) -> None:

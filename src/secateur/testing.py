@@ -48,7 +48,64 @@ TINY_CONFIGS: dict[str, Callable[[int, int], PretrainedConfig]] = {
     "phi3": lambda vocab, layers: Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                              **_common(vocab, layers)),
 }
-FAMILIES = tuple(TINY_CONFIGS)
+FAMILIES = tuple(TINY_CONFIGS)  # the text families (token ids in, next-token logits out)
+
+
+def _vision(layers: int, **extra) -> dict:
+    """Tiny 16 x 16 RGB images in patches of 4 (16 patches), width 32, 4 heads, MLP 64."""
+    return dict(hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, image_size=16, patch_size=4,
+                num_channels=3, **extra)
+
+
+def _vision_configs() -> dict[str, Callable[[int], PretrainedConfig]]:
+    import transformers as T
+
+    return {
+        "vit": lambda n: T.ViTConfig(**_vision(n, intermediate_size=64, qkv_bias=True, num_labels=10)),
+        "deit": lambda n: T.DeiTConfig(**_vision(n, intermediate_size=64, qkv_bias=True, num_labels=10)),
+        "dinov2": lambda n: T.Dinov2Config(**_vision(n, mlp_ratio=2, layerscale_value=0.5, num_labels=10)),
+        "siglip_vision_model": lambda n: T.SiglipVisionConfig(**_vision(n, intermediate_size=64,
+                                                                         vision_use_head=False)),
+        "clip_vision_model": lambda n: T.CLIPVisionConfig(**_vision(n, intermediate_size=64, projection_dim=16)),
+    }
+
+
+# The vision encoder families (``model_type`` -> config builder ``(layers)``; pixel values in, class logits or
+# features out).
+VISION_TINY_CONFIGS: dict[str, Callable[[int], PretrainedConfig]] = {}
+VISION_FAMILIES = ("vit", "deit", "dinov2", "siglip_vision_model", "clip_vision_model")
+
+
+def tiny_vision_model(family: str, seed: int = 0, layers: int = 2, headless: bool = False) -> torch.nn.Module:
+    """A float32 random vision encoder in eval mode (SDPA): the family's classifier, or its backbone
+    (``headless``; SigLIP and CLIP vision towers are backbones); biases and norms made non-trivial."""
+    from secateur.models.families import ADAPTERS
+
+    if not VISION_TINY_CONFIGS:
+        VISION_TINY_CONFIGS.update(_vision_configs())
+    cfg = VISION_TINY_CONFIGS[family](layers)
+    ad = ADAPTERS[family]
+    cls = ad.more_classes[-1][0] if headless and ad.more_classes else ad.model_class
+    torch.manual_seed(seed)
+    cfg._attn_implementation = "sdpa"
+    model = cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def random_pixels(n: int, size: int = 16, channels: int = 3, seed: int = 0) -> torch.Tensor:
+    """``[n, channels, size, size]`` standard-normal pixel values (what a normalizing processor gives)."""
+    return torch.randn(n, channels, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+TINY_PROCESSOR = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 16, "width": 16},
+                  "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
 
 def tiny_config(family: str, vocab: int = 128, layers: int = 2):
@@ -109,8 +166,16 @@ def tiny_bpe_tokenizer(vocab: int = 128):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=tokens[-1], eos_token=tokens[-1])
 
 
-def save_tiny(family: str, path, seed: int = 0) -> str:
-    """Save a tiny model + tokenizer as a Hugging Face folder; returns the path."""
+def save_tiny(family: str, path, seed: int = 0, headless: bool = False) -> str:
+    """Save a tiny model + tokenizer (text) or image processor config (vision) as a Hugging Face folder; returns
+    the path."""
+    import json
+    from pathlib import Path
+
+    if family in VISION_FAMILIES:
+        tiny_vision_model(family, seed=seed, headless=headless).save_pretrained(path)
+        (Path(path) / "preprocessor_config.json").write_text(json.dumps(TINY_PROCESSOR, indent=2))
+        return str(path)
     model = tiny_model(family, seed=seed)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)

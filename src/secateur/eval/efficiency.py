@@ -59,6 +59,8 @@ def _spec_list(config, layers: list[dict] | None) -> list[dict]:
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     inter = getattr(config, layout.inter_key) or layout.default_inner_mult * config.hidden_size
+    if layout.inter_ratio:
+        inter = inter * config.hidden_size
     o_bias, down_bias = layout.flag(config, layout.o_bias), layout.flag(config, layout.mlp_bias)
     return [{"n_heads": n_heads, "n_kv_heads": n_kv, "intermediate": inter, "o_bias": o_bias,
              "down_bias": down_bias} for _ in range(config.num_hidden_layers)]

@@ -62,6 +62,11 @@ def _base_dict(model: nn.Module) -> dict:
     d = model.config.to_dict()
     for k in _DROP:
         d.pop(k, None)
+    stages = d.get("stage_names")
+    if stages is not None and len(stages) != d.get("num_hidden_layers", len(stages) - 1) + 1:
+        # a backbone config (DINOv2) names one stage per block: after blocks are removed its defaults apply again
+        for k in ("stage_names", "out_features", "out_indices", "_out_features", "_out_indices"):
+            d.pop(k, None)
     return d
 
 
@@ -75,7 +80,12 @@ def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
         d.update({layout.heads_key: first["n_heads"], layout.kv_heads_key: first["n_kv_heads"]})
     elif first["n_heads"] != d[layout.heads_key]:
         return None  # the stock classes derive head_dim = hidden / heads
-    d[layout.inter_key] = first["intermediate"]
+    if layout.inter_ratio:  # DINOv2: an integer mlp_ratio; any other width needs the per-layer config
+        if first["intermediate"] % d["hidden_size"]:
+            return None
+        d[layout.inter_key] = first["intermediate"] // d["hidden_size"]
+    else:
+        d[layout.inter_key] = first["intermediate"]
     return d
 
 
@@ -90,11 +100,13 @@ def export_config(model: nn.Module):
     want = _shapes(model)
     base = _base_dict(model)
     stock = _stock_dict(fam, base, specs)
+    stock_cls = stock_model_class(model)
     if stock is not None:
-        cfg_cls, mdl_cls = ADAPTERS[fam].config_class, ADAPTERS[fam].model_class
-        if _meta_shapes(cfg_cls, mdl_cls, stock) == want:
+        cfg_cls = ADAPTERS[fam].config_class
+        if _meta_shapes(cfg_cls, stock_cls, stock) == want:
             return cfg_cls.from_dict(stock), "stock"
-    h_cfg, h_mdl = hetero.HETERO_CLASSES[fam]
+    h_cfg = hetero.HETERO_CLASSES[fam][0]
+    h_mdl = hetero.HETERO_MODELS[stock_cls.__name__]
     d = {**base, "secateur_layers": specs}
     got = _meta_shapes(h_cfg, h_mdl, d)
     if got != want:
@@ -102,9 +114,16 @@ def export_config(model: nn.Module):
         raise SecateurError(f"cannot describe the pruned model with a config (mismatch at {diff[:3]})")
     out = h_cfg.from_dict(d)
     out.auto_map = {"AutoConfig": f"secateur_hetero.{h_cfg.__name__}",
-                    "AutoModelForCausalLM": f"secateur_hetero.{h_mdl.__name__}"}
+                    hetero.AUTO_CLASSES[stock_cls.__name__]: f"secateur_hetero.{h_mdl.__name__}"}
     out.architectures = [h_mdl.__name__]
     return out, "hetero"
+
+
+def stock_model_class(model: nn.Module) -> type:
+    """The stock class ``model`` is (or extends: a per-layer ``Secateur<Stock>`` model): one of its family's."""
+    fam = family_of(model.config)
+    known = (ADAPTERS[fam].model_class, *(c for c, _ in ADAPTERS[fam].more_classes))
+    return next((c for c in known if isinstance(model, c)), ADAPTERS[fam].model_class)
 
 
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, overwrite: bool = False,
@@ -129,7 +148,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, ov
         cfg.architectures = arch or [type(model).__name__]  # save_pretrained writes the in-memory class
         cfg.save_pretrained(tmp)
         if route == "hetero":
-            (tmp / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg)))
+            (tmp / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg), stock_model_class(model)))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"route": route, "architectures": cfg.architectures}))
@@ -175,7 +194,7 @@ def finish_structured_export(folder: str | os.PathLike, model: nn.Module, tokeni
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         model.generation_config.save_pretrained(folder)
     if route == "hetero":
-        (folder / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg)))
+        (folder / "secateur_hetero.py").write_text(hetero.standalone_source(family_of(cfg), stock_model_class(model)))
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     (folder / EXPORT_MARKER).write_text(json.dumps({"route": route, "architectures": cfg.architectures}))

@@ -42,6 +42,8 @@ class Method:
     # config)
     streamable: bool = False
     memory: Callable[[Any, Any], dict[str, tuple[int, str]]] | None = None
+    # why it cannot run on a vision encoder (None: it can); checked from the config before anything is loaded
+    text_only: str | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -65,7 +67,9 @@ register(_unstructured("sparsegpt", "OBS pruning with reconstruction (Frantar & 
 
 def _cocurve(name: str, help_: str) -> Method:
     return Method(name, "structured", True, partial(cocurve.run, name), help_, cocurve.CoCurveOptions,
-                  cocurve.cocurve_config)
+                  cocurve.cocurve_config,
+                  text_only="its graph is the KL of a next-token teacher, which a vision encoder does not have (a "
+                            "class-logit teacher is not defined yet); use --method corp, wanda-sp or flap")
 
 
 register(_cocurve("cocurve", "co-pruning curvature: KV/FFN-group Fisher-Gram + conditional greedy (Gong et al.)"))
@@ -79,7 +83,9 @@ def _model_check(check_supported: Callable[..., None]) -> Callable[..., None]:
 register(Method("qk-wanda", "unstructured", True, qk_wanda.run,
                 "query/key-coupled Wanda on W_Q, W_K; --budget shared|separate|row, --variant, --scope "
                 "(Ilin & Richtarik)", qk_wanda.QKWandaOptions, qk_wanda.qk_wanda_config,
-                _model_check(qk_wanda.check_supported)))
+                _model_check(qk_wanda.check_supported),
+                text_only="its statistics assume causal attention over token positions (QK-Wanda Eq. 49); a vision "
+                          "encoder attends both ways: use --method corp-qk for its query/key dims"))
 register(Method("corp-qk", "unstructured", True, corp_qk.run,
                 "CORP Q/K: remove each head's lowest-scoring query/key dims and fold the ridge logit "
                 "compensation into W_Q/W_K (non-RoPE models: OPT, GPT-2)", corp_qk.CorpQKOptions,

@@ -59,3 +59,27 @@ def register_custom_classes() -> None:
     """Register secateur's own config/model classes (heterogeneous structured exports): the family registry
     defines them in :mod:`secateur.models.hetero` when imported."""
     import secateur.models.families  # noqa: F401
+
+
+def model_class_for(path: str):
+    """``(class to load with, is a vision model)``: a text model through ``AutoModelForCausalLM``; a vision encoder
+    as the class its config names (``ViTForImageClassification`` or the headless ``ViTModel``...), when that class
+    is one of its family's, else its family's main class (secateur's per-layer class for a per-layer export)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from secateur.models import hetero
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    folder = Path(path)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8")) if (folder / "config.json").is_file() else {}
+    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    if fam is None or fam.modality == "text":
+        return AutoModelForCausalLM, False
+    per_layer = str(cfg.get("model_type", "")).startswith(hetero.PREFIX)
+    known = {c.__name__: c for c in (fam.model_class, *(c for c, _ in fam.more_classes))}
+    arch = next((a for a in cfg.get("architectures") or () if a.removeprefix("Secateur") in known), None)
+    stock = known[arch.removeprefix("Secateur")] if arch else fam.model_class
+    if per_layer:
+        return hetero.HETERO_MODELS[stock.__name__], True
+    return getattr(transformers, stock.__name__, stock), True

@@ -142,16 +142,19 @@ def meta_model(spec: str, folder: Path):
     """The model of ``folder``'s config on the meta device (no memory), or one line saying the config
     describes no model transformers can build."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from secateur.models.files import register_custom_classes
+    from secateur.models.files import model_class_for, register_custom_classes
 
     register_custom_classes()
     try:
         with _quiet():
             config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+            cls, vision = model_class_for(str(folder))
             with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+                if vision:
+                    return cls._from_config(config)
+                return cls.from_config(config, trust_remote_code=False)
     except SecateurError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure here is the config's: one line, never a traceback
@@ -183,8 +186,26 @@ def _embedding_clause(model, cfg: dict, have: dict[str, tuple[str, tuple[int, ..
     return f" (config says {'; '.join(says)})" if says else ""
 
 
+def as_loaded(model, held: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The held tensor names as transformers loads them into ``model``: its checkpoint renamings applied (ViT, DeiT
+    and DINOv2 folders are saved in the older ``encoder.layer.N.attention.attention.query`` format and loaded as
+    ``layers.N.attention.q_proj``)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:  # a transformers without checkpoint conversions
+        return held
+    transforms = get_model_conversion_mapping(model)
+    if not transforms:
+        return held
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    return {rename_source_key(k, renamings, converters)[0]: shape for k, shape in held.items()}
+
+
 def compare(spec: str, model, held: dict[str, tuple[int, ...]], cfg: dict) -> None:
     """Every tensor ``model``'s state dict implies is held with its shape, and nothing else is held."""
+    held = as_loaded(model, held)
     sd = model.state_dict(keep_vars=True)
     expected = {k: tuple(v.shape) for k, v in sd.items()}
     groups: dict[int, list[str]] = {}

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 from transformers.pytorch_utils import Conv1D
 
 PREFIX = "secateur_"  # model_type prefix of the heterogeneous classes (adapters.HETERO_PREFIX reads it)
@@ -56,16 +56,21 @@ def base_model_type(model_type: str) -> str:
 
 @dataclass
 class LayerSpec:
-    """Widths of one decoder layer (what ``secateur_layers`` stores)."""
+    """Widths of one decoder layer (what ``secateur_layers`` stores). ``qk_dim``: the width of each query/key head
+    when CORP narrowed them below the value heads' (0: the head width; recorded only when set)."""
 
     n_heads: int
     n_kv_heads: int
     intermediate: int
     o_bias: bool
     down_bias: bool
+    qk_dim: int = 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not self.qk_dim:
+            del d["qk_dim"]
+        return d
 
 
 # --- module construction -------------------------------------------------------------------------
@@ -128,6 +133,50 @@ class NullAttention(nn.Module):
         return getattr(self, self.out_name)(x), None
 
 
+def _eager_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_):
+    """Softmax attention with query/key heads of one width and value heads of another: ``[b, h, T, d_qk]`` x
+    ``[b, h, S, d_qk]`` -> weights ``[b, h, T, S]`` -> ``[b, T, h, d_v]`` (the layout transformers' functions
+    return)."""
+    w = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        w = w + attention_mask
+    w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, value).transpose(1, 2).contiguous(), w
+
+
+class NarrowQKAttention(nn.Module):
+    """Bidirectional attention whose query/key heads keep ``qk_dim`` of their ``head_dim`` dimensions (CORP Q/K,
+    seed 002 Sec. 3.3): q, k project to ``n_heads * qk_dim``, v and the output projection keep ``n_heads * head_dim``;
+    the logits keep the original ``1 / sqrt(head_dim)`` scale, at which the compensation folded into W_Q / W_K was
+    fitted. Stock attention classes reshape q, k and v with one head width, so this module replaces the family's
+    attention in the layers CORP narrowed, keeping the projections under their names (state-dict keys unchanged);
+    it calls the attention function the config names (``sdpa`` / ``eager``: both take a value width other than the
+    query's) through ``ALL_ATTENTION_FUNCTIONS``, so the dense masked model's output is reproduced to rounding."""
+
+    def __init__(self, src: nn.Module, names: tuple[str, str, str, str], n_heads: int, qk_dim: int,
+                 head_dim: int, scaling: float) -> None:
+        super().__init__()
+        for name, child in src.named_children():
+            setattr(self, name, child)
+        self.names, self.num_heads, self.qk_dim, self.head_dim = names, n_heads, qk_dim, head_dim
+        self.scaling, self.is_causal = scaling, False
+        self.config = getattr(src, "config", None)
+        self.attention_dropout = 0.0
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        q, k, v, o = (getattr(self, n) for n in self.names)
+        lead = hidden_states.shape[:-1]
+        query = q(hidden_states).view(*lead, self.num_heads, self.qk_dim).transpose(1, 2)
+        key = k(hidden_states).view(*lead, self.num_heads, self.qk_dim).transpose(1, 2)
+        value = v(hidden_states).view(*lead, self.num_heads, self.head_dim).transpose(1, 2)
+        impl = getattr(self.config, "_attn_implementation", None) or "eager"
+        fn = _eager_attention if impl == "eager" else ALL_ATTENTION_FUNCTIONS.get_interface(impl, _eager_attention)
+        out, weights = fn(self, query, key, value, attention_mask, scaling=self.scaling, dropout=0.0)
+        return o(out.reshape(*lead, self.num_heads * self.head_dim)), weights
+
+
 # --- family layouts --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -169,6 +218,7 @@ class FamilyLayout:
     position_offset: int = 0
     default_inner_mult: int = 0   # intermediate = mult * hidden when the config leaves it unset
     norms_per_layer: int = 2      # hidden-size norms per block (Gemma-3: 4, with its post-attention/MLP norms)
+    inter_ratio: bool = False     # inter_key holds intermediate / hidden (DINOv2's integer mlp_ratio)
 
     @property
     def qkv(self) -> tuple[str, ...]:
@@ -191,6 +241,8 @@ class FamilyLayout:
 LAYOUTS: dict[str, FamilyLayout] = {}            # family (stock model_type) -> layout
 HETERO_CLASSES: dict[str, tuple[type, type]] = {}  # family -> (Secateur<Stock>Config, Secateur<Stock>Model)
 STOCK_CLASSES: dict[str, tuple[type, type]] = {}   # family -> the stock (config, model) classes they extend
+HETERO_MODELS: dict[str, type] = {}  # stock model class name -> its Secateur<Stock> class (every class of a family)
+AUTO_CLASSES: dict[str, str] = {}    # stock model class name -> the Auto factory that loads it
 
 
 # --- per-family surgery ----------------------------------------------------------------------------
@@ -287,6 +339,28 @@ def shape_attention(family: str, layer: nn.Module, n_heads: int, n_kv: int, head
         set_attention_widths(family, attn, n_heads, n_kv, head_dim)
 
 
+def narrow_qk(family: str, layer: nn.Module, qk_dim: int, head_dim: int) -> NarrowQKAttention:
+    """Give a layer's query/key projections ``qk_dim`` of every head's ``head_dim`` dimensions (values
+    uninitialized) and its attention the :class:`NarrowQKAttention` forward; the logit scale stays
+    ``1 / sqrt(head_dim)``. Only for the bidirectional, separate-q/k/v layouts (vision encoders)."""
+    layout = LAYOUTS[family]
+    attn = attention_module(family, layer)
+    if layout.fused_qkv or layout.qk_norm or not 0 < qk_dim <= head_dim:
+        raise ValueError(f"{family}: query/key heads cannot be narrowed to {qk_dim} of {head_dim} dimensions")
+    n_heads = out_features(layout, getattr(attn, layout.v)) // head_dim
+    hidden = in_features(layout, getattr(attn, layout.q))
+    for name in (layout.q, layout.k):
+        old = getattr(attn, name)
+        setattr(attn, name, empty_proj(layout, hidden, n_heads * qk_dim, _has_bias(old), old.weight))
+    if isinstance(attn, NarrowQKAttention):
+        attn.qk_dim = qk_dim
+        return attn
+    names = (layout.q, layout.k, layout.v, layout.out)
+    new = NarrowQKAttention(attn, names, n_heads, qk_dim, head_dim, head_dim ** -0.5)
+    set_attention_module(family, layer, new)
+    return new
+
+
 def shape_mlp(family: str, layer: nn.Module, intermediate: int, down_bias: bool) -> None:
     """Give a layer's MLP the width ``intermediate`` (values uninitialized)."""
     layout = LAYOUTS[family]
@@ -310,18 +384,26 @@ def current_spec(family: str, layer: nn.Module, head_dim: int) -> LayerSpec:
     n_heads = in_features(layout, o) // head_dim
     if layout.fused_qkv:  # rows [q; k; v]: the KV heads are what q leaves, halved
         n_kv = (out_features(layout, getattr(attn, layout.q)) - n_heads * head_dim) // (2 * head_dim)
-    else:
-        n_kv = out_features(layout, getattr(attn, layout.k)) // head_dim
+    else:  # v keeps the head width when CORP narrowed q/k
+        n_kv = out_features(layout, getattr(attn, layout.v)) // head_dim
     down = getattr(mlp_module(family, layer), layout.mlp_out)
-    return LayerSpec(n_heads, n_kv, in_features(layout, down), _has_bias(o), _has_bias(down))
+    qk = attn.qk_dim if isinstance(attn, NarrowQKAttention) else 0
+    return LayerSpec(n_heads, n_kv, in_features(layout, down), _has_bias(o), _has_bias(down), qk)
+
+
+def layers_path(path: str, model: nn.Module) -> str:
+    """The block list's path in ``model``: the layout's path from the task model (``vit.layers``), or, in a headless
+    backbone that lacks the task model's first attribute (``ViTModel``, ``LlamaModel``), the rest of it."""
+    head, _, rest = path.partition(".")
+    return rest if rest and not hasattr(model, head) else path
 
 
 def decoder_layers(family: str, model: nn.Module) -> nn.ModuleList:
-    return _get(model, LAYOUTS[family].layers)
+    return _get(model, layers_path(LAYOUTS[family].layers, model))
 
 
 def set_decoder_layers(family: str, model: nn.Module, layers: nn.ModuleList) -> None:
-    parent, _, name = LAYOUTS[family].layers.rpartition(".")
+    parent, _, name = layers_path(LAYOUTS[family].layers, model).rpartition(".")
     setattr(_get(model, parent), name, layers)
 
 
@@ -342,6 +424,8 @@ def apply_layer_spec(model: nn.Module, specs: list[dict] | None = None) -> None:
             shape_attention(fam, layer, spec.n_heads, spec.n_kv_heads, hd, spec.o_bias)
         if (now.intermediate, now.down_bias) != (spec.intermediate, spec.down_bias):
             shape_mlp(fam, layer, spec.intermediate, spec.down_bias)
+        if spec.qk_dim and spec.qk_dim != now.qk_dim:
+            narrow_qk(fam, layer, spec.qk_dim, hd)
 
 
 # --- custom config / model classes ----------------------------------------------------------------
@@ -354,21 +438,44 @@ class _HeteroModel:
         apply_layer_spec(self)
 
 
-def define_family(family: str, layout: FamilyLayout, config_class: type, model_class: type) -> None:
+def define_family(family: str, layout: FamilyLayout, config_class: type, model_class: type,
+                  more: tuple[tuple[type, str], ...] = (), auto: str = "AutoModelForCausalLM") -> None:
     """Record ``family``'s layout and create its ``Secateur<Stock>`` config/model classes (module globals, so
-    ``auto_map`` can name them); registered with the Auto factories when this is secateur's own module."""
+    ``auto_map`` can name them); registered with the Auto factories when this is secateur's own module.
+    ``model_class`` loads through the Auto factory named ``auto``; ``more``: other model classes of the family with
+    theirs (a headless backbone: ``(ViTModel, "AutoModel")``)."""
     cfg = type(f"Secateur{config_class.__name__}", (config_class,), {
         "__module__": __name__, "__annotations__": {"secateur_layers": "list | None"},
         "model_type": PREFIX + family, "secateur_layers": None})
-    mdl = type(f"Secateur{model_class.__name__}", (_HeteroModel, model_class),
-               {"__module__": __name__, "config_class": cfg})
     LAYOUTS[family] = layout
-    HETERO_CLASSES[family] = (cfg, mdl)
     STOCK_CLASSES[family] = (config_class, model_class)
-    globals().update({cfg.__name__: cfg, mdl.__name__: mdl})
+    globals()[cfg.__name__] = cfg
     if _OWN_MODULE:
         AutoConfig.register(cfg.model_type, cfg, exist_ok=True)
-        AutoModelForCausalLM.register(cfg, mdl, exist_ok=True)
+    for stock, factory in ((model_class, auto), *more):
+        mdl = type(f"Secateur{stock.__name__}", (_HeteroModel, stock), {"__module__": __name__, "config_class": cfg})
+        HETERO_MODELS[stock.__name__], AUTO_CLASSES[stock.__name__] = mdl, factory
+        globals()[mdl.__name__] = mdl
+        if stock is model_class:
+            HETERO_CLASSES[family] = (cfg, mdl)
+        _share_conversions(stock, mdl)
+        if _OWN_MODULE:
+            getattr(transformers, factory).register(cfg, mdl, exist_ok=True)
+
+
+def _share_conversions(stock: type, mdl: type) -> None:
+    """Give ``Secateur<Stock>`` the checkpoint key conversions of its stock class (transformers looks them up by class
+    name: ViT folders are saved in the older ``encoder.layer.N`` format and renamed on load)."""
+    try:
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
+    except ImportError:  # a transformers without checkpoint conversions
+        return
+    mapping = get_checkpoint_conversion_mapping(stock.__name__)
+    if mapping:
+        register_checkpoint_conversion_mapping(mdl.__name__, mapping, overwrite=True)
 
 
 def _class_ref(cls: type, imports: list[str]) -> str:
@@ -380,15 +487,19 @@ def _class_ref(cls: type, imports: list[str]) -> str:
     return cls.__name__
 
 
-def standalone_source(family: str) -> str:
+def standalone_source(family: str, model_class: type | None = None) -> str:
     """This module's source plus the definition of ``family`` alone: the self-contained
-    ``secateur_hetero.py`` of an exported folder (loads with ``trust_remote_code`` without secateur)."""
+    ``secateur_hetero.py`` of an exported folder (loads with ``trust_remote_code`` without secateur).
+    ``model_class``: the stock model class the folder holds (default: the family's main one)."""
     imports: list[str] = []
-    cfg, mdl = (_class_ref(c, imports) for c in STOCK_CLASSES[family])
+    stock_cfg, stock_mdl = STOCK_CLASSES[family]
+    model_class = model_class or stock_mdl
+    cfg, mdl = _class_ref(stock_cfg, imports), _class_ref(model_class, imports)
+    auto = AUTO_CLASSES.get(model_class.__name__, "AutoModelForCausalLM")
     return (Path(__file__).read_text()
             + "\n\n# --- the family of this checkpoint (appended by secateur's exporter) ---\n\n"
             + "".join(imports) + f"define_family({family!r}, {LAYOUTS[family]!r},\n"
-            + f"              {cfg}, {mdl})\n")
+            + f"              {cfg}, {mdl}, auto={auto!r})\n")
 
 
 # The Auto factories learn the classes only from secateur's own module: the copy loaded through

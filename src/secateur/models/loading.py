@@ -16,7 +16,13 @@ from torch import nn
 
 from secateur.errors import SecateurError
 from secateur.models import gguf_cache
-from secateur.models.files import ALIASES, check_safetensors, gguf_file, register_custom_classes  # noqa: F401
+from secateur.models.files import (  # noqa: F401
+    ALIASES,
+    check_safetensors,
+    gguf_file,
+    model_class_for,
+    register_custom_classes,
+)
 from secateur.models.gguf_cache import cache_dir, gguf_to_folder  # noqa: F401  (their old home)
 
 # alias -> (PyPI package, GGUF file inside it, the folder name older versions cached it under)
@@ -105,7 +111,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     ``(path, from_pretrained kwargs)`` when the caller has resolved and checked it already
     (:class:`secateur.models.spec.ModelSpec`), so it is neither resolved nor checked again.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     check_device(device)
     parse_dtype(dtype)
@@ -116,10 +122,11 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     else:
         path, extra = resolved
     try:  # never run code shipped in a model folder (secateur's own classes are registered locally)
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
-                                                           trust_remote_code=False, output_loading_info=True,
-                                                           **extra)
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, **extra)
+        model_cls, vision = model_class_for(path)
+        model, info = model_cls.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
+                                                trust_remote_code=False, output_loading_info=True, **extra)
+        tok = _image_processor(path) if vision else AutoTokenizer.from_pretrained(path, trust_remote_code=False,
+                                                                                   **extra)
     except OSError as e:
         raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]}") from e
     except ValueError as e:
@@ -134,6 +141,16 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     _check_loading_info(spec, info)
     model.to(device).eval()
     return model, tok
+
+
+def _image_processor(path: str):
+    """The folder's image processor (``preprocessor_config.json``), or None when it has none (calibration and
+    accuracy then refuse in one line naming what to add)."""
+    if not (Path(path) / "preprocessor_config.json").is_file():
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(path, trust_remote_code=False)
 
 
 def _check_loading_info(spec: str, info: dict) -> None:
@@ -151,9 +168,9 @@ def _check_loading_info(spec: str, info: dict) -> None:
 # --- checks that need no weights: they run before anything expensive ------------------------------------------
 
 def _supported() -> str:
-    from secateur.models.adapters import supported_model_types
+    from secateur.models.families import supported_text
 
-    return ", ".join(supported_model_types())
+    return supported_text()
 
 
 def _remote_code_message(spec: str) -> str:

@@ -50,7 +50,8 @@ from secateur.models.families.base import HETERO_PREFIX, Adapter
 from secateur.models.hetero import FamilyLayout
 
 # The family modules of this package, in registration order.
-FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3", "phi3")
+FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3", "phi3",
+                  "vit", "deit", "dinov2", "siglip", "clip")
 
 
 def _load() -> dict[str, type[Adapter]]:
@@ -78,11 +79,19 @@ def check_adapter(cls: type[Adapter]) -> None:
 
 ADAPTERS: dict[str, type[Adapter]] = _load()
 for _cls in ADAPTERS.values():
-    hetero.define_family(_cls.family, _cls.layout, _cls.config_class, _cls.model_class)
+    hetero.define_family(_cls.family, _cls.layout, _cls.config_class, _cls.model_class, _cls.more_classes,
+                         _cls.auto_class)
 
 
 def supported_model_types() -> list[str]:
     return sorted(ADAPTERS)
+
+
+def supported_text() -> str:
+    """The supported ``model_type`` values for messages, text families first: ``gemma3_text, ..., qwen3 (text);
+    clip_vision_model, ..., vit (vision)``."""
+    by = {m: sorted(f for f, a in ADAPTERS.items() if a.modality == m) for m in ("text", "vision")}
+    return "; ".join(f"{', '.join(names)} ({m})" for m, names in by.items() if names)
 
 
 def base_model_type(model_type) -> str | None:
@@ -98,7 +107,7 @@ def adapter_class(config) -> type[Adapter]:
     mt = getattr(config, "model_type", None)
     cls = ADAPTERS.get(base_model_type(mt))
     if cls is None:
-        raise SecateurError(f"unsupported model family {mt!r}; supported: {', '.join(supported_model_types())}")
+        raise SecateurError(f"unsupported model family {mt!r}; supported: {supported_text()}")
     return cls
 
 

@@ -104,11 +104,20 @@ class Adapter:
     layout:            where the structured-pruning code finds layers and projections
                        (:class:`~secateur.models.hetero.FamilyLayout`)
     gguf_architecture: the GGUF ``general.architecture`` read as this family (None: no GGUF input)
+    modality, main_input: what the model reads (``text`` / ``input_ids``; ``vision`` / ``pixel_values``): the
+                       engine slices that tensor along dimension 0 into chunks, whatever it holds
     """
 
     family = "base"
     config_class: type | None = None
     model_class: type | None = None
+    #: other stock model classes of the family, each with the Auto factory that loads it (a headless backbone)
+    more_classes: tuple[tuple[type, str], ...] = ()
+    #: the Auto factory of :attr:`model_class`
+    auto_class = "AutoModelForCausalLM"
+    #: what the model reads (``text``: token ids; ``vision``: images) and the keyword it reads it by
+    modality = "text"
+    main_input = "input_ids"
     layout: hetero.FamilyLayout | None = None
     gguf_architecture: str | None = None
 
@@ -265,7 +274,7 @@ class Adapter:
         'query'``). A new family's test runs it on the family's tiny model."""
         lay, g, cfg = self.layout, self.geometry, self.config
         where = f"{self.family} layout"
-        if _resolve(self.model, lay.layers, where) is not self.layers:
+        if _resolve(self.model, hetero.layers_path(lay.layers, self.model), where) is not self.layers:
             raise ValueError(f"{where}: {lay.layers!r} is not the adapter's block list")
         layer, refs = self.layers[0], self.role_refs(self.layers[0])
         attn, mlp = _resolve(layer, lay.attn, where), _resolve(layer, lay.mlp, where)
@@ -292,6 +301,8 @@ class Adapter:
             if key not in keys:
                 raise ValueError(f"{where}: the config has no key {key!r} ({field})")
             value = keys[key] or (lay.default_inner_mult * d if field == "inter_key" else None)
+            if field == "inter_key" and lay.inter_ratio:
+                value = value * d
             if value != expect:
                 raise ValueError(f"{where}: config key {key!r} ({field}) reads {value!r}, the geometry says {expect}")
         if lay.qk_norm != g.qk_norm:
