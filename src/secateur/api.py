@@ -236,7 +236,8 @@ def _output(opts: PruneOptions, method, run: _Run, needs_calibration: bool, spli
         return StreamedOutput(opts.out, opts.overwrite, structured, need, specs, run.stream.resident_items)
     if opts.out:
         keep = 1.0 - opts.sparsity if structured else 1.0
-        ckpt_bytes = _resume.size_estimate(run.model, opts.nsamples, opts.seqlen) if needs_calibration else 0
+        ckpt_bytes = (_resume.size_estimate(run.model, opts.nsamples, run.adapter.sample_tokens(opts.seqlen))
+                      if needs_calibration else 0)
         check_free_space(opts.out, export_size(run.model, keep=keep) + ckpt_bytes,
                          f" (with its checkpoint, about {ckpt_bytes / 2**20:.0f} MB)" if ckpt_bytes else "")
     return SavedAtEnd(opts.out, opts.overwrite, structured)
@@ -317,14 +318,14 @@ def _stream_plan(opts: PruneOptions, method, needs_calibration: bool, stream: st
     split = shard()
     windows = _rank_windows(opts.nsamples, opts.run.chunk_size, split) if needs_calibration else 0
     shape = shape_of(stream.model, adapter, stream)
+    tokens = adapter.sample_tokens(opts.seqlen)
     if method.kind == "structured":  # the terms each stage declares: the score's statistics, the solver's matrices
         cfg = method.config(opts)
         solver = None if cfg.compensation == "none" else (cfg.compensation, solver_matrices(cfg.compensation))
-        plan = structured_prune_plan(shape, windows, opts.seqlen, opts.run.chunk_size, bool(selection_kinds(cfg)),
-                                     solver)
+        plan = structured_prune_plan(shape, windows, tokens, opts.run.chunk_size, bool(selection_kinds(cfg)), solver)
     else:
         terms = method.memory(shape, method.config(opts)) if method.memory else {}
-        plan = prune_plan(shape, terms, needs_calibration, windows, opts.seqlen, opts.run.chunk_size, opts.run.mode)
+        plan = prune_plan(shape, terms, needs_calibration, windows, tokens, opts.run.chunk_size, opts.run.mode)
     available = available_bytes()
     # the process's own memory when it planned: the plan counts what the run adds on top (peak <= rss + total)
     entry = {"total_bytes": 0, "available_bytes": available, "rss_bytes_at_plan": current_rss(), "terms": {}}
@@ -481,6 +482,18 @@ def _figures(details: dict) -> dict[str, bytes]:
     return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
 
 
+def _sample_tokens(opts: PruneOptions, cfg: dict) -> int:
+    """Tokens one calibration sample gives the blocks, from the config alone (before the model is loaded)."""
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    if fam is None or fam.modality == "text":
+        return opts.seqlen
+    from secateur.models.families.encoder import image_tokens
+
+    return image_tokens(cfg.get("vision_config") or cfg, fam.special_tokens)
+
+
 def _check_whole_memory(opts: PruneOptions, spec: ModelSpec, cfg: dict, needs_calibration: bool) -> None:
     """A prune of a local model folder (a method ``--stream`` could run) that cannot fit in memory is refused before
     loading, naming ``--stream`` (silent when it fits: the plan is printed only by streamed runs)."""
@@ -493,8 +506,7 @@ def _check_whole_memory(opts: PruneOptions, spec: ModelSpec, cfg: dict, needs_ca
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return
     elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
-    plan = whole_prune_plan(folder, cfg, elem, needs_calibration, opts.nsamples,
-                            opts.seqlen)
+    plan = whole_prune_plan(folder, cfg, elem, needs_calibration, opts.nsamples, _sample_tokens(opts, cfg))
     try:
         plan.check()
     except SecateurError:

@@ -67,10 +67,15 @@ def check_supported(adapter: Adapter) -> None:
 
 
 class CorpQKHandler(engine.Handler):
+    """``slice_heads``: materialize by slicing (q/k keep ``d_s`` rows per head in a
+    :class:`~secateur.models.hetero.NarrowQKAttention`; vision encoders) instead of zeroing (masks)."""
+
     resumable = True
 
-    def __init__(self, cfg: CorpQKConfig) -> None:
+    def __init__(self, cfg: CorpQKConfig, slice_heads: bool = False) -> None:
         self.cfg = cfg
+        self.slice_heads = slice_heads
+        self.resumable = not slice_heads  # a narrowed block's weights do not load into the dense model
         self.masks: dict[str, torch.Tensor] = {}
         self.layers: list[dict] = []
         self.owners = dist.Owners("corp_qk")  # the per-head ridge solves over several processes: round-robin owners
@@ -98,6 +103,10 @@ class CorpQKHandler(engine.Handler):
                             map_heads=self.owners.map)
         d_h, ds = g.head_dim, res.kept.shape[1]
         gs = g.n_heads // g.n_kv_heads
+        if self.slice_heads:
+            self._narrow(ctx, res, ds)
+            self._record(ctx, res, d_h, ds)
+            return
         new = {"q": (torch.zeros_like(wq), None if bq is None else torch.zeros_like(bq), g.n_heads),
                "k": (torch.zeros_like(wk), None if bk is None else torch.zeros_like(bk), g.n_kv_heads)}
         outs = {"q": (res.w_q, res.b_q), "k": (res.w_k, res.b_k)}
@@ -117,10 +126,31 @@ class CorpQKHandler(engine.Handler):
                 with torch.no_grad():
                     ref.bias.copy_(b_new.to(ref.bias.dtype))
             self._store(ctx, ref, pruned[:, None].expand(-1, w_new.shape[1]).clone())
+        self._record(ctx, res, d_h, ds)
+
+    def _record(self, ctx, res, d_h: int, ds: int) -> None:
         d = res.diagnostics
         self.layers.append({"layer": ctx.index, "d_h": d_h, "d_s": ds, "fold": d["fold"],
                             "logit_rel_before": d["logit_rel_before"], "logit_rel_after": d["logit_rel_after"],
                             "sv_clamped": d["sv_clamped"]})
+
+    def _narrow(self, ctx, res, ds: int) -> None:
+        """The compensated ``[H d_s, d]`` q/k rows (head ``h``'s block: its kept dims in kept order, so q and k stay
+        aligned) into a layer whose attention keeps ``d_s`` dims per head (K11: q/k out ``H d_s``, v/o unchanged)."""
+        from secateur.models import hetero
+
+        g, fam = ctx.adapter.geometry, ctx.adapter.family
+        if ds == g.head_dim:
+            return  # nothing removed (d_h - floor(rho d_h) = d_h, or min_qk_dim): the stock attention stays
+        if g.n_kv_heads != g.n_heads:
+            raise SecateurError("CORP Q/K slicing needs one key head per query head (MHA)")
+        attn = hetero.narrow_qk(fam, ctx.layer, ds, g.head_dim)
+        for name, w, b in ((ctx.adapter.layout.q, res.w_q, res.b_q), (ctx.adapter.layout.k, res.w_k, res.b_k)):
+            mod = getattr(attn, name)
+            with torch.no_grad():
+                mod.weight.copy_(w.to(mod.weight.dtype))
+                if mod.bias is not None:
+                    mod.bias.copy_(b.to(mod.bias.dtype) if b is not None else torch.zeros_like(mod.bias))
 
     def block_state(self, ctx) -> dict:
         from secateur.methods.unstructured import block_masks
@@ -147,13 +177,14 @@ class CorpQKHandler(engine.Handler):
 
 def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, cfg: CorpQKConfig,
                   mode: str = "sequential", chunk_size: int = 8, device=None, progress: bool = True,
-                  blocks: Blocks = RESIDENT) -> dict:
-    """Prune q/k dims and fold CORP's compensation in place; returns ``{"masks", "timings", "details"}``."""
+                  blocks: Blocks = RESIDENT, slice_heads: bool = False) -> dict:
+    """Prune q/k dims and fold CORP's compensation in place; returns ``{"masks", "timings", "details"}``
+    (``slice_heads``: the narrowed q/k sliced out, no masks; see :class:`CorpQKHandler`)."""
     cfg.validate()
     check_supported(adapter)
     if calib_ids is None:
         raise SecateurError("CORP Q/K needs calibration data")
-    h = CorpQKHandler(cfg)
+    h = CorpQKHandler(cfg, slice_heads)
     rep = engine.run(model, adapter, calib_ids, h, mode=mode, chunk_size=chunk_size, device=device,
                      progress=progress, blocks=blocks)
     n = len(h.layers)

@@ -54,7 +54,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -101,7 +101,7 @@ STREAMED = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt", "c
 #: methods that stay in memory, with the reason the refusal gives
 REFUSED = {m: "its ablation sweep and held-out lambda choice read the whole model's output logits for every "
               "candidate, which one block at a time cannot give" for m in ("cocurve", "cocurve-diag")}
-UNIT_CHOICES = ("kv_group", "head", "head_slot", "channel")
+UNIT_CHOICES = ("kv_group", "head", "head_slot", "channel", "qk")
 ATTN_UNITS = ("kv_group", "head", "head_slot")
 
 
@@ -146,17 +146,20 @@ class StructuredConfig(CompensationConfig):
         if self.score == "shortgpt" and self.compensation != "none":
             raise SecateurError("shortgpt removes whole blocks: there are no kept columns to compensate "
                                 "(use --compensation none)")
-        if self.score == "corp" and any(u != "channel" for u in self.units):
-            raise SecateurError("corp ranks MLP channels only (its Q/K head-dimension pruning needs a non-RoPE "
-                                "model); use --units channel, or compensate another selection with "
-                                "--compensation corp")
+        if self.score == "corp" and any(u not in ("channel", "qk") for u in self.units):
+            raise SecateurError("corp ranks MLP channels (--units channel) and query/key head dimensions (--units "
+                                "qk, non-RoPE models); use --units channel, qk or channel,qk, or compensate another "
+                                "selection with --compensation corp")
+        if "qk" in self.units and self.score != "corp":
+            raise SecateurError("--units qk (query/key head dimensions) is CORP's unit; use it with --method corp")
         from secateur.budgets.allocate import check_width_multiple
 
         check_width_multiple(self.kinds, self.width_multiple)
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return ("block",) if self.score == "shortgpt" else tuple(self.units)
+        """The unit kinds the selection allocates (CORP's ``qk`` dims are chosen per head by its own pass)."""
+        return ("block",) if self.score == "shortgpt" else tuple(u for u in self.units if u != "qk")
 
 
 @dataclass
@@ -477,7 +480,9 @@ class StructuredOptions(CompensationOptions):
     and the compensation."""
 
     units: str | tuple[str, ...] | None = knob("comma list of kv_group|head|head_slot and/or channel (default: "
-                                               "kv_group,channel; head_slot: one query head of every KV group)")
+                                               "kv_group,channel; head_slot: one query head of every KV group); "
+                                               "corp: channel (MLP only), qk (query/key head dims only, non-RoPE) "
+                                               "or channel,qk (joint; corp's default on a vision model)")
     allocation: str | None = knob("uniform ceil-kept per layer (COEC, default) or FLAP's global AL-AM (with "
                                   "--method flap)", choices=STRUCTURED_ALLOCATIONS)
     width_multiple: int | None = knob("keep every layer's MLP width (kept channels) a multiple of N, or the full "
@@ -495,12 +500,16 @@ def _units(value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def structured_config(name: str, opts) -> StructuredConfig:
+def structured_config(name: str, opts, adapter: Adapter | None = None) -> StructuredConfig:
     """The validated :class:`StructuredConfig` of registry method ``name`` from ``PruneOptions`` (its common
     fields and its :class:`StructuredOptions`); no ``--compensation``: the method as its paper ships it
-    (FLAP's bias, RCPU's rotation, CORP's ridge)."""
+    (FLAP's bias, RCPU's rotation, CORP's ridge). CORP's default units: MLP channels and query/key dims (joint,
+    its headline vision setting) on a vision encoder, MLP channels on a language model (RoPE: no Q/K pruning)."""
     o: StructuredOptions = opts.method_options
-    units = ("channel",) if o.units is None and name == "corp" else _units(o.units)
+    if o.units is None and name == "corp":
+        units = ("channel", "qk") if adapter is not None and adapter.modality == "vision" else ("channel",)
+    else:
+        units = _units(o.units)
     cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,
                            allocation=o.allocation or "uniform", rounding=o.rounding or "ceil",
                            sparsity=float(opts.sparsity), seed=int(opts.seed or 0),
@@ -514,8 +523,12 @@ def check_reachable(name: str, adapter: Adapter, opts) -> None:
     rule can deliver: ``ceil`` keeps at least one unit of every (layer, kind) pool."""
     if name == "shortgpt":
         return
-    cfg = structured_config(name, opts)
-    if STRUCTURED_ALLOCATIONS[cfg.allocation] != "uniform":
+    cfg = structured_config(name, opts, adapter)
+    if "qk" in cfg.units:
+        from secateur.methods.corp_qk import check_supported
+
+        check_supported(adapter)
+    if STRUCTURED_ALLOCATIONS[cfg.allocation] != "uniform" or not cfg.kinds:
         return
     from secateur.budgets.allocate import UNIT_NAMES, uniform_reach
     from secateur.structured.units import inventory
@@ -533,14 +546,51 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor |
         blocks: Blocks = RESIDENT) -> MethodResult:
     """Registry runner: prune in place (``blocks`` streamed: each finished block handed to its sink, see the
     module docstring); the selection travels as ``secateur_selection.json``."""
-    cfg = structured_config(name, opts)
-    if cfg.needs_gram and calib_ids is not None:  # said up front: the compensation's passes are most of the run
+    cfg = structured_config(name, opts, adapter)
+    if cfg.needs_gram and calib_ids is not None and cfg.kinds and not opts.run.quiet:
+        # said up front: the compensation's passes are most of the run
         print(f"secateur: note: --compensation {cfg.compensation} takes the calibration set through the model again "
               f"after the statistics pass, block by block, for the Grams of the kept inputs (about 3-4 forwards of "
-              f"{calib_ids.shape[0]} x {calib_ids.shape[1]} tokens in all)", file=sys.stderr)
+              f"{adapter.describe_inputs(calib_ids)} in all)", file=sys.stderr)
+    if "qk" in cfg.units:
+        return _corp_with_qk(name, model, adapter, calib_ids, cfg, opts, blocks)
     res = prune_structured(model, adapter, calib_ids, cfg, chunk_size=opts.run.chunk_size,
                            device=opts.device, progress=not opts.run.quiet, blocks=blocks)
     return method_result(name, res)
+
+
+def _corp_with_qk(name: str, model: nn.Module, adapter: Adapter, ids: torch.Tensor | None, cfg: StructuredConfig,
+                  opts, blocks: Blocks) -> MethodResult:
+    """CORP joint (seed 002 Sec. 3): its MLP channels (``channel``: the structured pass, selection + ridge
+    compensation + slicing) and then, on the MLP-pruned model, its query/key head dimensions (``qk``: a sequential
+    pass, :func:`secateur.methods.corp_qk.prune_corp_qk` sliced into narrow q/k heads), both at ``--sparsity``:
+    ``d_h - floor(rho d_h)`` dims kept per head, ``rho`` of the MLP channels removed. The Q/K statistics are taken
+    on the already MLP-pruned blocks' inputs (sequential, as SparseGPT propagates its errors)."""
+    from secateur.eval.efficiency import count_params
+    from secateur.methods.corp_qk import CorpQKConfig, prune_corp_qk
+
+    blocks.resident_only("--method corp --units qk (query/key head dimensions)")
+    before = count_params(model)
+    mlp = replace(cfg, units=cfg.kinds) if cfg.kinds else None
+    res = (prune_structured(model, adapter, ids, mlp, chunk_size=opts.run.chunk_size, device=opts.device,
+                            progress=not opts.run.quiet, blocks=blocks) if mlp else None)
+    qk = prune_corp_qk(model, adapter, ids, CorpQKConfig(sparsity=cfg.sparsity), chunk_size=opts.run.chunk_size,
+                       device=opts.device, progress=not opts.run.quiet, blocks=blocks, slice_heads=True)
+    after = count_params(model)
+    g = adapter.geometry
+    qk_targeted = adapter.n_layers * 2 * g.n_heads * g.head_dim * (g.hidden + int(g.qkv_bias))
+    mlp_targeted = int(res.selection.info.get("total_removable") or 0) if res else 0
+    timings = {**(res.timings if res else {}), **{f"qk_{k}": v for k, v in qk["timings"].items()}}
+    details = {"method": name, **(res.details if res else {"structured": True, "score": "corp"}),
+               "units": list(cfg.units), "qk": qk["details"], "params_before": before, "params_after": after,
+               "params_removed_fraction": 1 - after / before,
+               "realized_sparsity": {"targeted": (before - after) / (mlp_targeted + qk_targeted),
+                                     "of_all_parameters": 1 - after / before, "pruned_weights": before - after,
+                                     "targeted_weights": mlp_targeted + qk_targeted,
+                                     "mlp_channels": res.selection.info.get("realized") if res else 0.0,
+                                     "qk_dims": 1 - qk["details"]["d_s"][0] / g.head_dim}}
+    files = {"secateur_selection.json": json.dumps(res.selection.to_dict(), indent=1).encode()} if res else {}
+    return MethodResult(masks={}, timings=timings, details=details, extra_files=files)
 
 
 def method_result(name: str, res: StructuredResult) -> MethodResult:

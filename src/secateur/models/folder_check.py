@@ -186,21 +186,26 @@ def _embedding_clause(model, cfg: dict, have: dict[str, tuple[str, tuple[int, ..
     return f" (config says {'; '.join(says)})" if says else ""
 
 
-def as_loaded(model, held: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The held tensor names as transformers loads them into ``model``: its checkpoint renamings applied (ViT, DeiT
-    and DINOv2 folders are saved in the older ``encoder.layer.N.attention.attention.query`` format and loaded as
-    ``layers.N.attention.q_proj``)."""
+def loaded_names(model, names) -> dict[str, str]:
+    """``{name as loaded: name as held}`` for the held tensor ``names``: transformers' checkpoint renamings of
+    ``model`` applied (ViT, DeiT and DINOv2 folders are saved in the older ``encoder.layer.N.attention.attention.query``
+    format and loaded as ``layers.N.attention.q_proj``); names the mapping leaves alone map to themselves."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightRenaming, rename_source_key
     except ImportError:  # a transformers without checkpoint conversions
-        return held
+        return {k: k for k in names}
     transforms = get_model_conversion_mapping(model)
     if not transforms:
-        return held
+        return {k: k for k in names}
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
-    return {rename_source_key(k, renamings, converters)[0]: shape for k, shape in held.items()}
+    return {rename_source_key(k, renamings, converters)[0]: k for k in names}
+
+
+def as_loaded(model, held: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """``held`` (name -> shape) under the names transformers loads the tensors as (:func:`loaded_names`)."""
+    return {new: held[old] for new, old in loaded_names(model, held).items()}
 
 
 def compare(spec: str, model, held: dict[str, tuple[int, ...]], cfg: dict) -> None:

@@ -125,7 +125,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
         model_cls, vision = model_class_for(path)
         model, info = model_cls.from_pretrained(path, dtype=parse_dtype(dtype), attn_implementation="sdpa",
                                                 trust_remote_code=False, output_loading_info=True, **extra)
-        tok = _image_processor(path) if vision else AutoTokenizer.from_pretrained(path, trust_remote_code=False,
+        tok = image_processor(path) if vision else AutoTokenizer.from_pretrained(path, trust_remote_code=False,
                                                                                    **extra)
     except OSError as e:
         raise SecateurError(f"could not load model {spec!r}: {str(e).splitlines()[0]}") from e
@@ -143,7 +143,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str = "c
     return model, tok
 
 
-def _image_processor(path: str):
+def image_processor(path: str):
     """The folder's image processor (``preprocessor_config.json``), or None when it has none (calibration and
     accuracy then refuse in one line naming what to add)."""
     if not (Path(path) / "preprocessor_config.json").is_file():

@@ -216,7 +216,8 @@ def shape_of(model, adapter, stream) -> Shape:
     return Shape(resident=sum(nbytes(k) for k in stream.file_keys if not k.startswith(prefix)),
                  head=sum(nbytes(k) for k in stream.untied_head()),
                  block=sum(nbytes(k) for k in block0), read=read, hidden=g.hidden, ffn=g.intermediate,
-                 attn=g.n_heads * g.head_dim, heads=g.n_heads, vocab=int(model.config.vocab_size),
+                 attn=g.n_heads * g.head_dim, heads=g.n_heads,
+                 vocab=int(getattr(model.config, "vocab_size", 0) or getattr(model.config, "num_labels", 0)),
                  layers=adapter.n_layers, prunable=prunable, elem=elem)
 
 

@@ -235,8 +235,15 @@ class BlockStream:
             yield name, t
 
     def tokenizer(self):
+        """The folder's tokenizer (a vision encoder: its image processor, None without one)."""
         from transformers import AutoTokenizer
 
+        from secateur.models.files import model_class_for
+
+        if model_class_for(str(self.weights.folder))[1]:
+            from secateur.models.loading import image_processor
+
+            return image_processor(str(self.weights.folder))
         return AutoTokenizer.from_pretrained(self.weights.folder, trust_remote_code=False)
 
     def materialized_blocks(self) -> list[int]:
@@ -269,15 +276,20 @@ def _folder_config(spec: str, folder: Path) -> dict:
 
 
 def build_meta(folder: Path, dtype: torch.dtype) -> nn.Module:
-    """The model of ``folder``'s config with every parameter on the meta device, in eval mode, SDPA attention."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The model of ``folder``'s config with every parameter on the meta device, in eval mode, SDPA attention (a
+    language model through ``AutoModelForCausalLM``, a vision encoder as the class its config names)."""
+    from transformers import AutoConfig
 
-    from secateur.models.files import register_custom_classes
+    from secateur.models.files import model_class_for, register_custom_classes
 
     register_custom_classes()
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    cls, vision = model_class_for(str(folder))
     with params_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        if vision:
+            model = cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        else:
+            model = cls.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
 
 
@@ -287,7 +299,7 @@ def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str =
     memory plan is computed from it, then :meth:`BlockStream.load_resident`). ``folder``: the spec's local folder
     when the caller resolved it already (:class:`secateur.models.spec.ModelSpec`)."""
     from secateur.models.adapters import get_adapter
-    from secateur.models.folder_check import check_layer_count, check_sizes, compare
+    from secateur.models.folder_check import check_layer_count, check_sizes, compare, loaded_names
     from secateur.models.loading import parse_dtype
 
     folder = local_folder(spec, dtype) if folder is None else folder
@@ -299,8 +311,9 @@ def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str =
     model = build_meta(folder, parse_dtype(dtype))
     compare(spec, model, held, cfg)  # every tensor the config implies, with its shape; nothing else
     keys = {}
+    held_as = loaded_names(model, held)  # older checkpoint formats (ViT's encoder.layer.N...) by their loaded names
     for name in saved_tensors(model):
-        fk = _file_key(name, weights, model.base_model_prefix)
+        fk = held_as.get(name) or _file_key(name, weights, model.base_model_prefix)
         if fk is None:
             raise SecateurError(f"model folder {spec}: tensor {name} is not in its safetensors files")
         keys[name] = fk

@@ -252,6 +252,17 @@ class Adapter:
         except _Stop:
             pass
 
+    def sample_tokens(self, seqlen: int) -> int:
+        """Tokens one calibration sample gives the blocks: ``--seqlen`` for text (a vision encoder: its patches and
+        class tokens); memory plans and checkpoint estimates count with it."""
+        return seqlen
+
+    def describe_inputs(self, inputs: torch.Tensor) -> str:
+        """The calibration set in words: ``8 x 2048 tokens`` (a vision encoder: ``8 images``)."""
+        if self.modality == "vision":
+            return f"{inputs.shape[0]} images"
+        return f"{inputs.shape[0]} x {inputs.shape[1]} tokens"
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

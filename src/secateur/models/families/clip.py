@@ -14,6 +14,7 @@ class CLIPVisionAdapter(SiglipVisionAdapter):
     family = "clip_vision_model"
     config_class, model_class = CLIPVisionConfig, CLIPVisionModel
     layout = LAYOUT
+    special_tokens = 1  # CLS (SigLIP has none)
 
     def final_hidden(self, h):
         return h  # CLIP's post_layernorm normalizes the pooled CLS token, not the sequence

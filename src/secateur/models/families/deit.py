@@ -15,6 +15,7 @@ class DeiTAdapter(EncoderAdapter):
     config_class, model_class = DeiTConfig, DeiTForImageClassificationWithTeacher
     more_classes = ((DeiTForImageClassification, "AutoModelForImageClassification"), (DeiTModel, "AutoModel"))
     layout = vit_layout("deit.layers")
+    special_tokens = 2
     projections = encoder_projections(layout, "attention", "mlp")
 
 

@@ -35,6 +35,12 @@ class EncoderAdapter(Adapter):
     #: (attention norm, MLP norm, attention module, MLP module, final norm of the backbone)
     _names: tuple[str, str, str, str, str] = ("layernorm_before", "layernorm_after", "attention", "mlp", "layernorm")
 
+    #: tokens the stem adds to the patch grid (ViT, DINOv2, CLIP: a CLS token; DeiT: CLS + distillation; SigLIP: 0)
+    special_tokens = 1
+
+    def sample_tokens(self, seqlen: int) -> int:
+        return image_tokens(self.vision_config.to_dict(), self.special_tokens)
+
     @property
     def base(self) -> nn.Module:
         prefix = type(self.model).base_model_prefix
@@ -51,14 +57,15 @@ class EncoderAdapter(Adapter):
 
     @property
     def geometry(self) -> Geometry:
-        c = self.vision_config
-        layer = self.layers[0]
+        """The unpruned geometry, from the config (as the text families read theirs): later passes of a run see the
+        same numbers whatever an earlier one sliced (CORP narrows q/k block by block)."""
+        c, lay = self.vision_config, self.layout
         heads = c.num_attention_heads
-        q = getattr(getattr(layer, self._names[2]), self.layout.q)
-        return Geometry(hidden=c.hidden_size, n_heads=heads, n_kv_heads=heads, head_dim=q.weight.shape[0] // heads,
-                        intermediate=getattr(getattr(layer, self._names[3]), self.layout.mlp_out).weight.shape[1],
-                        rope=False, qkv_bias=q.bias is not None,
-                        o_bias=getattr(getattr(layer, self._names[2]), self.layout.out).bias is not None,
+        inter = getattr(c, lay.inter_key)
+        attn = getattr(self.layers[0], self._names[2])
+        return Geometry(hidden=c.hidden_size, n_heads=heads, n_kv_heads=heads, head_dim=hetero.head_dim_of(c),
+                        intermediate=int(inter * c.hidden_size) if lay.inter_ratio else inter, rope=False,
+                        qkv_bias=getattr(attn, lay.q).bias is not None, o_bias=getattr(attn, lay.out).bias is not None,
                         mlp_bias=True, qk_norm=False, gated_mlp=False)
 
     def attn_norm(self, layer, h):
@@ -105,3 +112,11 @@ def vit_layout(layers: str) -> hetero.FamilyLayout:
         layers=layers, attn="attention", q="q_proj", k="k_proj", v="v_proj", out="o_proj", mlp="mlp",
         mlp_in=("fc1",), mlp_out="fc2", heads_key="num_attention_heads", inter_key="intermediate_size",
         qkv_bias="qkv_bias", o_bias=True, mlp_bias=True, layer_norm=True)
+
+
+def image_tokens(cfg: dict, special: int = 1) -> int:
+    """Tokens an image gives the blocks of the encoder whose config is ``cfg``: its patch grid plus ``special``."""
+    size, patch = cfg.get("image_size", 224), cfg.get("patch_size", 16)
+    size = size if isinstance(size, list | tuple) else (size, size)
+    patch = patch if isinstance(patch, list | tuple) else (patch, patch)
+    return (int(size[0]) // int(patch[0])) * (int(size[1]) // int(patch[1])) + special

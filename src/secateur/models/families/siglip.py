@@ -22,6 +22,7 @@ class SiglipVisionAdapter(EncoderAdapter):
     config_class, model_class = SiglipVisionConfig, SiglipVisionModel
     auto_class = "AutoModel"
     layout = LAYOUT
+    special_tokens = 0
     projections = encoder_projections(layout, "self_attn", "mlp")
     _names = ("layer_norm1", "layer_norm2", "self_attn", "mlp", "post_layernorm")
 

@@ -1,0 +1,109 @@
+"""CORP on vision encoders (issue 43): query/key head dimensions sliced into narrow heads (``--units qk``), joint
+with the MLP channels (``--units channel,qk``, CORP's default on a vision model), saved as per-layer folders that
+reload in one call.
+
+Tolerances: the narrowed model computes the same float32 sums as the zeroed dense one, minus the zero terms, in
+another order (sdpa's kernels block the head dimension differently): the logits agree to a few float32 ulps of
+their O(1) values, so 1e-5 absolute leaves a margin of ~100 ulps and still fails on any wrong row or scale.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from secateur import api
+from secateur.models import hetero
+from secateur.models.families import get_adapter
+from secateur.models.loading import load_model
+from secateur.testing import VISION_FAMILIES, save_tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("img") / "calib.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, images=rng.integers(0, 256, (12, 16, 16, 3), dtype=np.uint8), labels=np.arange(12) % 10)
+    return str(path)
+
+
+def _pixels(folder) -> torch.Tensor:
+    return torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def _out(model, x):
+    with torch.no_grad():
+        o = model(pixel_values=x)
+    return o.logits if hasattr(o, "logits") else o.last_hidden_state
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_sliced_qk_equals_the_zeroed_dense_model(tmp_path, images, family):
+    """CORP spec K11: q/k out = H d_s, v/o unchanged, and the narrow model's output is the masked dense one's."""
+    folder = save_tiny(family, tmp_path / "m")
+    zeroed = api.prune(model=folder, method="corp-qk", sparsity=0.5, calib=images, nsamples=12, quiet=True).model
+    sliced = api.prune(model=folder, method="corp", units="qk", sparsity=0.5, calib=images, nsamples=12,
+                       quiet=True)
+    x = _pixels(folder)
+    torch.testing.assert_close(_out(sliced.model, x), _out(zeroed, x), atol=1e-5, rtol=0)
+    ad = get_adapter(sliced.model)
+    g = ad.geometry
+    for layer in ad.layers:
+        attn = hetero.attention_module(family, layer)
+        assert isinstance(attn, hetero.NarrowQKAttention) and attn.qk_dim == g.head_dim // 2
+        lay = ad.layout
+        assert getattr(attn, lay.q).weight.shape[0] == getattr(attn, lay.k).weight.shape[0] == g.n_heads * 8
+        assert getattr(attn, lay.v).weight.shape[0] == getattr(attn, lay.out).weight.shape[1] == g.n_heads * 16
+    qk = sliced.report["details"]["qk"]
+    assert qk["d_s"] == [8] and all(r["logit_rel_after"] <= r["logit_rel_before"] + 1e-12 for r in qk["layers"])
+
+
+@pytest.mark.parametrize("family", ["vit", "siglip_vision_model"])
+def test_joint_corp_saves_a_per_layer_folder_that_reloads(tmp_path, images, family):
+    """Joint CORP (the vision default): fewer parameters, ``qk_dim`` per layer in the config, and the folder reloads
+    with secateur's loader and with plain transformers to the in-memory output."""
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    folder = save_tiny(family, tmp_path / "m")
+    res = api.prune(model=folder, method="corp", sparsity=0.5, calib=images, nsamples=12, out=str(tmp_path / "o"),
+                    quiet=True)
+    d = res.report["details"]
+    assert d["units"] == ["channel", "qk"] and d["params_after"] < d["params_before"]
+    cfg = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert cfg["model_type"] == f"secateur_{family}"
+    assert [s["qk_dim"] for s in cfg["secateur_layers"]] == [8, 8]
+    assert [s["intermediate"] for s in cfg["secateur_layers"]] == [32, 32]
+    x = _pixels(folder)
+    want = _out(res.model, x)
+    again, _ = load_model(str(tmp_path / "o"))
+    torch.testing.assert_close(_out(again, x), want, atol=1e-6, rtol=0)
+    auto = AutoModel if family == "siglip_vision_model" else AutoModelForImageClassification
+    plain = auto.from_pretrained(str(tmp_path / "o")).eval()
+    torch.testing.assert_close(_out(plain, x), want, atol=1e-6, rtol=0)
+
+
+def test_qk_units_refused_on_a_rope_model(tmp_path):
+    """``--units qk`` on a RoPE language model: one line before any calibration (rotary embeddings do not commute
+    with dim pruning, corp.md [A8])."""
+    from contract import check
+
+    folder = save_tiny("llama", tmp_path / "m")
+    code, _, err = check("corp-qk-rope", ["prune", "--model", folder, "--method", "corp", "--units", "channel,qk",
+                                          "--calib", "self", "--nsamples", "2", "--seqlen", "16", "--quiet",
+                                          "--out", tmp_path / "o"], [tmp_path])
+    assert code == 2 and "rotary" in err
+
+
+def test_qk_units_belong_to_corp(tmp_path, images):
+    from contract import check
+
+    folder = save_tiny("vit", tmp_path / "m")
+    code, _, err = check("qk-units", ["prune", "--model", folder, "--method", "wanda-sp", "--units", "qk",
+                                      "--calib", images, "--nsamples", "4", "--quiet", "--out", tmp_path / "o"],
+                         [tmp_path])
+    assert code == 2 and "--units qk" in err and "--method corp" in err
