@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint bench-quick deploy
+.PHONY: setup demo demo-vision test test-fast lint bench-quick deploy
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Vision: find (or train, about an hour, resumable) the Fashion-MNIST ViT, prune it 50% with CORP, print top-1 and size
+demo-vision: setup
+	$(PY) bench/tools/vision_demo.py
 
 # The edit loop: the unit-level files (math, budgets, scorers, compensators, the engine, the CLI's validation and
 # the generated-input contract), no real model, no subprocess-heavy files; about 2 minutes on 2 quiet cores.

@@ -452,6 +452,7 @@ def define_family(family: str, layout: FamilyLayout, config_class: type, model_c
     globals()[cfg.__name__] = cfg
     if _OWN_MODULE:
         AutoConfig.register(cfg.model_type, cfg, exist_ok=True)
+    by_factory: dict[str, list[type]] = {}
     for stock, factory in ((model_class, auto), *more):
         mdl = type(f"Secateur{stock.__name__}", (_HeteroModel, stock), {"__module__": __name__, "config_class": cfg})
         HETERO_MODELS[stock.__name__], AUTO_CLASSES[stock.__name__] = mdl, factory
@@ -459,8 +460,11 @@ def define_family(family: str, layout: FamilyLayout, config_class: type, model_c
         if stock is model_class:
             HETERO_CLASSES[family] = (cfg, mdl)
         _share_conversions(stock, mdl)
-        if _OWN_MODULE:
-            getattr(transformers, factory).register(cfg, mdl, exist_ok=True)
+        by_factory.setdefault(factory, []).append(mdl)
+    if _OWN_MODULE:  # several classes under one factory (DeiT's two classifiers): chosen by config.architectures
+        for factory, classes in by_factory.items():
+            getattr(transformers, factory).register(cfg, classes[0] if len(classes) == 1 else tuple(classes),
+                                                    exist_ok=True)
 
 
 def _share_conversions(stock: type, mdl: type) -> None:
