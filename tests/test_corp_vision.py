@@ -107,3 +107,20 @@ def test_qk_units_belong_to_corp(tmp_path, images):
                                       "--calib", images, "--nsamples", "4", "--quiet", "--out", tmp_path / "o"],
                          [tmp_path])
     assert code == 2 and "--units qk" in err and "--method corp" in err
+
+
+def test_report_renders_a_vision_run_with_its_accuracy(tmp_path, images):
+    """``secateur report`` on a pruned vision folder with its ``eval accuracy`` JSON beside the report: an accuracy
+    table with the numbers the JSON holds, and the model card names the Auto class that reloads it."""
+    from secateur.cli import main
+
+    folder = save_tiny("vit", tmp_path / "m")
+    out = tmp_path / "o"
+    api.prune(model=folder, method="corp", sparsity=0.5, calib=images, nsamples=12, out=str(out), quiet=True)
+    assert main(["eval", "accuracy", "--model", str(out), "--dataset", images, "--json", str(out / "acc.json"),
+                 "--quiet"]) == 0
+    acc = json.loads((out / "acc.json").read_text())
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Image classification accuracy" in md and f"| {acc['top1']:.4f} |" in md
+    assert "AutoModelForImageClassification.from_pretrained" in (out / "README.md").read_text()

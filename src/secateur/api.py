@@ -387,7 +387,7 @@ def _report(opts: PruneOptions, spec: ModelSpec, method, model, result, manifest
         options[k] = portable(options.get(k))
     return {
         "schema_version": SCHEMA_VERSION, "method": opts.method, "kind": method.kind,
-        "model": portable(opts.model_name),
+        "model": portable(opts.model_name), "modality": get_adapter(model).modality, "loads_with": _loads_with(model),
         "base_license": base_license(opts.model_name),  # read from the model's own folder (its card, config)
         # GGUF input: file (by name), sha256, cached folder (by name); else None
         "model_source": None if opts.in_memory else portable_source(spec.source),
@@ -480,6 +480,15 @@ def _figures(details: dict) -> dict[str, bytes]:
     cfg = details.get("config") or {}
     title = f"{details['method']}, {cfg.get('budget')} budget, {cfg.get('sparsity'):.0%}"
     return {"qk-removal.png": qk_removal_png({details["method"]: alloc}, title=title)}
+
+
+def _loads_with(model) -> str:
+    """The transformers Auto factory that reloads the output (``AutoModelForCausalLM``, a vision classifier's
+    ``AutoModelForImageClassification``, a backbone's ``AutoModel``)."""
+    from secateur.export.sliced import stock_model_class
+    from secateur.models import hetero
+
+    return hetero.AUTO_CLASSES.get(stock_model_class(model).__name__, "AutoModelForCausalLM")
 
 
 def _sample_tokens(opts: PruneOptions, cfg: dict) -> int:

@@ -164,7 +164,8 @@ def model_card(report: dict, recipe: dict, command: str) -> str:
     if kind == "unstructured":
         body.append("- `secateur-masks.npz`: the masks, bit-packed (True = pruned; "
                     "`secateur.masks_file.load_masks` reads them)")
-    body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(\"<this folder>\")`"
+    auto = report.get("loads_with") or "AutoModelForCausalLM"
+    body += ["", f"Load it with `{auto}.from_pretrained(\"<this folder>\")`"
              + (" (when `config.json` has a `secateur_*` model type, the widths differ per layer: import secateur "
                 "first, or pass `trust_remote_code=True`)." if kind == "structured" else ".")]
     head = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False)

@@ -61,6 +61,7 @@ def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
     sections.intro(doc, runs, title, note)
     sections.perplexity(doc, runs, plots)
     sections.zeroshot(doc, runs)
+    sections.accuracy(doc, runs)
     sections.structured(doc, runs)
     sections.allocation(doc, runs, plots)
     sections.qk_error(doc, runs, plots)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from secateur.errors import SecateurError
+from secateur.eval.accuracy import PROTOCOL as ACCURACY_PROTOCOL
 from secateur.eval.qk_error import PROTOCOL as QK_PROTOCOL
 from secateur.eval.zeroshot import PROTOCOL as ZEROSHOT_PROTOCOL
 from secateur.eval.zeroshot import suite_summary
@@ -64,6 +65,7 @@ class Run:
     preset: str | None = None
     ppl: list[dict] = field(default_factory=list)
     zeroshot: dict | None = None
+    accuracy: list[dict] = field(default_factory=list)  # image classification: {dataset, split, top1, top5, n}
     qk_error: dict | None = None
     qk_removal: dict | None = None
     realized: float | None = None
@@ -231,6 +233,11 @@ def _attach(run: Run, path: Path, doc: Any) -> bool:
     elif isinstance(proto, str) and PPL_PROTOCOL.match(proto) and "ppl" in doc:
         parse_at(PplEntry, doc, source, RUN_FIX)
         run.ppl.append(_ppl_entry(str(doc.get("dataset", Path(name).stem)), doc, name))
+    elif proto == ACCURACY_PROTOCOL and num(doc.get("top1")) is not None:
+        run.accuracy.append({"dataset": str(doc.get("dataset", "?")), "split": doc.get("split"),
+                             "top1": num(doc.get("top1")), "top5": num(doc.get("top5")),
+                             "n_images": doc.get("n_images"), "images_sha256": doc.get("images_sha256"),
+                             "file": name})
     elif proto == QK_PROTOCOL and "e_qk" in doc:
         parse_at(QKError, doc, source, RUN_FIX)
         run.qk_error = doc | {"file": name}

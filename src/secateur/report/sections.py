@@ -201,6 +201,23 @@ def zeroshot(doc: Doc, runs: list[Run]) -> None:
     doc.table(headers, rows, left=3)
 
 
+def accuracy(doc: Doc, runs: list[Run]) -> None:
+    """Image classification: top-1 / top-5 of each run on each evaluated set (``secateur eval accuracy``)."""
+    acc = [r for r in runs if r.accuracy]
+    if not acc:
+        return
+    doc.h(2, "Image classification accuracy")
+    rows = []
+    for r in acc:
+        for a in r.accuracy:
+            where = f"{a['dataset']} {a['split']}" if a.get("split") else a["dataset"]
+            rows.append([r.name, r.method, sparsity_label(r), where, fmt(a["top1"], 4),
+                         fmt(a["top5"], 4) if a.get("top5") is not None else "-", str(a.get("n_images", "-"))])
+    doc.p("Top-k accuracy of the model's class logits on the named set, through the model's own image processor "
+          "(`secateur eval accuracy`); ties go to the lower class id.")
+    doc.table(["run", "method", "sparsity", "images", "top-1", "top-5", "n"], rows, left=4)
+
+
 def structured(doc: Doc, runs: list[Run]) -> None:
     """Parameters before/after and removed blocks of structured runs; kept widths per layer."""
     st = [r for r in runs if r.structured and not r.is_dense]
