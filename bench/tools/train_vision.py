@@ -205,10 +205,26 @@ def main(argv: list[str] | None = None) -> int:
             "train_seconds": round(seconds, 1), "params": sum(p.numel() for p in model.parameters()),
             "load_avg_1_5_15": [round(v, 2) for v in os.getloadavg()], "loss_log": log,
             "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    backbone = _save_backbone(model, a.arch, out)
+    if backbone:
+        info["backbone"] = backbone
     (out / "train.json").write_text(json.dumps(info, indent=1) + "\n")  # last: its presence means "trained"
     ckpt.unlink(missing_ok=True)
     print(f"{out}: test top-1 {acc:.4f} after {total} steps, {seconds:.0f} s")
     return 0
+
+
+def _save_backbone(model, arch: str, out: Path) -> str | None:
+    """The headless backbone of a DINOv2- or SigLIP-shaped classifier as its own folder ``<out>-backbone`` (with the
+    processor config): what CORP's Table 8 prunes and scores by feature cosine and linear probe."""
+    if arch not in ("dinov2", "siglip"):
+        return None
+    backbone = model.dinov2 if arch == "dinov2" else model.vision_model
+    folder = out.parent / f"{out.name}-backbone"
+    backbone.config._attn_implementation = "sdpa"
+    backbone.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor_config(arch), indent=2) + "\n")
+    return str(folder)
 
 
 def _check_processor(arch: str, images: np.ndarray) -> None:
