@@ -124,3 +124,28 @@ def test_report_renders_a_vision_run_with_its_accuracy(tmp_path, images):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Image classification accuracy" in md and f"| {acc['top1']:.4f} |" in md
     assert "AutoModelForImageClassification.from_pretrained" in (out / "README.md").read_text()
+
+
+def test_without_compensation_the_kept_qk_rows_are_the_dense_rows(tmp_path, images):
+    """``--compensation none`` (CORP's "w/o compensation" arm, spec K8): every narrowed q/k row is the dense row of
+    a kept dim of its own head, unmixed; with compensation the rows are mixed (M != 0) and the calibration logit
+    error is no larger."""
+    from secateur.testing import tiny_vision_model
+
+    folder = save_tiny("vit", tmp_path / "m")
+    dense = tiny_vision_model("vit")
+    plain = api.prune(model=folder, method="corp", units="qk", compensation="none", sparsity=0.5, calib=images,
+                      nsamples=12, quiet=True)
+    comp = api.prune(model=folder, method="corp", units="qk", sparsity=0.5, calib=images, nsamples=12, quiet=True)
+    lay, hd = get_adapter(dense).layout, 16
+    for i, layer in enumerate(get_adapter(plain.model).layers):
+        for name in (lay.q, lay.k):
+            w = getattr(layer.attention, name).weight
+            w0 = getattr(dense.vit.layers[i].attention, name).weight
+            for h in range(2):
+                block = w0[h * hd:(h + 1) * hd]
+                assert all(any(torch.equal(r, b) for b in block) for r in w[h * 8:(h + 1) * 8])
+    mixed = get_adapter(comp.model).layers[0].attention.q_proj.weight
+    assert not all(any(torch.equal(r, b) for b in dense.vit.layers[0].attention.q_proj.weight) for r in mixed)
+    for a, b in zip(plain.report["details"]["qk"]["layers"], comp.report["details"]["qk"]["layers"]):
+        assert b["logit_rel_after"] <= a["logit_rel_before"] + 1e-12

@@ -52,6 +52,7 @@ class CorpQKConfig:
     mode: Literal["exact", "pooled"] = "exact"
     fold: Literal["auto", "balanced", "one_sided"] = "auto"
     min_qk_dim: int = 8
+    compensate: bool = True  # False: the kept dims sliced as they are (CORP's "w/o compensation" arm, Fig. 2)
 
     def validate(self) -> None:
         check_fraction(self.sparsity, unit="query/key dims")  # [0, 1): every head keeps at least one dim
@@ -103,6 +104,8 @@ class CorpQKHandler(engine.Handler):
                             map_heads=self.owners.map)
         d_h, ds = g.head_dim, res.kept.shape[1]
         gs = g.n_heads // g.n_kv_heads
+        if not self.cfg.compensate:
+            res = _uncompensated(res, wq, bq, wk, bk, d_h, gs)
         if self.slice_heads:
             self._narrow(ctx, res, ds)
             self._record(ctx, res, d_h, ds)
@@ -193,6 +196,21 @@ def prune_corp_qk(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, c
                "logit_rel_before_mean": sum(r["logit_rel_before"] for r in h.layers) / max(n, 1),
                "logit_rel_after_mean": sum(r["logit_rel_after"] for r in h.layers) / max(n, 1)}
     return {"masks": h.masks, "timings": rep.timings, "details": details}
+
+
+def _uncompensated(res, wq, bq, wk, bk, d_h: int, gs: int):
+    """``res`` with its q/k rows replaced by the dense rows of the kept dims (M = 0: the logit is ``q_S^T k_S``,
+    CORP's pruning without compensation, spec K8); the selection and the diagnostics stay."""
+    import dataclasses
+
+    def rows(w, n, group):
+        if w is None:
+            return None
+        return torch.cat([w[h * d_h + res.kept[h // group]] for h in range(n)])
+
+    n_heads, n_kv = wq.shape[0] // d_h, wk.shape[0] // d_h
+    return dataclasses.replace(res, w_q=rows(wq, n_heads, gs), b_q=rows(bq, n_heads, gs), w_k=rows(wk, n_kv, 1),
+                               b_k=rows(bk, n_kv, 1))
 
 
 # --- the registered method (--method corp-qk) ----------------------------------------------------------------

@@ -565,7 +565,8 @@ def _corp_with_qk(name: str, model: nn.Module, adapter: Adapter, ids: torch.Tens
     compensation + slicing) and then, on the MLP-pruned model, its query/key head dimensions (``qk``: a sequential
     pass, :func:`secateur.methods.corp_qk.prune_corp_qk` sliced into narrow q/k heads), both at ``--sparsity``:
     ``d_h - floor(rho d_h)`` dims kept per head, ``rho`` of the MLP channels removed. The Q/K statistics are taken
-    on the already MLP-pruned blocks' inputs (sequential, as SparseGPT propagates its errors)."""
+    on the already MLP-pruned blocks' inputs (sequential, as SparseGPT propagates its errors). ``--compensation
+    none``: neither part compensated (the paper's "w/o compensation" arm)."""
     from secateur.eval.efficiency import count_params
     from secateur.methods.corp_qk import CorpQKConfig, prune_corp_qk
 
@@ -574,7 +575,8 @@ def _corp_with_qk(name: str, model: nn.Module, adapter: Adapter, ids: torch.Tens
     mlp = replace(cfg, units=cfg.kinds) if cfg.kinds else None
     res = (prune_structured(model, adapter, ids, mlp, chunk_size=opts.run.chunk_size, device=opts.device,
                             progress=not opts.run.quiet, blocks=blocks) if mlp else None)
-    qk = prune_corp_qk(model, adapter, ids, CorpQKConfig(sparsity=cfg.sparsity), chunk_size=opts.run.chunk_size,
+    qk_cfg = CorpQKConfig(sparsity=cfg.sparsity, compensate=cfg.compensation != "none")
+    qk = prune_corp_qk(model, adapter, ids, qk_cfg, chunk_size=opts.run.chunk_size,
                        device=opts.device, progress=not opts.run.quiet, blocks=blocks, slice_heads=True)
     after = count_params(model)
     g = adapter.geometry
