@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--tiny", action="store_true", help="a 2-block width-32 model on 2,048 images (tests)")
+    ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: an interruption
     ap.add_argument("--out", help="output folder (default $SECATEUR_CACHE/vision/fmnist-<arch>)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + np.cos(np.pi * (s - warm) / max(1, total - warm))))
     step, seconds, log = 0, 0.0, []
+    if a.stop_after is not None:
+        a.stop_after += _resumed_step(ckpt)
     if ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
         model.load_state_dict(st["model"])
@@ -195,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if step % a.ckpt_every == 0 and step < total:
             save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                          "step": step, "seconds": seconds + time.perf_counter() - t0, "log": log}, ckpt)
+        if a.stop_after is not None and step >= a.stop_after:
+            return 3  # stopped as if killed: the checkpoint holds the last multiple of --ckpt-every
     seconds += time.perf_counter() - t0
     acc = top1(model, xte, yte)
     model.config._attn_implementation = "sdpa"
@@ -212,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ckpt.unlink(missing_ok=True)
     print(f"{out}: test top-1 {acc:.4f} after {total} steps, {seconds:.0f} s")
     return 0
+
+
+def _resumed_step(ckpt: Path) -> int:
+    return torch.load(ckpt, weights_only=False)["step"] if ckpt.exists() else 0
 
 
 def _save_backbone(model, arch: str, out: Path) -> str | None:
