@@ -145,6 +145,9 @@ def test_vision_folder_that_disagrees_with_itself_is_one_line(tiny, tmp_path, fa
     import re
 
     cfg_edit, weights_edit, message = CASES[case]
+    if cfg_edit is not None and family in ("siglip", "clip"):  # a composite classifier's sizes: its vision_config
+        edit = cfg_edit
+        cfg_edit = lambda c: edit(c["vision_config"])  # noqa: E731
     model = variant(tiny[family], tmp_path / "model", cfg_edit, weights_edit)
     for name, argv in _vision_commands(model, tmp_path).items():
         if name == "eval-accuracy" and family in ("siglip_vision_model", "clip_vision_model"):

@@ -38,7 +38,8 @@ N_IMAGES = 8
 STRUCTURED = {"wanda-sp": ["--compensation", "ls"], "flap": [], "corp": [], "shortgpt": []}
 #: tokens entering block 0 of a 16 x 16 image in 4 x 4 patches: 16 patches + CLS (+ DeiT's distillation token;
 #: SigLIP has no CLS)
-TOKENS = {"vit": 17, "deit": 18, "dinov2": 17, "siglip_vision_model": 16, "clip_vision_model": 17}
+TOKENS = {"vit": 17, "deit": 18, "dinov2": 17, "siglip_vision_model": 16, "clip_vision_model": 17, "siglip": 16,
+          "clip": 17}
 
 
 def _auto(family: str, headless: bool = False):

@@ -58,6 +58,10 @@ def _vision(layers: int, **extra) -> dict:
                 num_channels=3, **extra)
 
 
+_TINY_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "vocab_size": 49408}  # CLIP's bos/eos ids are in range; the text model is never built
+
+
 def _vision_configs() -> dict[str, Callable[[int], PretrainedConfig]]:
     import transformers as T
 
@@ -68,13 +72,18 @@ def _vision_configs() -> dict[str, Callable[[int], PretrainedConfig]]:
         "siglip_vision_model": lambda n: T.SiglipVisionConfig(**_vision(n, intermediate_size=64,
                                                                          vision_use_head=False)),
         "clip_vision_model": lambda n: T.CLIPVisionConfig(**_vision(n, intermediate_size=64, projection_dim=16)),
+        # composite classifiers: the vision tower's sizes in vision_config (a tiny text config beside it, unused)
+        "siglip": lambda n: T.SiglipConfig(vision_config=_vision(n, intermediate_size=64, vision_use_head=False),
+                                           text_config=_TINY_TEXT, num_labels=10),
+        "clip": lambda n: T.CLIPConfig(vision_config=_vision(n, intermediate_size=64), text_config=_TINY_TEXT,
+                                       projection_dim=16, num_labels=10),
     }
 
 
 # The vision encoder families (``model_type`` -> config builder ``(layers)``; pixel values in, class logits or
 # features out).
 VISION_TINY_CONFIGS: dict[str, Callable[[int], PretrainedConfig]] = {}
-VISION_FAMILIES = ("vit", "deit", "dinov2", "siglip_vision_model", "clip_vision_model")
+VISION_FAMILIES = ("vit", "deit", "dinov2", "siglip_vision_model", "clip_vision_model", "siglip", "clip")
 
 
 def tiny_vision_model(family: str, seed: int = 0, layers: int = 2, headless: bool = False) -> torch.nn.Module:

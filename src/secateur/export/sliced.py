@@ -75,7 +75,9 @@ def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
     if any(s != first for s in specs) or first["n_heads"] == 0:
         return None
     layout = layout_of(fam)
-    d = dict(d)
+    top = d = dict(d)
+    if layout.sub_config:  # a composite classifier's sizes live in its sub-config
+        d = top[layout.sub_config] = dict(top[layout.sub_config])
     if layout.gqa:  # explicit head_dim: head counts can change
         d.update({layout.heads_key: first["n_heads"], layout.kv_heads_key: first["n_kv_heads"]})
     elif first["n_heads"] != d[layout.heads_key]:
@@ -86,7 +88,7 @@ def _stock_dict(fam: str, d: dict, specs: list[dict]) -> dict | None:
         d[layout.inter_key] = first["intermediate"] // d["hidden_size"]
     else:
         d[layout.inter_key] = first["intermediate"]
-    return d
+    return top
 
 
 def export_config(model: nn.Module):

@@ -95,11 +95,17 @@ def _layers(names) -> tuple[str | None, dict[int, list[str]]]:
 
 
 def _layer_field(cfg: dict) -> tuple[str, int] | None:
+    """The config's block count: its own field, or a composite image classifier's ``vision_config``'s (a SigLIP or
+    CLIP classifier holds only its vision tower's blocks)."""
     for key in LAYER_FIELDS:
         v = cfg.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return key, v
-    return None
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    sub = cfg.get(fam.layout.sub_config) if fam is not None and fam.layout.sub_config else None
+    return _layer_field(sub) if isinstance(sub, dict) else None
 
 
 def check_layer_count(spec: str, cfg: dict, held: dict[str, tuple[int, ...]]) -> None:

@@ -219,6 +219,7 @@ class FamilyLayout:
     default_inner_mult: int = 0   # intermediate = mult * hidden when the config leaves it unset
     norms_per_layer: int = 2      # hidden-size norms per block (Gemma-3: 4, with its post-attention/MLP norms)
     inter_ratio: bool = False     # inter_key holds intermediate / hidden (DINOv2's integer mlp_ratio)
+    sub_config: str = ""          # the sub-config holding the sizes (composite classifiers: "vision_config")
 
     @property
     def qkv(self) -> tuple[str, ...]:
@@ -254,7 +255,15 @@ def _family_of(config) -> str:
     return fam
 
 
+def sizes_of(config):
+    """The config that holds the blocks' sizes: the config itself, or a composite model's sub-config
+    (``SiglipConfig.vision_config``) when its family's layout names one."""
+    layout = LAYOUTS.get(base_model_type(getattr(config, "model_type", "") or ""))
+    return getattr(config, layout.sub_config) if layout is not None and layout.sub_config else config
+
+
 def head_dim_of(config) -> int:
+    config = sizes_of(config)
     hd = getattr(config, "head_dim", None)
     return hd or config.hidden_size // config.num_attention_heads
 

@@ -239,7 +239,7 @@ def remove_blocks(model: nn.Module, blocks: list[int]) -> None:
     types = getattr(cfg, "layer_types", None)
     if types is not None:
         cfg.layer_types = [t for i, t in enumerate(types) if i not in drop]
-    cfg.num_hidden_layers = len(keep)
+    hetero.sizes_of(cfg).num_hidden_layers = len(keep)
 
 
 def sync_config(model: nn.Module) -> None:

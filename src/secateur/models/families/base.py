@@ -304,7 +304,7 @@ class Adapter:
         for parent, pname, name, role, shape, bias_rule in want:
             _check_projection(where, lay, cfg, parent, pname or "the layer", name, refs[role].module, shape,
                               bias_rule)
-        keys = cfg.to_dict()
+        keys = hetero.sizes_of(cfg).to_dict()
         for field, expect in (("heads_key", g.n_heads), ("inter_key", f), ("kv_heads_key", g.n_kv_heads)):
             key = getattr(lay, field)
             if key is None:  # no KV-head key: MHA

@@ -1,9 +1,14 @@
 """SigLIP's vision tower (``model_type = "siglip_vision_model"``): ``SiglipVisionModel``, no CLS token (patch
 tokens only), ``self_attn.{q,k,v,out}_proj``, ``layer_norm1/2``, ``post_layernorm`` and the attention-pool head
-(never pruned)."""
+(never pruned). ``siglip.py`` also holds the composite classifier ``SiglipForImageClassification`` (``model_type =
+"siglip"``: the sizes in ``vision_config``, the mean of the patch tokens into the classifier), registered as its
+own family by ``siglip_classifier.py``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from torch import nn
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from secateur.models.families.encoder import EncoderAdapter, encoder_projections
@@ -28,3 +33,16 @@ class SiglipVisionAdapter(EncoderAdapter):
 
 
 ADAPTER = SiglipVisionAdapter
+
+
+class CompositeClassifierAdapter(SiglipVisionAdapter):
+    """A composite model's image classifier (``SiglipForImageClassification``, ``CLIPForImageClassification``): the
+    vision tower's blocks under ``vision_model``, its sizes in ``config.vision_config`` (the layout's
+    ``sub_config``), the classifier on the tower's output."""
+
+    auto_class = "AutoModelForImageClassification"
+    layout = replace(LAYOUT, sub_config="vision_config")
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model.vision_model
