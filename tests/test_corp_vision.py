@@ -149,3 +149,19 @@ def test_without_compensation_the_kept_qk_rows_are_the_dense_rows(tmp_path, imag
     assert not all(any(torch.equal(r, b) for b in dense.vit.layers[0].attention.q_proj.weight) for r in mixed)
     for a, b in zip(plain.report["details"]["qk"]["layers"], comp.report["details"]["qk"]["layers"]):
         assert b["logit_rel_after"] <= a["logit_rel_before"] + 1e-12
+
+
+@pytest.mark.parametrize("compensation", ["ls", "bias", "rcpu", "coec", "corp"])
+@pytest.mark.parametrize("family", ["vit", "dinov2", "siglip"])
+def test_each_compensator_lowers_the_vision_blocks_error_or_is_guarded(tmp_path, images, family, compensation):
+    """Every compensator on vision blocks (Wanda-sp's MLP channels and heads at 50%): each compensated projection's
+    relative calibration reconstruction error is no larger than the sliced one's, either by the solve or because
+    the no-worse guard kept the plain slice (recorded)."""
+    folder = save_tiny(family, tmp_path / "m")
+    res = api.prune(model=folder, method="wanda-sp", sparsity=0.5, calib=images, nsamples=12,
+                    compensation=compensation, quiet=True)
+    records = res.report["details"]["per_layer"]
+    assert records, "no projection was compensated"
+    for r in records:
+        assert r["recon_after"] <= r["recon_before"] * (1 + 1e-6) + 1e-12, r
+    assert any(r["recon_after"] < r["recon_before"] for r in records)
