@@ -59,7 +59,7 @@ COMPENSATORS: dict[str, Compensator] = {
 #: (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj); ls: G_xx + ridge,
 #: its symmetrized copy and Cholesky factor, and the error diagnostic (W0 C, W0 and C_KK, base.ReconError): a plan
 #: with 2 fell 1.54 GiB short at 7B widths; rcpu, corp: the Gram and one product; none, bias: none.
-SOLVER_MATRICES: dict[str, int] = {"none": 0, "bias": 0, "ls": 4, "rcpu": 2, "corp": 2, "coec": 6}
+SOLVER_MATRICES: dict[str, int] = {"none": 0, "bias": 0, "ls": 4, "grail": 4, "rcpu": 2, "corp": 2, "coec": 6}
 
 
 def solver_matrices(compensation: str) -> int:

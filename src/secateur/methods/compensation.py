@@ -40,7 +40,11 @@ from secateur.models.adapters import Adapter
 
 #: compensation name (``--compensation``) -> registered compensator (secateur.compensate.COMPENSATORS)
 COMPENSATIONS: dict[str, str] = {"none": "none", "bias": "flap_bias", "ls": "ls", "rcpu": "rcpu", "coec": "coec",
-                                 "corp": "corp_mlp"}
+                                 "corp": "corp_mlp", "grail": "ls"}
+#: GRAIL's ridge (Tang et al., CPAL 2026; code TWWinde/GRAIL_Compensation, ``_B_from_gram``): ``lambda = 1e-3 *
+#: mean(diag G_KK)`` over the uncentered Gram of the kept inputs, the consumer refit ``W' = W G[:, K] (G_KK +
+#: lambda I)^{-1}`` with its bias unchanged: secateur's ``ls`` solve (COEC Sec. 3.2) with that ridge rule
+GRAIL_LAMBDA_REL = 1e-3
 
 
 @dataclass
@@ -73,7 +77,8 @@ class CompensationOptions(MethodOptions):
     CLI_GROUP = "structured pruning (secateur.methods.structured; every default below is None = unset)"
 
     compensation: str | None = knob("repair o_proj/down_proj after selection (default: the method's own: bias for "
-                                    "flap, rcpu for rcpu, corp for corp, none otherwise)", choices=COMPENSATIONS)
+                                    "flap and vbp, rcpu for rcpu, corp for corp, none otherwise; grail: ls with "
+                                    "GRAIL's ridge)", choices=COMPENSATIONS)
     coec_stage: str | None = knob("COEC Table 3 preset (cumulative components); the knobs below override it",
                                   choices=COEC_ABLATION_STAGES)
     coec_alpha: float | None = knob("COEC Gram tempering exponent (default 0.9)", type=float)
@@ -137,6 +142,8 @@ def _options(cfg: CompensationConfig, group: str, adapter: Adapter, index: int) 
         return opts
     if cfg.compensation == "ls":
         return {"lam_rel": cfg.ls_lambda_rel}
+    if cfg.compensation == "grail":
+        return {"lam_rel": GRAIL_LAMBDA_REL}
     return {}
 
 

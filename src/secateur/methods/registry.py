@@ -106,6 +106,8 @@ register(_structured("magnitude-sp", "structured: ||W_:,j|| column magnitude (no
 register(_structured("random", "structured: seeded uniform random units (--seed)"))
 register(_structured("shortgpt", "structured: remove whole blocks of lowest block influence (Men et al. 2024)"))
 register(_structured("corp", "structured: CORP MLP channel score E[h^2] ||W2_:,i||; native compensation: corp"))
+register(_structured("vbp", "structured: VBP post-activation variance of MLP neurons; native compensation: bias "
+                            "(the removed neurons' means folded into the next bias) (Berisha et al. 2025)"))
 
 
 #: methods ``--stream`` runs: the unstructured ones the engine streams and the score-based structured ones

@@ -87,17 +87,17 @@ from secateur.structured.units import Inventory, inventory
 #: registry method name -> unit score (secateur.scoring.structured)
 SELECTIONS: dict[str, str] = {
     "wanda-sp": "wanda_sp", "flap": "flap", "rcpu": "rcpu", "magnitude-sp": "magnitude", "random": "random",
-    "shortgpt": "shortgpt", "corp": "corp",
+    "shortgpt": "shortgpt", "corp": "corp", "vbp": "vbp",
 }
 #: ``--structured`` maps these unstructured method names to their structured counterpart
 STRUCTURED_ALIASES: dict[str, str] = {"magnitude": "magnitude-sp", "wanda": "wanda-sp"}
 #: the compensation each selection method ships with (COEC Table 1 "native")
 NATIVE: dict[str, str] = {"wanda-sp": "none", "flap": "bias", "rcpu": "rcpu", "magnitude-sp": "none",
-                          "random": "none", "shortgpt": "none", "corp": "corp"}
+                          "random": "none", "shortgpt": "none", "corp": "corp", "vbp": "bias"}
 #: ``--allocation`` name -> allocator of :func:`secateur.budgets.select.select_units`
 STRUCTURED_ALLOCATIONS: dict[str, str] = {"uniform": "uniform", "flap-global": "flap"}
 #: the methods ``--stream`` runs block by block (CoCurve is refused: see REFUSED)
-STREAMED = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt", "corp")
+STREAMED = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt", "corp", "vbp")
 #: methods that stay in memory, with the reason the refusal gives
 REFUSED = {m: "its ablation sweep and held-out lambda choice read the whole model's output logits for every "
               "candidate, which one block at a time cannot give" for m in ("cocurve", "cocurve-diag")}
@@ -150,6 +150,8 @@ class StructuredConfig(CompensationConfig):
             raise SecateurError("corp ranks MLP channels (--units channel) and query/key head dimensions (--units "
                                 "qk, non-RoPE models); use --units channel, qk or channel,qk, or compensate another "
                                 "selection with --compensation corp")
+        if self.score == "vbp" and any(u != "channel" for u in self.units):
+            raise SecateurError("vbp ranks MLP neurons by their activation variance; use --units channel")
         if "qk" in self.units and self.score != "corp":
             raise SecateurError("--units qk (query/key head dimensions) is CORP's unit; use it with --method corp")
         from secateur.budgets.allocate import check_width_multiple
@@ -508,6 +510,8 @@ def structured_config(name: str, opts, adapter: Adapter | None = None) -> Struct
     o: StructuredOptions = opts.method_options
     if o.units is None and name == "corp":
         units = ("channel", "qk") if adapter is not None and adapter.modality == "vision" else ("channel",)
+    elif o.units is None and name == "vbp":
+        units = ("channel",)
     else:
         units = _units(o.units)
     cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,

@@ -151,6 +151,14 @@ def rcpu(w: torch.Tensor, stats: StatsLike) -> torch.Tensor:
     return _w(w).norm(dim=0) * mo.norm * mo.need_var("the RCPU score")
 
 
+def vbp(stats: StatsLike) -> torch.Tensor:
+    """VBP (Berisha et al., ICCV 2025; arXiv 2507.12988): the variance ``Var(h_i)`` of MLP neuron ``i``'s
+    post-activation output over the calibration tokens (population variance, Welford-merged in float64 by
+    :class:`~secateur.calib.stats.MeanVar`); the weights take no part. Its compensation is the mean shift: the
+    removed neurons' means times their output columns folded into the next layer's bias (``--compensation bias``)."""
+    return moments(stats).need_var("the VBP score").clone()
+
+
 def corp_mlp(w_down: torch.Tensor, stats: StatsLike, w_in: list[torch.Tensor] | None = None,
              weight_factor: str = "out_col") -> torch.Tensor:
     """CORP MLP channel score ``E[h_i^2] ||W2_:,i||`` (CORP §3.3, combined = paper default) from the
@@ -229,6 +237,10 @@ def _column_fn(method: str, opts: dict) -> Callable[[Adapter, nn.Module, int, st
             return c.pow(2) if group == "attn_out" else c  # FLAP squares the attention metric
         if method == "rcpu":
             return rcpu(w, st)
+        if method == "vbp":
+            if group == "attn_out":
+                raise SecateurError("VBP ranks MLP neurons only (--units channel)")
+            return vbp(st)
         if method == "corp":
             if group == "attn_out":
                 raise SecateurError("CORP scores MLP channels only (--units channel); its Q/K score prunes "
@@ -239,7 +251,7 @@ def _column_fn(method: str, opts: dict) -> Callable[[Adapter, nn.Module, int, st
     return fn
 
 
-COLUMN_METHODS = ("magnitude", "wanda_sp", "flap", "rcpu", "corp")
+COLUMN_METHODS = ("magnitude", "wanda_sp", "flap", "rcpu", "corp", "vbp")
 _SCORERS: dict[str, Callable[..., torch.Tensor]] = {}
 
 
