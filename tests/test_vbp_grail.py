@@ -87,3 +87,30 @@ def test_vbp_removes_the_lowest_variance_neurons_of_a_vision_model(tmp_path):
         rows = {next(j for j in range(64) if torch.equal(layer.mlp.fc1.weight[j], r)) for r in w_kept}
         assert rows == top
         h = ad.block_forward(layer, h, kw)
+
+
+@pytest.mark.parametrize("ranking", ["activation", "magnitude"])
+def test_corp_rankings_of_fig5(tmp_path, ranking):
+    """``--corp-ranking activation`` keeps the channels of largest ``E[h_i^2]``, ``magnitude`` those of largest
+    ``||W2[:, i]||``: the kept fc2 columns are the top half by that score alone (a stable descending order)."""
+    folder = save_tiny("vit", tmp_path / "m")
+    npz = tmp_path / "c.npz"
+    np.savez(npz, images=np.random.default_rng(0).integers(0, 256, (8, 16, 16, 3), dtype=np.uint8))
+    res = api.prune(model=folder, method="corp", units="channel", corp_ranking=ranking, compensation="none",
+                    sparsity=0.5, calib=str(npz), nsamples=8, quiet=True)
+    dense = tiny_vision_model("vit")
+    ad = get_adapter(dense)
+    from secateur.data.images import load_images
+
+    h, kw = ad.capture_inputs(load_images(str(npz), folder, n=8).pixel_values)
+    for i, layer in enumerate(ad.layers):
+        a = ad.attn_norm(layer, h)
+        h2 = ad.attn_residual(layer, h, ad.out_module(layer, "attn_out")(ad.attn_core(layer, a, kw)))
+        act = ad.mlp_core(layer, ad.mlp_norm(layer, h2)).reshape(-1, 64).double()
+        score = act.pow(2).mean(0) if ranking == "activation" else layer.mlp.fc2.weight.double().norm(dim=0)
+        top = set(torch.argsort(score, descending=True, stable=True)[:32].tolist())
+        kept = get_adapter(res.model).layers[i].mlp.fc2.weight
+        cols = {next(j for j in range(64) if torch.equal(layer.mlp.fc2.weight[:, j], kept[:, c]))
+                for c in range(kept.shape[1])}
+        assert cols == top
+        h = ad.block_forward(layer, h, kw)

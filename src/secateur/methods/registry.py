@@ -93,8 +93,9 @@ register(Method("corp-qk", "unstructured", True, corp_qk.run,
 
 
 def _structured(name: str, help_: str) -> Method:
+    options = structured.CorpOptions if name == "corp" else structured.StructuredOptions
     return Method(name, "structured", name not in ("magnitude-sp", "random"), partial(structured.run, name), help_,
-                  structured.StructuredOptions, partial(structured.structured_config, name),
+                  options, partial(structured.structured_config, name),
                   partial(structured.check_reachable, name), streamable=name in structured.STREAMED)
 
 

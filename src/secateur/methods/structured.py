@@ -494,6 +494,19 @@ class StructuredOptions(CompensationOptions):
     rounding: str | None = rounding_knob()
 
 
+CORP_RANKINGS = ("combined", "activation", "magnitude")
+
+
+@dataclass
+class CorpOptions(StructuredOptions):
+    """CORP's knobs: the structured ones and its MLP ranking (CORP Fig. 5)."""
+
+    CLI_GROUP = "CORP (--method corp)"
+
+    corp_ranking: str | None = knob("CORP's MLP channel ranking (Fig. 5): combined E[h_i^2] ||W2[:, i]|| (default), "
+                                    "activation E[h_i^2], magnitude ||W2[:, i]||", choices=CORP_RANKINGS)
+
+
 def _units(value) -> tuple[str, ...]:
     if value is None:
         return ("kv_group", "channel")
@@ -518,6 +531,9 @@ def structured_config(name: str, opts, adapter: Adapter | None = None) -> Struct
                            allocation=o.allocation or "uniform", rounding=o.rounding or "ceil",
                            sparsity=float(opts.sparsity), seed=int(opts.seed or 0),
                            width_multiple=1 if o.width_multiple is None else o.width_multiple)
+    ranking = getattr(o, "corp_ranking", None)
+    if ranking not in (None, "combined"):
+        cfg.score_opts = {"weight_factor": ranking}
     cfg.validate()
     return cfg
 

@@ -15,18 +15,23 @@ from secateur.errors import SecateurError, check_fraction
 
 
 def corp_mlp_scores(w_down: torch.Tensor, energy: torch.Tensor, *,
-                    weight_factor: Literal["out_col", "in_row_out_col"] = "out_col",
+                    weight_factor: Literal["out_col", "in_row_out_col", "activation", "magnitude"] = "out_col",
                     w_in: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """CORP MLP channel score (CORP Sec. 3.3, "combined", the paper's default):
     ``score_i = E[h_i^2] * ||W2[:, i]||_2``. ``energy`` = ``E[h_i^2]`` (diag of the hidden second
     moment). ``weight_factor='in_row_out_col'`` is the public code's variant (corp.md [A1]):
-    ``E[h_i^2] * (sum over w_in of ||W_in[i, :]||_2) * ||W2[:, i]||_2`` (w_in = [fc1] or [gate, up])."""
+    ``E[h_i^2] * (sum over w_in of ||W_in[i, :]||_2) * ||W2[:, i]||_2`` (w_in = [fc1] or [gate, up]).
+    Fig. 5's ablations: ``'activation'`` ``E[h_i^2]`` alone, ``'magnitude'`` ``||W2[:, i]||_2`` alone."""
     e = energy.to(torch.float64)
     col = w_down.to(torch.float64).norm(dim=0)
     if e.shape != col.shape:
         raise SecateurError(f"energy has {e.numel()} channels but down_proj has {col.numel()} columns")
     if weight_factor == "out_col":
         return e * col
+    if weight_factor == "activation":
+        return e
+    if weight_factor == "magnitude":
+        return col
     if weight_factor == "in_row_out_col":
         if not w_in:
             raise SecateurError("weight_factor='in_row_out_col' needs the MLP input projections (w_in=)")
