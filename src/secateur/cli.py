@@ -203,7 +203,7 @@ def _eval_parser(sub) -> None:
     q.add_argument("--procs", type=int, default=None, metavar="N", help=PROCS_HELP)
     q.set_defaults(func=_cmd_ppl)
     for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency",
-                "secateur.eval.accuracy"):
+                "secateur.eval.accuracy", "secateur.eval.features"):
         try:
             module = __import__(mod, fromlist=["register_cli"])
         except ImportError:
