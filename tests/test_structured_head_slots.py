@@ -217,7 +217,7 @@ def test_refusals():
         inventory(get_adapter(tiny_model("opt")), ("head_slot",))
     with pytest.raises(SecateurError, match="names two attention units"):
         StructuredConfig(score="wanda_sp", units=("kv_group", "head_slot")).validate()
-    with pytest.raises(SecateurError, match="corp ranks MLP channels only"):
+    with pytest.raises(SecateurError, match="corp ranks MLP channels .--units channel. and query.key head dimensions"):
         StructuredConfig(score="corp", units=("head_slot", "channel"), compensation="corp").validate()
     a = get_adapter(tiny_model("llama"))
     register_scorer("h5_flat", lambda inv, adapter, stats, **kw: torch.zeros(len(inv)))

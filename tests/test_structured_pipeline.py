@@ -272,7 +272,7 @@ def test_eval_efficiency_cli(tiny_dirs, calib_txt, tmp_path, capsys):
     (["--structured", "--method", "wanda", "--allocation", "flap-global"], "use it with --method flap"),
     (["--structured", "--method", "rcpu", "--units", "kv_group,bogus"], "--units"),
     (["--structured", "--method", "rcpu", "--units", "kv_group,head"], "names two attention units"),
-    (["--structured", "--method", "corp", "--units", "kv_group,channel"], "MLP channels only"),
+    (["--structured", "--method", "corp", "--units", "kv_group,channel"], "corp ranks MLP channels (--units channel)"),
     (["--structured", "--method", "rcpu", "--pattern", "2:4"], "--pattern only applies to --method magnitude"),
     (["--structured", "--method", "rcpu", "--compensation", "coec", "--coec-alpha", "1.5"], "alpha"),
     (["--structured", "--method", "rcpu", "--units", "head"], "single query heads"),  # GQA model: after loading
