@@ -133,8 +133,8 @@ def render(rows: list[dict]) -> str:
                    f"{s['num_hidden_layers']}, {s['num_attention_heads']}, {mlp} | {t['epochs']} ({t['steps']}) | "
                    f"{t['train_seconds'] / 60:.0f} min | {t['load_avg_1_5_15'][0]} | {t['test_top1']:.4f} | "
                    f"{r['top1']:.4f} | {r['top5']:.4f} |")
-    out += ["", "Sized to this machine (the main ViT in about an hour on one thread, the others in a few epochs): small "
-            "ViTs reach about 90% on this set with longer training, so these are not converged models; every "
+    out += ["", "Sized to this machine (the main ViT in about an hour on one thread, the others in a few epochs): "
+            "small ViTs reach about 90% on this set with longer training, so these are not converged models; every "
             "comparison below is between prunes of the same dense model.", "",
             "Both top-1 columns score all 10,000 test images; the training script runs eager attention, secateur "
             "the saved folder with SDPA through the model's own image processor: they agree to the last image or "
