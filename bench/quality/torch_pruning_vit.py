@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from bench.common import append_row, read_rows, stamped  # noqa: E402
-from bench.quality.corp_vit import OUT, PAGE, SPARSITIES, cache  # noqa: E402
+from bench.quality.corp_vit import OUT, PAGE, PRIORITY, cache  # noqa: E402
 
 
 def prune_tp(model, part: str, ratio: float):
@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--parts", default="mlp,heads")
+    ap.add_argument("--sparsities", default=",".join(map(str, PRIORITY)), help="in this order")
     a = ap.parse_args(argv)
     done = {r["key"] for r in read_rows(OUT)}
-    for part in a.parts.split(","):
-        for s in SPARSITIES:
+    for s in (float(x) for x in a.sparsities.split(",")):
+        for part in a.parts.split(","):
             if f"torch-pruning-{part}-{s:.1f}" not in done:
                 rec = row(part, s, a.max_images)
                 append_row(OUT, rec, unique_key=True)
