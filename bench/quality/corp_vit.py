@@ -11,6 +11,8 @@ Every row prunes the Fashion-MNIST ViT (``bench/tools/train_vision.py --arch vit
   f5   CORP Fig. 5: activation / magnitude / combined ranking, with and without compensation (MLP-only 50%)
   t5   CORP Table 5: params, FLOPs, p50 latency (batch 1) and throughput (batch 16) of joint 0-70%, dense first,
        every model timed in alternation in one process (``--threads``)
+  fam  family rows: CORP joint 30% / 50% on the DeiT-, DINOv2- and SigLIP-shaped classifiers trained here; CLIP
+       (no model trained) on tiny random models, by reconstruction error only
   t8   CORP Table 8's shape: the DINOv2- and SigLIP-shaped backbones at 30% / 50% joint: feature cosine to dense
        and linear-probe top-1 (the paper's dense tasks cannot run here)
 
@@ -78,6 +80,9 @@ def rows(nsamples: int) -> list[Row]:
         for comp in (True, False):
             kw = {"units": "channel", "corp_ranking": ranking} | ({} if comp else {"compensation": "none"})
             out.append(Row(f"corp-mlp-{ranking}-{'comp' if comp else 'nocomp'}-0.5", "f5", "corp", 0.5, kw))
+    for model in ("fmnist-deit", "fmnist-dinov2", "fmnist-siglip"):  # family rows on the trained classifiers
+        for s in (0.3, 0.5):
+            out.append(Row(f"{model}-joint-{s:.1f}", "fam", "corp", s, {"units": "channel,qk"}, model=model))
     for model in ("fmnist-dinov2-backbone", "fmnist-siglip-backbone"):
         for s in (0.3, 0.5):
             out.append(Row(f"{model}-joint-{s:.1f}", "t8", "corp", s, {"units": "channel,qk"}, model=model))
@@ -158,6 +163,36 @@ def dense_row(max_images: int | None) -> dict:
                     "load_avg_1_5_15": _load()})
 
 
+def tiny_family_rows() -> list[dict]:
+    """Family rows of the vision families with no model trained here (CLIP's tower and classifier): tiny random
+    models, scored by reconstruction only (the block error of CORP joint 30% / 50% against the dense model on
+    random images): named as such on the page."""
+    import tempfile as tf
+
+    import numpy as np
+
+    from secateur import api
+    from secateur.eval.features import block_errors
+    from secateur.testing import random_pixels, save_tiny, tiny_vision_model
+
+    out = []
+    with tf.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "calib.npz"
+        np.savez(npz, images=np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3), dtype=np.uint8))
+        for fam in ("clip_vision_model", "clip"):
+            folder = save_tiny(fam, Path(tmp) / fam)
+            for s in (0.3, 0.5):
+                for comp in (True, False):
+                    kw = {} if comp else {"compensation": "none"}
+                    res = api.prune(model=folder, method="corp", sparsity=s, calib=str(npz), nsamples=64, quiet=True,
+                                    **kw)
+                    err = block_errors(res.model, tiny_vision_model(fam), random_pixels(32, seed=1))
+                    out.append(stamped({"key": f"tiny-{fam}-joint-{s:.1f}-{'comp' if comp else 'nocomp'}",
+                                        "group": "fam-tiny", "model": f"tiny random {fam}", "sparsity": s,
+                                        "compensation": comp, "block_rel_error": err, "load_avg_1_5_15": _load()}))
+    return out
+
+
 def speed_rows(nsamples: int, threads: int) -> dict:
     """Table 5: dense and joint CORP at 10-70% saved, reloaded and timed in alternation in this process."""
     import torch
@@ -186,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.quality.corp_vit_page import render
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", default="t2,f2,t3,f3,f5,t8,t5")
+    ap.add_argument("--groups", default="t2,f2,t3,f3,f5,t8,t5,fam")
     ap.add_argument("--nsamples", type=int, default=1000)
     ap.add_argument("--max-images", type=int, default=None, help="test images scored (default: all 10,000)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the Table 5 timing")
@@ -203,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 rec = prune_row(row, a.nsamples, a.max_images)
                 append_row(OUT, rec, unique_key=True)
                 print(f"{row.key}: {rec.get('top1', rec.get('probe_top1')):.4f}", flush=True)
+        if "fam" in groups and not any(k.startswith("tiny-") for k in done):
+            for rec in tiny_family_rows():
+                append_row(OUT, rec, unique_key=True)
         if "t5" in groups and f"t5-threads{a.threads}" not in done:
             append_row(OUT, speed_rows(a.nsamples, a.threads), unique_key=True)
     render(read_rows(OUT), PAGE)

@@ -141,6 +141,28 @@ def _table8(rows: list[dict]) -> list[str]:
     return out + [""]
 
 
+def _families(by: dict, rows: list[dict]) -> list[str]:
+    fam = [r for r in rows if r.get("group") == "fam"]
+    tiny = [r for r in rows if r.get("group") == "fam-tiny"]
+    if not fam and not tiny:
+        return []
+    out = ["## Family rows: CORP joint on every vision family", ""]
+    if fam:
+        out += ["Trained here (vision-models.md), top-1 on the 10,000 test images:", "",
+                "| model | sparsity | top-1 | params | removed (all params) |", "|---|---:|---:|---:|---:|"]
+        out += [f"| {r['model']} | {r['sparsity']:.0%} | {_top1(r)} | {r['params']:,} | "
+                f"{100 * r['realized']['of_all_parameters']:.1f}% |" for r in fam]
+        out.append("")
+    if tiny:
+        out += ["No CLIP model is trained here: **tiny random models, reconstruction only** (the mean relative error "
+                "of every block's output against the dense model on random images):", "",
+                "| model | sparsity | compensation | mean block error |", "|---|---:|---|---:|"]
+        out += [f"| {r['model']} | {r['sparsity']:.0%} | {'CORP' if r['compensation'] else 'none'} | "
+                f"{sum(r['block_rel_error']) / len(r['block_rel_error']):.4f} |" for r in tiny]
+        out.append("")
+    return out
+
+
 def _claims(by: dict, rows: list[dict]) -> list[str]:
     """The paper's claims, each checked against the rows (None where a row is missing)."""
     def gain(part: str, s: float) -> float | None:
@@ -223,5 +245,5 @@ def render(rows: list[dict], page: Path) -> None:
           for n in ("activation", "magnitude", "combined") for c in ("comp", "nocomp")}
     lines += ["## Fig. 5's shape: ranking (MLP-only 50%)", "", "| ranking | top-1 |", "|---|---:|"]
     lines += [f"| {k} | {_top1(by.get(v))} |" for k, v in f5.items() if by.get(v)] + [""]
-    lines += _table5(rows) + _table6(by) + _table8(rows) + _claims(by, rows)
+    lines += _table5(rows) + _table6(by) + _table8(rows) + _families(by, rows) + _claims(by, rows)
     page.write_text("\n".join(lines) + "\n")

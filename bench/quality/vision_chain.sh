@@ -10,7 +10,7 @@ $PY bench/quality/vision_models.py
 $PY bench/quality/corp_vit.py --groups t2,t3,f5
 $PY bench/quality/torch_pruning_vit.py --sparsities 0.5
 $PY bench/quality/corp_vit.py --groups t5 --threads 1
-$PY bench/quality/corp_vit.py --groups t8
+$PY bench/quality/corp_vit.py --groups t8,fam
 $PY bench/quality/corp_vit.py --groups f2,f3          # the sweeps, headline sparsity first (PRIORITY)
 $PY bench/quality/torch_pruning_vit.py
 $PY bench/quality/vision_models.py                    # the models trained since (dense rows)
