@@ -75,3 +75,20 @@ def test_two_processes_give_the_one_process_bits(inputs, tmp_path):
     assert _prune(inputs, one, "--method", "corp", "--sparsity", "0.5") == 0
     assert _prune(inputs, two, "--method", "corp", "--sparsity", "0.5", "--procs", "2") == 0
     assert _digests(one) == _digests(two)
+
+
+@pytest.mark.parametrize("args", [("--method", "wanda-sp", "--sparsity", "0.5"),
+                                  ("--method", "wanda", "--sparsity", "0.5")])
+def test_a_streamed_vision_prune_equals_the_in_memory_one(inputs, tmp_path, args):
+    """``--stream`` (one block in memory at a time, the folder's older ViT key names mapped to the loaded ones) writes
+    the in-memory run's tensors bit for bit (the streamed folder stores them under the loaded names)."""
+    mem, streamed = tmp_path / "mem", tmp_path / "stream"
+    assert _prune(inputs, mem, *args) == 0
+    assert _prune(inputs, streamed, *args, "--stream") == 0
+    from secateur.models.loading import load_model
+
+    a, b = load_model(str(mem))[0].state_dict(), load_model(str(streamed))[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if (mem / "secateur-masks.npz").exists():
+        za, zb = np.load(mem / "secateur-masks.npz"), np.load(streamed / "secateur-masks.npz")
+        assert sorted(za.files) == sorted(zb.files) and all((za[k] == zb[k]).all() for k in za.files)
