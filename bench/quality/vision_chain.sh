@@ -14,3 +14,4 @@ $PY bench/quality/corp_vit.py --groups t8,fam
 $PY bench/quality/corp_vit.py --groups f2,f3          # the sweeps, headline sparsity first (PRIORITY)
 $PY bench/quality/torch_pruning_vit.py
 $PY bench/quality/vision_models.py                    # the models trained since (dense rows)
+$PY bench/speed/corp_vit_speed.py --threads 1             # speed targets: prune vs forward, width crossover
