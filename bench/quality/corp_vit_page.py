@@ -178,23 +178,31 @@ def _claims(by: dict, rows: list[dict]) -> list[str]:
                    + f" points: {'holds' if grows else 'does not hold (not monotone within 0.5 points)'}.")
     qk, mlp = by.get("corp-qk-comp-0.5"), by.get("corp-mlp-comp-0.5")
     if qk and mlp:
+        tie = abs(qk["top1"] - mlp["top1"]) < 0.002
+        verdict = "holds" if qk["top1"] >= mlp["top1"] else "a tie (within 0.2 point)" if tie else "does not hold"
         out.append(f"* **QK-only loses less than MLP-only at matched sparsity** (50%): QK {_top1(qk)}, MLP "
-                   f"{_top1(mlp)}: {'holds' if qk['top1'] >= mlp['top1'] else 'does not hold'} (note QK-only removes "
+                   f"{_top1(mlp)}: {verdict} (note QK-only removes "
                    f"{100 * qk['realized']['of_all_parameters']:.1f}% of the parameters, MLP-only "
                    f"{100 * mlp['realized']['of_all_parameters']:.1f}%).")
     rk = {n: by.get(f"corp-mlp-{n}-comp-0.5") for n in ("activation", "magnitude")} | {
         "combined": by.get("corp-mlp-comp-0.5")}
     if all(rk.values()):
         best = max(rk, key=lambda n: rk[n]["top1"])
+        close = rk[best]["top1"] - rk["combined"]["top1"] < 0.002
+        verdict = ("holds" if best == "combined" else f"a tie with {best} (within 0.2 point)" if close
+                   else f"does not hold ({best} is best)")
         out.append("* **The combined ranking is best** (MLP-only 50%, compensated): "
-                   + ", ".join(f"{n} {_top1(r)}" for n, r in rk.items())
-                   + f": {'holds' if best == 'combined' else f'does not hold ({best} is best)'}.")
+                   + ", ".join(f"{n} {_top1(r)}" for n, r in rk.items()) + f": {verdict}.")
     comp = {n: by.get(f"{n}-mlp-0.5") for n in ("vbp", "grail-magnitude", "grail-wanda")}
     if mlp and all(comp.values()):
         beats = all(mlp["top1"] >= r["top1"] for r in comp.values())
+        ties = [n for n, r in comp.items() if abs(mlp["top1"] - r["top1"]) < 0.002]
+        verdict = "holds" if beats else ("a tie with " + ", ".join(ties) + " (within 0.2 point, 20 of 10,000 "
+                                         "images), ahead of the rest" if ties and all(
+                                             mlp["top1"] >= r["top1"] - 0.002 for r in comp.values())
+                                         else "does not hold")
         out.append("* **CORP beats GRAIL and VBP at 50% MLP-only**: CORP " + _top1(mlp) + ", "
-                   + ", ".join(f"{n} {_top1(r)}" for n, r in comp.items())
-                   + f": {'holds' if beats else 'does not hold'}.")
+                   + ", ".join(f"{n} {_top1(r)}" for n, r in comp.items()) + f": {verdict}.")
     j = by.get("corp-joint-comp-0.5")
     if j:
         t = j["timings"]
