@@ -1,4 +1,5 @@
-"""CoCurve sweep over torch.distributed (gloo, 2 spawned ranks) == single process, bit for bit."""
+"""CoCurve sweep over torch.distributed (gloo, 2 spawned ranks) == single process, bit for bit (H, the
+single-unit KLs and the split-half graphs)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _run():
 
 def _worker(rank: int, world: int, out: str) -> None:
     sw = _run()
-    torch.save({"H": sw.H, "kl": sw.kl_single, "timings": sw.timings}, f"{out}/rank{rank}.pt")
+    torch.save({"H": sw.H, "kl": sw.kl_single, "halves": sw.halves, "timings": sw.timings}, f"{out}/rank{rank}.pt")
 
 
 def test_two_gloo_ranks_equal_one_process(tmp_path):
@@ -39,4 +40,5 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     for r in (r0, r1):
         assert torch.equal(r["H"], ref.H)
         assert torch.equal(r["kl"], ref.kl_single)
+        assert all(torch.equal(a, b) for a, b in zip(r["halves"], ref.halves))  # the split-half graphs too
     assert ref.H.abs().sum() > 0

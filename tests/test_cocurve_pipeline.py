@@ -39,7 +39,21 @@ def test_prune_slices_exports_and_reloads(tmp_path):
     res, graph = rep["_result"], rep["_graph"]
     assert abs(rep["realized"] - 0.3) < graph.costs.max() / graph.costs.sum()
     kls = [c["heldout_kl"] for c in rep["candidates"]]
-    assert rep["chosen"] == kls.index(min(kls)) and rep["candidates"][0]["lambda"] == 0.0
+    assert rep["candidates"][0]["lambda"] == 0.0
+    # the paired one-SE rule (issue 45): the lowest mean KL among lambda = 0 and the candidates below it by more
+    # than the SE of their per-sequence differences, recomputed here from the saved per-sequence KLs
+    per = [c["heldout_per_sequence"] for c in rep["candidates"]]
+    n = len(per[0])
+    assert n == 2 and all(len(x) == n for x in per)
+    beats = []
+    for x in per:
+        d = [a - b for a, b in zip(x, per[0])]
+        m = sum(d) / n
+        beats.append(m + (sum((v - m) ** 2 for v in d) / (n - 1) / n) ** 0.5 < 0)
+    eligible = [0] + [k for k, b in enumerate(beats) if b and k]
+    assert rep["chosen"] == min(eligible, key=lambda k: (kls[k], k))
+    assert rep["selection_info"]["choice"]["best"] == kls.index(min(kls))
+    assert [c["beats_diagonal"] for c in rep["candidates"]] == [b and k > 0 for k, b in enumerate(beats)]
     assert rep["lambda"] == rep["candidates"][rep["chosen"]]["lambda"]
     # artifacts: files on disk match the reported hashes; H reloads bit for bit
     out = tmp_path / "o"
@@ -143,7 +157,7 @@ def test_any_compensator_follows_cocurve_selection(tmp_path):
 def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
     absent = str(tmp_path / "absent")  # no model there: each refusal must come before the model is read
     units = ("^--units only applies to the structured pipeline \\(--structured with wanda-sp, flap, rcpu, "
-             "magnitude-sp, random, shortgpt, corp\\), and 'cocurve' is a structured method that selects its own "
+             "magnitude-sp, random, shortgpt, corp, vbp\\), and 'cocurve' is a structured method that selects its own "
              "units; drop --units, or choose a method it applies to$")
     with pytest.raises(SecateurError, match=units):
         api.prune(model=absent, method="cocurve", sparsity=0.3, units="channel")
@@ -153,6 +167,6 @@ def test_cocurve_and_structured_knobs_are_checked_before_loading(tmp_path):
         api.prune(model=absent, method="wanda", sparsity=0.3, heldout=4)
     with pytest.raises(SecateurError, match="^--heldout only applies to .*'wanda-sp' is a structured method; drop"):
         api.prune(model=absent, method="wanda-sp", sparsity=0.3, heldout=4)
-    comp = "^unknown compensation 'nope'; choose from none, bias, ls, rcpu, coec, corp$"
+    comp = "^unknown compensation 'nope'; choose from none, bias, ls, rcpu, coec, corp, grail$"
     with pytest.raises(SecateurError, match=comp):
         api.prune(model=absent, method="cocurve", sparsity=0.3, compensation="nope")

@@ -69,6 +69,7 @@ def test_interrupted_sweep_resumes_bit_identical(tmp_path, monkeypatch, seed):
     assert got.timings["resumed_blocks"] == kill_at
     assert array_sha256(got.H) == array_sha256(ref.H)
     assert torch.equal(got.kl_single, ref.kl_single) and got.support_mass == ref.support_mass
+    assert all(torch.equal(a, b) for a, b in zip(got.halves, ref.halves))  # the split-half graphs too
     assert got.timings["n_ablations"] == ref.timings["n_ablations"]  # the saved blocks' counts are carried
 
 
@@ -120,3 +121,22 @@ def _sigkill_case(tmp_path: Path) -> None:
     assert got.timings["resumed_blocks"] == done
     assert array_sha256(got.H) == array_sha256(ref.H)
     assert torch.equal(got.kl_single, ref.kl_single)
+
+
+def test_a_piece_of_other_positions_is_recomputed(tmp_path):
+    """A saved block that does not say it holds this run's positions per window (written before the default became
+    every position, or with another number) is recomputed, not added to H."""
+    ref = _sweep()
+    _sweep(_open(tmp_path, False))
+    ckdir = resume.checkpoint_dir(tmp_path / "graph")
+    old = ckdir / "sweep0-block1.pt"
+    piece = torch.load(old, weights_only=True)
+    assert piece.pop("positions") == CFG.positions_per_seq
+    torch.save(piece, old)
+    other = ckdir / "sweep0-block2.pt"
+    piece = torch.load(other, weights_only=True)
+    piece["positions"] = 24
+    torch.save(piece, other)
+    got = _sweep(_open(tmp_path, True))
+    assert got.timings["resumed_blocks"] == N_SEQS - 2
+    assert array_sha256(got.H) == array_sha256(ref.H) and torch.equal(got.kl_single, ref.kl_single)

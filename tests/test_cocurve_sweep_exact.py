@@ -7,6 +7,8 @@ centering, a subset of units) are compared with ``torch.equal`` on ``H`` and on 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from cocurve_sweep_ref import reference_sweep
@@ -50,6 +52,22 @@ def test_sweep_H_bit_identical_to_reference(family, setting, one_thread):
     assert H_ref.abs().sum() > 0
     assert torch.equal(sw.H, H_ref)
     assert torch.equal(sw.kl_single, kl_ref)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_position_default_is_the_reference_at_all_positions(family, one_thread):
+    """The default (issue 45: every position of each window, ``positions_per_seq=None``) is the reference run with as
+    many positions as tokens; the other settings above pin their positions explicitly."""
+    assert SweepConfig().positions_per_seq is None
+    model = tiny_model(family, layers=4)
+    a = get_adapter(model)
+    inv = _inv(a, None)
+    ids = random_ids(3, 12, seed=6)
+    cfg = SweepConfig(top_r=24, unit_batch=4)
+    H_ref, kl_ref = reference_sweep(model, a, inv, ids, replace(cfg, positions_per_seq=12))
+    sw = ablation_sweep(model, a, inv, ids, cfg)
+    assert sw.n_positions == 3 * 12
+    assert torch.equal(sw.H, H_ref) and torch.equal(sw.kl_single, kl_ref)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -181,8 +181,11 @@ def config(p: dict):
     from secateur.methods.cocurve import CoCurveConfig
     from secateur.scoring.cocurve_sweep import SweepConfig
 
+    # the recorded rows' protocol (before issue 45): the 22-value lambda grid and the plain held-out argmin; a preset
+    # may name the new ones ("family": "breakpoints", "choice": "paired")
     return CoCurveConfig(sweep=SweepConfig(positions_per_seq=p["positions"], top_r=p["top_r"],
-                                           unit_batch=p["unit_batch"], progress=True))
+                                           unit_batch=p["unit_batch"], progress=True),
+                         family=p.get("family", "grid"), choice=p.get("choice", "min"))
 
 
 COEC_OPTS = {"max_rounds": 50}  # the paper's cap (tol 1e-4); the solver is ~4x cheaper per round since session 2

@@ -5,9 +5,20 @@
 with the full vocabulary, float32 logits and ``log_softmax`` differences (no probability underflow;
 cocurve.md §11). A mask is evaluated without slicing: forward pre-hooks zero the removed input columns
 of ``o_proj`` / ``down_proj``, which computes exactly the masked (and, by V9, the sliced) model.
-``S_hat = argmin_S R(S; C')`` over the candidate family; ties go to the smaller lambda (candidates come
-ordered by their smallest lambda and the first minimum wins). The one-standard-error set uses the
-spread of per-sequence mean KLs.
+``S_hat = argmin_S R(S; C')`` over the candidate family (``rule='min'``, the paper's rule); ties go to the smaller
+lambda (candidates come ordered by their smallest lambda and the first minimum wins). The one-standard-error set
+uses the spread of per-sequence mean KLs.
+
+Paired rule (``rule='paired'``, issue 45; CoCurve's default): every candidate is scored on the same held-out
+sequences, so candidate ``k`` is compared with the reference (candidate 0, the lambda = 0 diagonal mask) through
+the per-sequence differences ``d_i = R_i(S_k) - R_i(S_0)`` (``R_i``: the mean token KL of sequence ``i``):
+
+    mean  d_k = (1/n) sum_i d_i,      paired SE_k = sqrt( sum_i (d_i - d_k)^2 / (n - 1) / n )
+
+(the SE of the differences, which the correlation between candidates makes far smaller than the unpaired
+``sqrt(SE_k^2 + SE_0^2)``). A candidate *beats the diagonal* when ``d_k + SE_k < 0`` (lower by more than its paired
+SE: a one-SE rule on the paired SE); the choice is the lowest mean KL among the reference and the candidates that
+beat it (ties: the smaller lambda), so a lambda > 0 is chosen only when it beats the diagonal by more than noise.
 """
 
 from __future__ import annotations
@@ -107,14 +118,45 @@ class HeldoutKL:
                     torch.log_softmax(self.head(h0[s:s + self.chunk]).float(), -1)
                 tot += float((logp.exp() * (logp - logq)).sum(-1).to(torch.float64).sum())
             per_seq.append(tot / h.shape[0])
-        n = len(per_seq)
-        mean = sum(per_seq) / n
-        se = math.sqrt(sum((x - mean) ** 2 for x in per_seq) / (n - 1) / n) if n > 1 else 0.0
-        return {"kl": mean, "se": se, "per_sequence": per_seq, "tokens": int(self.ids.numel())}
+        return {"kl": sum(per_seq) / len(per_seq), "se": standard_error(per_seq), "per_sequence": per_seq,
+                "tokens": int(self.ids.numel())}
 
 
-def select_heldout(adapter: Adapter, inv: Inventory, masks: list[torch.Tensor], teacher: HeldoutKL) -> dict:
-    """Evaluate every mask by held-out teacher KL; ``chosen`` = first argmin (``masks`` ordered by lambda)."""
+RULES = ("paired", "min")
+
+
+def standard_error(xs: list[float]) -> float:
+    """``sqrt( sum_i (x_i - mean)^2 / (n - 1) / n )`` (0 for a single value): the SE of a mean over sequences."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mean = sum(xs) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
+
+
+def paired_choice(per_seq: list[list[float]], reference: int = 0) -> dict:
+    """The paired one-SE rule of the module docstring over ``per_seq[k][i]`` (candidate ``k``, sequence ``i``)."""
+    ref = per_seq[reference]
+    if any(len(x) != len(ref) for x in per_seq):
+        raise SecateurError("paired differences need every candidate scored on the same sequences")
+    n = len(ref)
+    means = [sum(x) / n for x in per_seq]
+    diffs = [[a - b for a, b in zip(x, ref)] for x in per_seq]
+    d_mean = [sum(d) / n for d in diffs]
+    d_se = [standard_error(d) for d in diffs]
+    beats = [k != reference and d_mean[k] + d_se[k] < 0 for k in range(len(per_seq))]
+    eligible = [reference] + [k for k, b in enumerate(beats) if b]
+    chosen = min(eligible, key=lambda k: (means[k], k))
+    return {"chosen": chosen, "reference": reference, "diff": d_mean, "paired_se": d_se, "beats_reference": beats}
+
+
+def select_heldout(adapter: Adapter, inv: Inventory, masks: list[torch.Tensor], teacher: HeldoutKL,
+                   rule: str = "min") -> dict:
+    """Evaluate every mask by held-out teacher KL; ``chosen``: the first argmin (``rule='min'``, ``masks`` ordered
+    by lambda) or the paired one-SE rule against ``masks[0]`` (``rule='paired'``); ``best`` is the argmin either
+    way, ``per_sequence[k]`` mask ``k``'s per-sequence KLs and ``paired`` the paired statistics against mask 0."""
+    if rule not in RULES:
+        raise SecateurError(f"unknown held-out rule {rule!r}; choose from {', '.join(RULES)}")
     if not masks:
         raise SecateurError("no candidate mask to select from")
     evals = []
@@ -124,4 +166,8 @@ def select_heldout(adapter: Adapter, inv: Inventory, masks: list[torch.Tensor], 
     kls = [e["kl"] for e in evals]
     best = min(range(len(kls)), key=lambda i: (kls[i], i))
     one_se = [i for i, k in enumerate(kls) if k <= kls[best] + evals[best]["se"]]
-    return {"chosen": best, "kl": kls, "se": [e["se"] for e in evals], "one_se_set": one_se, "evals": evals}
+    per_seq = [e["per_sequence"] for e in evals]
+    paired = paired_choice(per_seq, 0)
+    chosen = paired["chosen"] if rule == "paired" else best
+    return {"chosen": chosen, "best": best, "rule": rule, "kl": kls, "se": [e["se"] for e in evals],
+            "one_se_set": one_se, "per_sequence": per_seq, "paired": paired, "evals": evals}

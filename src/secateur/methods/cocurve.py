@@ -2,7 +2,7 @@
 
     inv    = cocurve_inventory(adapter)                       # KV groups + 16 FFN groups per layer
     graph  = build_graph(model, adapter, calib_ids, cfg, inv)  # single-unit sweep -> H (rho-independent)
-    result = select(graph, inv, rho, adapter, HeldoutKL(model, heldout_ids), cfg)   # lambda path + KL
+    result = select(graph, inv, rho, adapter, HeldoutKL(model, heldout_ids), cfg)   # lambda family + KL
     apply_selection(model, adapter, result.selection)          # physical slicing (secateur.structured)
 
 ``H`` does not depend on ``rho``: build it once and call :func:`select` for every budget. Units in the
@@ -10,22 +10,44 @@ protected layers (first/last two) are never eligible, so by default they are not
 ``H`` are zero); ``ablate_protected=True`` measures them too. ``diagonal=True`` is the lambda = 0 control
 (structured KL-Fisher OBD analogue, method ``cocurve-diag``).
 
+Selection (issue 45). The candidate family is the paper's breakpoint family (its Proposition 7): every distinct
+greedy mask for lambda in [0, 1], found at the exact breakpoints where a step's choice changes
+(:func:`secateur.budgets.greedy.breakpoint_path`; ``family='grid'``: the earlier 22-value grid); at most
+``max_candidates`` (32) of them are measured, the lambda = 0 mask and the widest pieces of the path. Each is scored
+by full-vocabulary teacher KL on the held-out windows, per sequence, and chosen by the paired one-SE rule against
+the diagonal (:func:`secateur.budgets.heldout.paired_choice`: a lambda > 0 only when its mean KL is below the
+diagonal's by more than the SE of the per-sequence differences; ``choice='min'``: the plain argmin). Every
+candidate's per-sequence KLs, paired difference and paired SE are in the report's ``candidates``.
+``split='fixed'`` is the paper's fixed-split arm ("edges, fixed split", its Table 29): the diagonal mask's numbers
+of attention and FFN units are held, the edges only reorder units within each kind (same counts, so the same
+budget as the diagonal for uniform per-kind unit costs; ``budget_vs_diagonal`` in the report states it in units).
+
+Split-half diagnostic: the sweep also builds ``H`` from the even and the odd graph windows; the agreement of their
+diagonals (Spearman) and normalized edges (Pearson), and at the chosen mask of their per-unit edge sums, is in the
+report (``split_half``, :mod:`secateur.scoring.cocurve_graph`); below ``EDGE_AGREEMENT_MIN`` (0.5) ``--method
+cocurve`` prints one ``secateur: note:`` line that the edge term is not to be trusted.
+
 Registered methods (``secateur prune --method cocurve|cocurve-diag``): the last ``heldout`` (16) rows
 of the calibration set are the disjoint held-out split C', the others build ``H`` - pass
 ``--nsamples 144`` for the paper's 128 + 16. Method knobs (:class:`CoCurveOptions`): ``heldout``,
-``positions`` (P_tok, 128), ``top_r`` (256), ``unit_batch``, ``seqs_per_block``, ``n_ffn_groups`` (16),
-``bisect_depth`` (0), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``, ``--top-r``,
-``--ffn-groups``). ``--compensation`` (any of the structured pipeline's, with its knobs) runs
-after the selection on the dense Grams of the graph windows, then the model is sliced
-(:func:`secateur.methods.materialize.materialize_selection`). The output folder gets
-``cocurve_graph.npz`` (H, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its lambda and
-every candidate) and ``secateur_selection.json``; their sha256 are in the report.
+``positions`` (``all`` by default; N: the paper's evenly spaced subsample, 128), ``top_r`` (256),
+``cocurve_lambdas`` (breakpoints | grid), ``cocurve_max_candidates`` (32; 0: all), ``cocurve_split`` (joint |
+fixed), ``cocurve_choice`` (paired | min), ``unit_batch``, ``seqs_per_block``, ``n_ffn_groups`` (16),
+``bisect_depth`` (0, grid only), ``ablate_protected`` (CLI: ``--heldout``, ``--positions``, ``--top-r``,
+``--ffn-groups``, ``--cocurve-lambdas``, ``--cocurve-max-candidates``, ``--cocurve-split``). ``--compensation``
+(any of the structured pipeline's, with its knobs) runs after the selection on the dense Grams of the graph
+windows, then the model is sliced (:func:`secateur.methods.materialize.materialize_selection`). The output folder
+gets ``cocurve_graph.npz`` (H, its two halves, costs, layers, ...), ``cocurve_mask.npz`` (the chosen mask, its
+lambda and every candidate) and ``secateur_selection.json``; their sha256 are in the report. Before the sweep its
+memory plan (:func:`secateur.scoring.cocurve_sweep.memory_plan`: hidden states, teacher, the per-unit features,
+logits, ...) is checked against the memory available and kept in the graph's ``meta``.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,8 +57,16 @@ import torch
 from torch import nn
 
 from secateur.budgets.allocate import Guard, report
-from secateur.budgets.greedy import DEFAULT_LAMBDAS, lambda_path
-from secateur.budgets.heldout import HeldoutKL, select_heldout
+from secateur.budgets.greedy import (
+    DEFAULT_LAMBDAS,
+    FAMILIES,
+    breakpoint_path,
+    conditional_greedy,
+    kind_counts,
+    lambda_path,
+)
+from secateur.budgets.heldout import RULES, HeldoutKL, select_heldout
+from secateur.calib import dist
 from secateur.data.windows import token_sha256
 from secateur.errors import SecateurError
 from secateur.methods.knobs import knob
@@ -49,25 +79,49 @@ from secateur.methods.materialize import (
 from secateur.methods.result import MethodResult
 from secateur.models.adapters import Adapter
 from secateur.models.blocks import RESIDENT, Blocks
-from secateur.scoring.cocurve_graph import CoPruningGraph, array_sha256, bytes_sha256
-from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep
+from secateur.scoring.cocurve_graph import (
+    CoPruningGraph,
+    array_sha256,
+    bytes_sha256,
+    mask_edge_agreement,
+    split_half_agreement,
+)
+from secateur.scoring.cocurve_sweep import SweepConfig, ablation_sweep, memory_plan
 from secateur.structured.selection import Selection
 from secateur.structured.units import Inventory, inventory
 
 KINDS = ("kv_group", "ffn_group")
+SPLITS = ("joint", "fixed")
+MAX_CANDIDATES = 32
 
 
 @dataclass(frozen=True)
 class CoCurveConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     n_ffn_groups: int = 16
+    family: str = "breakpoints"  # the lambda family: breakpoints (Prop. 7) | grid (``lambdas`` + bisection)
     lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
     bisect_depth: int = 0
+    max_candidates: int | None = MAX_CANDIDATES  # breakpoint family: most masks measured (None: all)
+    choice: str = "paired"  # held-out rule: paired one-SE against lambda = 0 | min
+    split: str = "joint"  # joint | fixed (the diagonal's attention/FFN counts held)
     ablate_protected: bool = False
     heldout: int = 16
     protect_first: int = 2
     protect_last: int = 2
     cap_factor: float = 1.5
+
+    def validate(self) -> None:
+        if self.family not in FAMILIES:
+            raise SecateurError(f"unknown lambda family {self.family!r}; choose from {', '.join(FAMILIES)}")
+        if self.split not in SPLITS:
+            raise SecateurError(f"unknown CoCurve split {self.split!r}; choose from {', '.join(SPLITS)}")
+        if self.choice not in RULES:
+            raise SecateurError(f"unknown CoCurve choice {self.choice!r}; choose from {', '.join(RULES)}")
+        if self.max_candidates is not None and self.max_candidates < 1:
+            raise SecateurError("the lambda family's max_candidates must be >= 1 (or None: all)")
+        if self.family == "breakpoints" and self.bisect_depth:
+            raise SecateurError("bisect_depth refines the lambda grid; the breakpoint family is exact already")
 
     def guard(self, rho: float) -> Guard:
         """CoCurve §1: protected first/last layers and per-layer cap ``min(1, 1.5 rho)``."""
@@ -75,8 +129,10 @@ class CoCurveConfig:
                      cap=min(1.0, self.cap_factor * rho))
 
     def to_dict(self) -> dict:
-        return {"sweep": self.sweep.to_dict(), "n_ffn_groups": self.n_ffn_groups, "lambdas": list(self.lambdas),
-                "bisect_depth": self.bisect_depth, "ablate_protected": self.ablate_protected,
+        return {"sweep": self.sweep.to_dict(), "n_ffn_groups": self.n_ffn_groups, "family": self.family,
+                "lambdas": list(self.lambdas), "bisect_depth": self.bisect_depth,
+                "max_candidates": self.max_candidates, "choice": self.choice, "split": self.split,
+                "ablate_protected": self.ablate_protected,
                 "heldout": self.heldout, "protect_first": self.protect_first, "protect_last": self.protect_last,
                 "cap_factor": self.cap_factor, "ffn_grouping": "contiguous"}
 
@@ -88,22 +144,43 @@ def cocurve_inventory(adapter: Adapter, n_ffn_groups: int = 16, ffn_order: dict 
 
 def build_graph(model: nn.Module, adapter: Adapter, ids: torch.Tensor, cfg: CoCurveConfig | None = None,
                 inv: Inventory | None = None) -> CoPruningGraph:
-    """Single-unit ablation sweep over ``ids`` -> the co-pruning graph (checked symmetric PSD)."""
+    """Single-unit ablation sweep over ``ids`` -> the co-pruning graph (checked symmetric PSD), with its memory plan
+    (checked against the memory available first) and split-half diagnostic in ``meta``."""
     cfg = cfg or CoCurveConfig()
     inv = inv or cocurve_inventory(adapter, cfg.n_ffn_groups)
     units = None
     if not cfg.ablate_protected:
         prot = cfg.guard(0.0).protected(inv.n_layers)
         units = torch.tensor([int(li) not in prot for li in inv.layer_of.tolist()], dtype=torch.bool)
+    n_ablated = len(inv) if units is None else int(units.sum())
+    plan = memory_plan(model, adapter, len(inv), n_ablated, int(ids.shape[-1]), cfg.sweep)
+    if cfg.sweep.progress and dist.rank_world()[0] == 0:
+        print(f"[cocurve] {plan.describe()}", flush=True)
+    if next(model.parameters()).device.type == "cpu":  # on an accelerator most of it is the device's memory
+        plan.check()
     t0 = time.perf_counter()
     sw = ablation_sweep(model, adapter, inv, ids, cfg.sweep, units)
     meta = {"config": cfg.to_dict(), "timings": sw.timings, "sweep_wall_s": time.perf_counter() - t0,
             "calibration": {"n": int(ids.shape[0]), "seqlen": int(ids.shape[1]), "sha256": token_sha256(ids)},
             "n_positions": sw.n_positions, "support_mass": sw.support_mass, "n_units": len(inv),
-            "n_ablated": int(sw.ablated.sum())}
-    g = CoPruningGraph.from_inventory(inv, sw.H, ablated=sw.ablated, kl_single=sw.kl_single, meta=meta)
+            "n_ablated": int(sw.ablated.sum()),
+            "memory_plan": {"total": plan.total, **{k: {"bytes": b, "how": how} for k, (b, how) in plan.terms.items()}}}
+    g = CoPruningGraph.from_inventory(inv, sw.H, ablated=sw.ablated, kl_single=sw.kl_single, meta=meta,
+                                      halves=sw.halves)
     g.meta["lambda_min"] = g.check_psd()
+    g.meta["split_half"] = graph_split_half(g, sw.half_positions)
     return g
+
+
+def graph_split_half(graph: CoPruningGraph, half_positions: tuple[int, int] | None = None) -> dict:
+    """The graph's split-half agreement (:func:`secateur.scoring.cocurve_graph.split_half_agreement`) over its
+    measured units, or why there is none."""
+    if graph.halves is None:
+        return {"available": False, "why": "fewer than 2 graph windows (or a resumed block without its halves)"}
+    out = {"available": True, **split_half_agreement(*graph.halves, graph.ablated)}
+    if half_positions is not None:
+        out["positions"] = list(half_positions)
+    return out
 
 
 def allocation_by_layer(inv: Inventory, removed: torch.Tensor) -> dict[int, dict]:
@@ -128,42 +205,104 @@ class CoCurveSelection:
     info: dict
 
 
+def candidate_family(graph: CoPruningGraph, rho: float, cfg: CoCurveConfig, diagonal: bool = False
+                     ) -> tuple[list, dict]:
+    """The candidate masks for budget ``rho`` (the first is always the lambda = 0 mask) and how they were found."""
+    guard = cfg.guard(rho)
+    if diagonal:
+        return lambda_path(graph, rho, guard, (0.0,)), {"family": "diagonal"}
+    quota = None
+    info: dict = {}
+    if cfg.split == "fixed":
+        quota = kind_counts(graph, conditional_greedy(graph, rho, 0.0, guard).removed)
+        info["fixed_split"] = {"attn_units": quota[0], "ffn_units": quota[1]}
+    if cfg.family == "breakpoints":
+        cands, fam = breakpoint_path(graph, rho, guard, quota=quota, max_candidates=cfg.max_candidates)
+    else:
+        cands = lambda_path(graph, rho, guard, tuple(cfg.lambdas), cfg.bisect_depth, quota=quota)
+        fam = {"family": "grid", "lambdas": list(cfg.lambdas), "bisect_depth": cfg.bisect_depth,
+               "distinct_masks": len(cands), "evaluated": len(cands)}
+    return cands, {**fam, **info}
+
+
 def select(graph: CoPruningGraph, inv: Inventory, rho: float, adapter: Adapter | None = None,
            teacher: HeldoutKL | None = None, cfg: CoCurveConfig | None = None, diagonal: bool = False
            ) -> CoCurveSelection:
-    """Lambda path + held-out teacher-KL choice (``diagonal``: lambda = 0 only) for budget ``rho``.
+    """Lambda family + held-out teacher-KL choice (``diagonal``: lambda = 0 only) for budget ``rho``.
 
-    Without a ``teacher`` the path must have a single mask (the diagonal control always does)."""
+    Without a ``teacher`` the family must have a single mask (the diagonal control always does)."""
     cfg = cfg or CoCurveConfig()
+    cfg.validate()
     if len(graph) != len(inv):
         raise SecateurError(f"graph has {len(graph)} units, the inventory {len(inv)}")
     guard = cfg.guard(rho)
     t0 = time.perf_counter()
-    lams = (0.0,) if diagonal else tuple(cfg.lambdas)
-    cands = lambda_path(graph, rho, guard, lams, 0 if diagonal else cfg.bisect_depth)
+    cands, fam = candidate_family(graph, rho, cfg, diagonal)
     t_path = time.perf_counter() - t0
-    rows = [{"lambdas": c.lambdas, "lambda": c.lam, "realized": c.realized,
-             "surrogate": graph.surrogate(c.removed, c.lam), "removed_units": int(c.removed.sum())} for c in cands]
-    chosen, one_se, t_sel = 0, [0], 0.0
+    costs = graph.costs
+    rows = []
+    for c in cands:
+        na, nf = kind_counts(graph, c.removed)
+        row = {"lambdas": c.lambdas, "lambda": c.lam, "realized": c.realized,
+               "surrogate": graph.surrogate(c.removed, c.lam), "removed_units": int(c.removed.sum()),
+               "removed_params": int(costs[c.removed].sum()), "attn_units": na, "ffn_units": nf}
+        if c.intervals:
+            row["intervals"], row["measure"] = [list(iv) for iv in c.intervals], c.measure
+        rows.append(row)
+    chosen, one_se, t_sel, choice = 0, [0], 0.0, {"rule": cfg.choice, "chosen": 0, "best": 0}
     if teacher is not None:
         if adapter is None:
             raise SecateurError("held-out selection needs the adapter")
         t1 = time.perf_counter()
-        res = select_heldout(adapter, inv, [c.removed for c in cands], teacher)
+        res = select_heldout(adapter, inv, [c.removed for c in cands], teacher, rule=cfg.choice)
         t_sel = time.perf_counter() - t1
         chosen, one_se = res["chosen"], res["one_se_set"]
-        for r, kl, se in zip(rows, res["kl"], res["se"]):
-            r["heldout_kl"], r["heldout_se"] = kl, se
+        p = res["paired"]
+        for k, r in enumerate(rows):
+            r["heldout_kl"], r["heldout_se"] = res["kl"][k], res["se"][k]
+            r["heldout_per_sequence"] = res["per_sequence"][k]
+            r["paired_diff"], r["paired_se"] = p["diff"][k], p["paired_se"][k]
+            r["beats_diagonal"] = p["beats_reference"][k]
+        choice = {"rule": cfg.choice, "chosen": chosen, "best": res["best"], "reference": 0,
+                  "n_sequences": len(res["per_sequence"][0])}
+        if cfg.choice == "paired":
+            choice["paired_rule"] = "lambda > 0 only if its mean KL - the diagonal's < -(SE of the differences)"
     elif len(cands) > 1:
-        raise SecateurError("the lambda path has several masks: held-out sequences are needed to choose one")
+        raise SecateurError("the lambda family has several masks: held-out sequences are needed to choose one")
     best = cands[chosen]
-    alloc = report(inv, best.removed, rho, allocator="cocurve-diag" if diagonal else "cocurve",
-                   guard=vars(guard), lam=best.lam)
-    info = {"method": "cocurve-diag" if diagonal else "cocurve", "kinds": list(KINDS), "lambda": best.lam,
-            "n_candidates": len(cands), "path_s": t_path, "heldout_s": t_sel,
+    name = "cocurve-diag" if diagonal else "cocurve"
+    alloc = report(inv, best.removed, rho, allocator=name, guard=vars(guard), lam=best.lam)
+    diff = int(costs[best.removed].sum()) - int(costs[cands[0].removed].sum())
+    info = {"method": name, "kinds": list(KINDS), "lambda": best.lam, "n_candidates": len(cands),
+            "lambda_family": fam, "split": "fixed" if cfg.split == "fixed" and not diagonal else "joint",
+            "choice": choice, "path_s": t_path, "heldout_s": t_sel,
+            "budget_vs_diagonal": {"removed_params": diff, "units": diff / int(costs.max())},
+            "split_half": chosen_split_half(graph, best.removed),
             "allocation_by_layer": allocation_by_layer(inv, best.removed), **alloc}
     sel = Selection.from_removed(inv, best.removed, info)
     return CoCurveSelection(best.removed, best.lam, sel, rows, chosen, one_se, info)
+
+
+def chosen_split_half(graph: CoPruningGraph, removed: torch.Tensor) -> dict:
+    """The graph's split-half agreement plus, at the chosen mask, that of its per-unit edge sums."""
+    out = dict(graph.meta.get("split_half") or graph_split_half(graph))
+    if graph.halves is not None:
+        out["at_chosen_mask"] = mask_edge_agreement(*graph.halves, graph.H, removed)
+    return out
+
+
+def split_half_note(info: dict) -> str | None:
+    """The one line saying the edge term is not to be trusted (None when the halves agree or are unknown)."""
+    sh = info.get("split_half") or {}
+    if not sh.get("available") or sh.get("edges_trusted"):
+        return None
+    r = sh.get("edge_pearson")
+    at = (sh.get("at_chosen_mask") or {}).get("edge_sum_pearson")
+    tail = f"; at the chosen mask (lambda {info['lambda']:g}) their edge sums agree with Pearson {at:.2f}" \
+        if at is not None else ""
+    return (f"CoCurve's graph edges disagree between the two halves of the graph windows (normalized edges: Pearson "
+            f"{'undefined' if r is None else f'{r:.2f}'} < {sh['threshold']}{tail}): the edge term (lambda > 0) is not "
+            "to be trusted; more graph windows (--nsamples) or every position (--positions all) steady it")
 
 
 def mask_bytes(result: CoCurveSelection, candidates: list[torch.Tensor] | None = None) -> bytes:
@@ -214,7 +353,8 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
            "candidates": res.candidates, "chosen": res.chosen, "one_se_set": res.one_se_set,
            "graph": {k: v for k, v in graph.meta.items() if k != "config"}, "config": cfg.to_dict(),
            "graph_s": t_graph, "hashes": hashes, "allocation_by_layer": res.info["allocation_by_layer"],
-           "selection_info": {k: v for k, v in res.info.items() if k != "allocation_by_layer"}}
+           "selection_info": {k: v for k, v in res.info.items() if k != "allocation_by_layer"},
+           "split_half": res.info["split_half"], "split_half_note": None if diagonal else split_half_note(res.info)}
     if out_dir is not None:
         if materialize != "slice":
             raise SecateurError("export needs materialize='slice'")
@@ -232,6 +372,21 @@ def prune(model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, heldout_i
 
 # --- the registered methods (--method cocurve|cocurve-diag) ---------------------------------------------------
 
+def positions_value(v) -> int | str:
+    """``--positions``: ``all`` or a whole number >= 1 (evenly spaced positions per graph window)."""
+    if isinstance(v, str) and v.strip().lower() == "all":
+        return "all"
+    if isinstance(v, bool) or isinstance(v, float) and not v.is_integer():
+        raise SecateurError(f"--positions: {v!r} is not 'all' or a whole number; pass e.g. all or 128")
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise SecateurError(f"--positions: {v!r} is not 'all' or a whole number; pass e.g. all or 128") from None
+    if n < 1:
+        raise SecateurError(f"--positions must be 'all' or >= 1, not {n}")
+    return n
+
+
 @dataclass
 class CoCurveOptions(CompensationOptions):
     """CoCurve's knobs (and any compensator after its selection)."""
@@ -240,28 +395,52 @@ class CoCurveOptions(CompensationOptions):
                  "others build the graph)")
 
     heldout: int | None = knob("held-out windows for the lambda choice (default 16)", type=int)
-    positions: int | None = knob("sampled positions per graph window (default 128)", type=int)
+    positions: int | str | None = knob("positions of each graph window whose features enter H: all (default) or N "
+                                       "evenly spaced (the paper: 128)", type=positions_value, metavar="all|N",
+                                       example="all")
     top_r: int | None = knob("teacher top-r support of the features (default 256)", type=int)
     n_ffn_groups: int | None = knob("FFN channel groups per layer (default 16)", flag="--ffn-groups", type=int)
     unit_batch: int | None = knob("units ablated per forward (default 8)", flag=None, type=int)
     seqs_per_block: int | None = knob("graph windows per sweep block (default 1)", flag=None, type=int)
-    bisect_depth: int | None = knob("lambda-path bisection depth (default 0)", flag=None, type=int)
+    bisect_depth: int | None = knob("lambda-grid bisection depth (default 0; --cocurve-lambdas grid)", flag=None,
+                                    type=int)
     ablate_protected: bool | None = knob("also ablate the protected layers' units", flag=None,
                                          action="store_true")
+    # issue 45 (declared last: the options record of runs before keeps its order)
+    cocurve_lambdas: str | None = knob("lambda family: breakpoints (every distinct greedy mask on [0, 1], the paper's "
+                                       "Prop. 7; default) or grid (22 values)", choices=FAMILIES)
+    cocurve_max_candidates: int | None = knob(f"most masks of the breakpoint family measured on the held-out windows "
+                                              f"(default {MAX_CANDIDATES}; 0: all)", type=int,
+                                              metavar="N")
+    cocurve_split: str | None = knob("joint (default) or fixed: the diagonal's attention/FFN unit counts held, the "
+                                     "edges reorder units within each kind (the paper's fixed-split arm)",
+                                     choices=SPLITS)
+    cocurve_choice: str | None = knob("held-out rule: paired (default; lambda > 0 only if it beats lambda = 0 by "
+                                      "more than its paired SE) or min", flag=None, choices=RULES)
 
 
 def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
     """CoCurve's configuration and the compensation after it, from ``PruneOptions`` and its
     :class:`CoCurveOptions` (unset knobs: the paper's values)."""
     o: CoCurveOptions = opts.method_options
-    sweep = SweepConfig(positions_per_seq=128 if o.positions is None else int(o.positions),
+    pos = None if o.positions in (None, "all") else int(o.positions)
+    sweep = SweepConfig(positions_per_seq=pos,
                         top_r=256 if o.top_r is None else int(o.top_r),
                         unit_batch=8 if o.unit_batch is None else int(o.unit_batch),
                         seqs_per_block=1 if o.seqs_per_block is None else int(o.seqs_per_block),
                         progress=not opts.run.quiet)
+    if o.cocurve_max_candidates is not None and o.cocurve_max_candidates < 0:
+        raise SecateurError("--cocurve-max-candidates must be >= 0 (0: every mask of the breakpoint family)")
+    family = o.cocurve_lambdas or "breakpoints"
+    if family == "breakpoints" and o.bisect_depth:
+        raise SecateurError("bisect_depth refines the lambda grid: pass --cocurve-lambdas grid with it")
     cfg = replace(CoCurveConfig(), sweep=sweep, n_ffn_groups=16 if o.n_ffn_groups is None else int(o.n_ffn_groups),
                   bisect_depth=0 if o.bisect_depth is None else int(o.bisect_depth),
-                  heldout=16 if o.heldout is None else int(o.heldout), ablate_protected=bool(o.ablate_protected))
+                  heldout=16 if o.heldout is None else int(o.heldout), ablate_protected=bool(o.ablate_protected),
+                  family=family, split=o.cocurve_split or "joint", choice=o.cocurve_choice or "paired",
+                  max_candidates=MAX_CANDIDATES if o.cocurve_max_candidates is None
+                  else int(o.cocurve_max_candidates) or None)
+    cfg.validate()
     ccfg = o.compensation_config()
     ccfg.validate()
     return cfg, ccfg
@@ -300,6 +479,8 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, 
     result = rep.pop("_result")
     rep.pop("_graph")
     files: dict[str, bytes] = rep.pop("_files")
+    if rep["split_half_note"] and not opts.run.quiet and dist.rank_world()[0] == 0:
+        print(f"secateur: note: {rep['split_half_note']}", file=sys.stderr)
     comp_timings: dict[str, float] = {}
     if compensate:
         fields, comp_timings = _compensate(model, adapter, result.selection, ccfg, graph_ids, opts)

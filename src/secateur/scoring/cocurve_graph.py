@@ -5,9 +5,25 @@ Surrogate (cocurve.md §2/§4, the paper's "R_lambda(s) = 1/2 sum_u H_uu s_u + l
     H_lambda = diag(H) + lambda (H - diag(H))          (PSD for lambda in [0, 1])
     R_lambda(S) = 1/2 sum_{u in S} H_uu + lambda sum_{u<v in S} H_uv
 
-Saved as one ``.npz`` (``H``, ``costs``, ``layer_of``, ``is_attn``, ``ablated``, ``kl_single`` and a JSON
-``meta``); :func:`array_sha256` hashes ``H``'s bytes (content hash, stable across re-saves), the file
-hash covers the container.
+Saved as one ``.npz`` (``H``, ``costs``, ``layer_of``, ``is_attn``, ``ablated``, ``kl_single``, the split halves
+``H_half0`` / ``H_half1`` when the sweep had them, and a JSON ``meta``); :func:`array_sha256` hashes ``H``'s bytes
+(content hash, stable across re-saves), the file hash covers the container.
+
+Split-half diagnostic (issue 45; the paper's Appendix E.4 "split-half stability"): the sweep also builds ``H`` from
+each half of the graph windows (``H^(0)``: even-numbered windows, ``H^(1)``: odd-numbered, each divided by its own
+number of positions), and :func:`split_half_agreement` measures how far the graph is a property of the model rather
+than of the windows, over the measured (ablated) units with ``H_uu > 0`` in both halves:
+
+    diagonal   Spearman rank correlation of ``H^(0)_uu`` and ``H^(1)_uu``
+    edges      Pearson correlation over pairs u < v of the normalized edges ``H_uv / sqrt(H_uu H_vv)`` (the cosine
+               of the two units' Fisher features), ``H^(0)`` against ``H^(1)``
+    reliability of the full graph's edges by Spearman-Brown, ``2 r / (1 + r)`` (r: the edge correlation)
+
+and, at a chosen removal set ``S`` (:func:`mask_edge_agreement`): the Pearson correlation of the per-unit edge sums
+``e_u = sum_{v in S, v != u} H_uv`` (u in S) between the halves, and each half's (and the full graph's) edge ratio
+``sum_{u<v in S} H_uv / (1/2 sum_{u in S} H_uu)`` (the edge term against the diagonal term of R_1(S)). The edge term
+is flagged as not to be trusted when the edge correlation is below ``EDGE_AGREEMENT_MIN = 0.5`` (split-half
+reliability below 0.67): then the halves disagree on most of what the edges would change.
 """
 
 from __future__ import annotations
@@ -46,6 +62,7 @@ class CoPruningGraph:
     ablated: torch.Tensor | None = None  # [M] bool, units whose row of H was measured
     kl_single: torch.Tensor | None = None  # [M] mean KL(p_0 || p_{-u}) at the sampled positions
     meta: dict = field(default_factory=dict)
+    halves: tuple[torch.Tensor, torch.Tensor] | None = None  # H of the even / odd graph windows (split-half)
 
     @classmethod
     def from_inventory(cls, inv: Inventory, H: torch.Tensor, **kw) -> CoPruningGraph:
@@ -102,6 +119,8 @@ class CoPruningGraph:
             arrays["ablated"] = self.ablated.numpy()
         if self.kl_single is not None:
             arrays["kl_single"] = self.kl_single.numpy()
+        if self.halves is not None:
+            arrays["H_half0"], arrays["H_half1"] = (h.numpy() for h in self.halves)
         np.savez(buf, **arrays)
         return buf.getvalue()
 
@@ -119,6 +138,77 @@ class CoPruningGraph:
         def get(k: str) -> torch.Tensor | None:
             return torch.from_numpy(z[k].copy()) if k in z.files else None
 
+        halves = (get("H_half0"), get("H_half1")) if "H_half0" in z.files else None
         return cls(H=get("H"), costs=get("costs"), layer_of=get("layer_of"), is_attn=get("is_attn"),
                    n_layers=int(z["n_layers"]), ablated=get("ablated"), kl_single=get("kl_single"),
-                   meta=json.loads(str(z["meta"])))
+                   meta=json.loads(str(z["meta"])), halves=halves)
+
+
+# --- split-half diagnostic -------------------------------------------------------------------------------
+
+EDGE_AGREEMENT_MIN = 0.5  # split-half Pearson of the normalized edges below which the edge term is not trusted
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson correlation (None when either side is constant or has fewer than 2 values)."""
+    if x.size < 2:
+        return None
+    x, y = x - x.mean(), y - y.mean()
+    den = float(np.sqrt((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum()) / den if den > 0 else None
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank."""
+    order = np.argsort(x, kind="stable")
+    r = np.empty(x.size)
+    r[order] = np.arange(1, x.size + 1)
+    vals, inv = np.unique(x, return_inverse=True)
+    if vals.size < x.size:
+        r = (np.bincount(inv, weights=r) / np.bincount(inv))[inv]
+    return r
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman rank correlation: the Pearson correlation of the (average-tie) ranks."""
+    return _pearson(_ranks(np.asarray(x, dtype=np.float64)), _ranks(np.asarray(y, dtype=np.float64)))
+
+
+def split_half_agreement(h0: torch.Tensor, h1: torch.Tensor, units: torch.Tensor | None = None) -> dict:
+    """Agreement of two graphs of the same units (module docstring); ``units``: bool mask of the units to compare
+    (default all; units with ``H_uu <= 0`` in either half are left out)."""
+    a, b = h0.to(torch.float64).numpy(), h1.to(torch.float64).numpy()
+    da, db = a.diagonal(), b.diagonal()
+    keep = (da > 0) & (db > 0)
+    if units is not None:
+        keep &= units.numpy().astype(bool)
+    idx = np.flatnonzero(keep)
+    sa, sb = np.sqrt(da[idx]), np.sqrt(db[idx])
+    na = a[np.ix_(idx, idx)] / np.outer(sa, sa)
+    nb = b[np.ix_(idx, idx)] / np.outer(sb, sb)
+    iu = np.triu_indices(idx.size, 1)
+    r_edges = _pearson(na[iu], nb[iu])
+    reliability = 2 * r_edges / (1 + r_edges) if r_edges is not None and r_edges > -1 else None  # Spearman-Brown
+    return {"units": int(idx.size), "diag_spearman": spearman(da[idx], db[idx]), "edge_pearson": r_edges,
+            "edge_reliability": reliability, "threshold": EDGE_AGREEMENT_MIN,
+            "edges_trusted": r_edges is not None and r_edges >= EDGE_AGREEMENT_MIN}
+
+
+def edge_ratio(H: torch.Tensor, removed: torch.Tensor) -> float | None:
+    """``sum_{u<v in S} H_uv / (1/2 sum_{u in S} H_uu)``: R_1(S)'s edge term over its diagonal term."""
+    s = removed.to(torch.bool)
+    sub = H[s][:, s].to(torch.float64)
+    tr = float(sub.diagonal().sum())
+    return 0.5 * (float(sub.sum()) - tr) / (0.5 * tr) if tr > 0 else None
+
+
+def mask_edge_agreement(h0: torch.Tensor, h1: torch.Tensor, H: torch.Tensor, removed: torch.Tensor) -> dict:
+    """At the removal set ``removed``: split-half Pearson of the per-unit edge sums and the edge ratios."""
+    s = removed.to(torch.bool)
+
+    def sums(h: torch.Tensor) -> np.ndarray:
+        sub = h[s][:, s].to(torch.float64)
+        return (sub.sum(1) - sub.diagonal()).numpy()
+
+    return {"units": int(s.sum()), "edge_sum_pearson": _pearson(sums(h0), sums(h1)),
+            "edge_ratio": {"half0": edge_ratio(h0, s), "half1": edge_ratio(h1, s), "full": edge_ratio(H, s)}}

@@ -50,21 +50,31 @@ Cost floor: the re-run of layers ``l+1 .. L-1`` over full sequences is about 90%
 (``results/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
 depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, 0.40 dense forwards).
 
-Positions: ``t = s j - 1`` for ``j = 1..P_tok`` with ``s = T // P_tok`` (cocurve.md §9, ``16 j - 1`` for
-``T = 2048, P_tok = 128``); every position when ``P_tok >= T``. The top-r support comes from a stable
-descending sort of the dense log-probabilities (ties: smaller token id first).
+Positions (issue 45): every position of each window by default (``positions_per_seq=None``: the features of all
+``T`` positions enter ``H``; the ablated forwards already compute every position, only the LM head, the KL and the
+features grow with ``P``); or the paper's subsample ``t = s j - 1`` for ``j = 1..P_tok`` with ``s = T // P_tok``
+(cocurve.md §9, ``16 j - 1`` for ``T = 2048, P_tok = 128``; every position when ``P_tok >= T``). A graph from a
+subsample of 512 positions was measured too noisy for its edges (split-half Pearson 0.18 on SmolLM2, issue 45).
+The top-r support comes from a stable descending sort of the dense log-probabilities (ties: smaller token id
+first).
 
-Blocks of ``seqs_per_block`` consecutive sequences are the unit of work and of reduction: block ``b``
-runs on rank ``b % world`` and ``H`` is the sum of the block Grams in block order, so the result does
-not depend on the number of processes (:mod:`secateur.calib.dist`).
+Blocks of ``seqs_per_block`` consecutive sequences are the unit of work and of reduction: in round ``k`` rank
+``r`` runs block ``k W + r`` (``W`` processes), then the round's blocks are added to ``H`` in block order (each
+block's Gram all-reduced alone, so it arrives unchanged), so the result does not depend on the number of
+processes (:mod:`secateur.calib.dist`) and only one block's features and Gram are alive at a time: the sweep's
+memory does not grow with the number of windows (:func:`memory_plan` states it, term by term, before the sweep).
+``H^(0)`` / ``H^(1)``, the graphs of the even- and odd-numbered windows (the split-half diagnostic of
+:mod:`secateur.scoring.cocurve_graph`), are summed beside ``H`` the same way (a one-window block's Gram is its
+half's term as it is; a block of several windows adds one Gram per window, over row slices of its features).
 
 Resume: with a checkpoint active (:func:`secateur.calib.resume.current`: ``secateur prune --resume``, or
-the bench's graph stage), every finished block's Gram, KL sums and support mass are saved as one piece
-(``<stage>-block<b>.pt``, written atomically) and a resumed sweep loads the pieces it finds instead of
-recomputing them. The reduction then adds the very float64 tensors an uninterrupted run would have
-added, in the same block order, so ``H`` is bit-identical (``tests/test_cocurve_resume.py``: kill after a
-block, resume, compare ``H``'s sha256). Blocks are keyed by index; the checkpoint's fingerprint (tokens,
-options, model) is what makes an index mean the same block.
+the bench's graph stage), every finished block's Gram, KL sums, support mass (and its half Grams when it holds
+several windows) are saved as one piece (``<stage>-block<b>.pt``, written atomically, with its positions per
+window) and a resumed sweep loads the pieces it finds instead of recomputing them (a piece of another number of
+positions, or one written before pieces recorded it, is recomputed). The reduction then adds the very float64
+tensors an uninterrupted run would have added, in the same block order, so ``H`` is bit-identical
+(``tests/test_cocurve_resume.py``: kill after a block, resume, compare ``H``'s sha256). Blocks are keyed by
+index; the checkpoint's fingerprint (tokens, options, model) is what makes an index mean the same block.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ from torch import nn
 from secateur.calib import dist, engine, resume
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
+from secateur.models.memory import MemoryPlan
 from secateur.structured.units import ATTN_KINDS, MLP_KINDS, Inventory
 
 CENTERS = ("fisher", "none")
@@ -85,9 +96,10 @@ CENTERS = ("fisher", "none")
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """Knobs of the ablation sweep. Defaults are the paper's (P_tok = 128, r = 256)."""
+    """Knobs of the ablation sweep: every position of each window (``positions_per_seq=None``; the paper subsamples
+    ``P_tok = 128``), the paper's support r = 256."""
 
-    positions_per_seq: int = 128
+    positions_per_seq: int | None = None  # None: every position; an int: the evenly spaced subsample
     top_r: int = 256
     renormalize: bool = True
     center: str = "fisher"
@@ -109,13 +121,17 @@ class SweepResult:
     n_positions: int
     support_mass: float  # mean over positions of sum_{k in V_r} p_0,k
     timings: dict = field(default_factory=dict)
+    halves: tuple[torch.Tensor, torch.Tensor] | None = None  # H of the even / odd windows (None: < 2 windows)
+    half_positions: tuple[int, int] = (0, 0)
 
 
 # --- pure feature math ------------------------------------------------------------------------------
 
 
-def sample_positions(seqlen: int, per_seq: int) -> torch.Tensor:
-    """Evenly spaced positions ``s j - 1`` (``s = T // P_tok``), or all of them when ``P_tok >= T``."""
+def sample_positions(seqlen: int, per_seq: int | None) -> torch.Tensor:
+    """Evenly spaced positions ``s j - 1`` (``s = T // P_tok``), or all of them when ``P_tok >= T`` or ``None``."""
+    if per_seq is None:
+        return torch.arange(seqlen)
     if per_seq <= 0:
         raise SecateurError("positions_per_seq must be >= 1")
     if per_seq >= seqlen:
@@ -130,7 +146,8 @@ def teacher_support(logits: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.T
     Stable descending sort of the float32 log-probabilities: ties go to the smaller token id."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     r = min(r, logp.shape[-1])
-    idx = torch.sort(logp, dim=-1, descending=True, stable=True).indices[..., :r]
+    # a copy of the first r columns: a view would keep the whole [..., V] int64 sort alive
+    idx = torch.sort(logp, dim=-1, descending=True, stable=True).indices[..., :r].contiguous()
     return idx, logp.gather(-1, idx).to(torch.float64).exp()
 
 
@@ -303,7 +320,9 @@ class _Teacher:
         dz = self.z0_sup - z.gather(-1, self.idx)
         f = centered_features(dz, self.p_tilde, self.sqrt_p, self.center)
         logq = torch.log_softmax(z.double(), dim=-1)
-        return f, (self.p0 * (self.logp0 - logq)).sum()
+        # p0 * (log p0 - log q) computed in logq's buffer: the same elementwise operations (a product is
+        # commutative in IEEE arithmetic), one [B, P, V] float64 transient fewer
+        return f, torch.sub(self.logp0, logq, out=logq).mul_(self.p0).sum()
 
 
 def _check_sweep(adapter: Adapter, ids: torch.Tensor, cfg: SweepConfig) -> None:
@@ -330,12 +349,15 @@ def _ablate_layer(walker: _Walker, plan: _Plan, teacher: _Teacher, li: int, hs: 
         for k, sp in enumerate(group):
             f, kl[sp.index] = teacher.response(z[k])
             phi[:, plan.col_of[sp.index]] = f.reshape(-1)
+        del h, z, f  # freed before the next group's logits are computed (memory_plan counts one group's)
     return len(todo)
 
 
-def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig,
-                 clock: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One block of sequences -> (its ``M x M`` Gram, per-unit KL sums, support mass sum); adds to ``clock``."""
+def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig, clock: dict[str, float],
+                 first: int = 0) -> dict:
+    """One block of sequences (``first``: the index of its first window) -> its ``M x M`` Gram, per-unit KL sums,
+    support mass sum and the Grams of its even / odd windows (``halves``; ``None`` for a one-window block: its Gram
+    is its half's term); adds to ``clock``."""
     t0 = time.perf_counter()
     hs = walker.dense_inputs(x)
     teacher = _Teacher(walker.logits_at_positions(hs[-1]), cfg)
@@ -346,32 +368,85 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
     for li in sorted(plan.by_layer):
         clock["n_abl"] += _ablate_layer(walker, plan, teacher, li, hs, cfg, phi, kl)
     t2 = time.perf_counter()
-    g = gram(phi)
-    full = torch.zeros(plan.M, plan.M, dtype=torch.float64)
+    del hs
     sel = torch.tensor([sp.index for sp in plan.specs])
-    full[sel[:, None], sel[None, :]] = g
+    full = _embed(gram(phi), sel, plan.M)
+    halves = None
+    n = x.shape[0]
+    if n > 1:  # one Gram per window over its rows of phi (contiguous: rows are [window, position, support])
+        rows = phi.shape[0] // n
+        parts = [torch.zeros(len(plan.specs), len(plan.specs), dtype=torch.float64) for _ in range(2)]
+        for j in range(n):
+            parts[(first + j) % 2] += gram(phi[j * rows:(j + 1) * rows])
+        halves = [_embed(h, sel, plan.M) if any((first + j) % 2 == k for j in range(n)) else None
+                  for k, h in enumerate(parts)]
     clock["abl"] += t2 - t1
     clock["gram"] += time.perf_counter() - t2
-    return full, kl, teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1)
+    return {"gram": full, "kl": kl, "mass": teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1),
+            "halves": halves}
 
 
-def _reduce(local: dict[str, dict[int, torch.Tensor]], plan: _Plan, n_blocks: int, n_pos: int,
-            clock: dict[str, float], extra: dict) -> SweepResult:
-    """Block-ordered sums over the processes -> :class:`SweepResult` (``H`` symmetrized, timings)."""
-    M = plan.M
-    H = dist.ordered_block_sum(local["gram"], n_blocks, (M, M))
-    kl_sum = dist.ordered_block_sum(local["kl"], n_blocks, (M,))
-    mass = dist.ordered_block_sum(local["mass"], n_blocks, (1,))
-    H = H / n_pos
-    H = 0.5 * (H + H.T)  # exact symmetry (Phi^T Phi is symmetric up to GEMM rounding)
+def _embed(g: torch.Tensor, sel: torch.Tensor, M: int) -> torch.Tensor:
+    full = torch.zeros(M, M, dtype=torch.float64)
+    full[sel[:, None], sel[None, :]] = g
+    return full
+
+
+class _Fold:
+    """Block-ordered sums over the processes, added as the blocks finish (see the module docstring): ``H`` (and the
+    KL sums, the support mass) get ``0 + block`` for every block in block order, the very additions of
+    :func:`secateur.calib.dist.ordered_block_sum` over all the blocks at the end."""
+
+    def __init__(self, M: int) -> None:
+        self.M = M
+        self.H = torch.zeros(M, M, dtype=torch.float64)
+        self.kl = torch.zeros(M, dtype=torch.float64)
+        self.mass = torch.zeros(1, dtype=torch.float64)
+        self.halves = [torch.zeros(M, M, dtype=torch.float64) for _ in range(2)]
+        self.missing = torch.zeros(1, dtype=torch.float64)  # blocks whose half Grams are unknown (old pieces)
+
+    def add(self, piece: dict | None, first: int, n_seqs: int) -> None:
+        """Add one block (``piece``: this rank's, or None when another rank ran it; every rank calls alike)."""
+        M = self.M
+
+        def block(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+            return dist.ordered_block_sum({} if t is None else {0: t}, 1, shape)
+
+        own = piece is not None
+        self.H += block(piece["gram"] if own else None, (M, M))
+        self.kl += block(piece["kl"] if own else None, (M,))
+        self.mass += block(piece["mass"] if own else None, (1,))
+        halves = piece.get("halves") if own else None
+        if own and n_seqs == 1:
+            halves = [piece["gram"] if first % 2 == k else None for k in range(2)]
+        missing = own and halves is None
+        self.missing += block(torch.ones(1, dtype=torch.float64) if missing else None, (1,))
+        for k in range(2):
+            t = halves[k] if own and halves is not None else None
+            self.halves[k] += block(t, (M, M))
+
+
+def _finish(fold: _Fold, plan: _Plan, n_blocks: int, n_pos: int, half_pos: tuple[int, int], clock: dict[str, float],
+            extra: dict) -> SweepResult:
+    """The folded sums -> :class:`SweepResult` (``H`` and its halves normalized and symmetrized, timings)."""
+
+    def finish(H: torch.Tensor, n: int) -> torch.Tensor:
+        H = H / n
+        return 0.5 * (H + H.T)  # exact symmetry (Phi^T Phi is symmetric up to GEMM rounding)
+
+    H = finish(fold.H, n_pos)
+    halves = None
+    if min(half_pos) > 0 and float(fold.missing[0]) == 0:
+        halves = (finish(fold.halves[0], half_pos[0]), finish(fold.halves[1], half_pos[1]))
     times = dist.sum_floats([clock["dense"], clock["abl"], clock["gram"], float(clock["n_abl"])])
     dense_per_block = times[0] / n_blocks
     per_abl = times[1] / max(times[3], 1.0)
     timings = {"dense_s": times[0], "ablations_s": times[1], "gram_s": times[2], "n_ablations": int(times[3]),
                "per_ablation_s": per_abl, "dense_forward_per_block_s": dense_per_block,
                "ablation_over_dense": per_abl / dense_per_block if dense_per_block > 0 else None} | extra
-    return SweepResult(H=H, ablated=plan.ablated, kl_single=kl_sum / n_pos, n_positions=n_pos,
-                       support_mass=float(mass[0]) / n_pos, timings=timings)
+    return SweepResult(H=H, ablated=plan.ablated, kl_single=fold.kl / n_pos, n_positions=n_pos,
+                       support_mass=float(fold.mass[0]) / n_pos, timings=timings, halves=halves,
+                       half_positions=half_pos)
 
 
 def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torch.Tensor,
@@ -388,35 +463,95 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     device = adapter.device
     N, T = ids.shape
     pos = sample_positions(T, cfg.positions_per_seq).to(device)
+    P = int(pos.numel())
     _, kw = adapter.capture_inputs(ids[:1])
     walker = _Walker(model, adapter, kw, pos)
     rank, world = dist.rank_world()
     blocks = [(b, s, min(s + cfg.seqs_per_block, N)) for b, s in enumerate(range(0, N, cfg.seqs_per_block))]
-    local: dict[str, dict[int, torch.Tensor]] = {"gram": {}, "kl": {}, "mass": {}}
+    fold = _Fold(plan.M)
     clock = {"dense": 0.0, "abl": 0.0, "gram": 0.0, "n_abl": 0}
     ck = resume.current()
     stage = ck.stage("sweep") if ck is not None else ""
     resumed = 0
     with torch.no_grad():
-        for b, s, e in (blk for blk in blocks if blk[0] % world == rank):
-            piece = f"{stage}-block{b}.pt"
-            if ck is not None and ck.has(piece):
-                saved = ck.load(piece)
-                local["gram"][b], local["kl"][b], local["mass"][b] = saved["gram"], saved["kl"], saved["mass"]
-                for k in clock:
-                    clock[k] += saved["clock"][k]
-                resumed += 1
-                continue
-            before = dict(clock)
-            local["gram"][b], local["kl"][b], local["mass"][b] = _sweep_block(walker, plan, ids[s:e].to(device),
-                                                                              cfg, clock)
-            if ck is not None:
-                ck.save(piece, {"gram": local["gram"][b], "kl": local["kl"][b], "mass": local["mass"][b],
-                                "clock": {k: clock[k] - before[k] for k in clock}})
-            if cfg.progress:
-                print(f"[cocurve] rank {rank} block {b + 1}/{len(blocks)}: dense {clock['dense']:.1f}s "
-                      f"ablations {clock['abl']:.1f}s", flush=True)
+        for r0 in range(0, len(blocks), world):
+            round_ = blocks[r0:r0 + world]
+            piece = None
+            if rank < len(round_):
+                b, s, e = round_[rank]
+                name = f"{stage}-block{b}.pt"
+                saved = ck.load(name) if ck is not None and ck.has(name) else None
+                if saved is not None and saved.get("positions") == P:
+                    piece = saved
+                    for k in clock:
+                        clock[k] += saved["clock"][k]
+                    resumed += 1
+                else:
+                    before = dict(clock)
+                    piece = _sweep_block(walker, plan, ids[s:e].to(device), cfg, clock, s)
+                    if ck is not None:
+                        ck.save(name, {**piece, "positions": P, "clock": {k: clock[k] - before[k] for k in clock}})
+                    if cfg.progress:
+                        print(f"[cocurve] rank {rank} block {b + 1}/{len(blocks)}: dense {clock['dense']:.1f}s "
+                              f"ablations {clock['abl']:.1f}s", flush=True)
+            for j, (_, s, e) in enumerate(round_):
+                fold.add(piece if j == rank else None, s, e - s)
     n_resumed = int(dist.sum_floats([float(resumed)])[0])
     extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T,
-             "resumed_blocks": n_resumed}
-    return _reduce(local, plan, len(blocks), N * pos.numel(), clock, extra)
+             "positions_per_window": P, "resumed_blocks": n_resumed}
+    half_pos = ((N + 1) // 2 * P, N // 2 * P)
+    return _finish(fold, plan, len(blocks), N * P, half_pos, clock, extra)
+
+
+# --- memory ------------------------------------------------------------------------------------------
+
+MEMORY_FORMULA = (
+    "hidden states (L + 1) B T d e + one layer's parts B T (d_att + 3 d + F) e + teacher B P (16 V + 80 r) "
+    "+ features B P r M_a 8 + one unit batch's logits g B P V 4 + its re-run g B T (3 F + 5 d) e + g B H T^2 e "
+    "+ one response's KL transients 16 B P V + Grams 8 (M_a^2 + 8 M^2)")
+
+
+def memory_plan(model: nn.Module, adapter: Adapter, n_units: int, n_ablated: int, seqlen: int,
+                cfg: SweepConfig | None = None) -> MemoryPlan:
+    """The sweep's peak memory beside the model, term by term (:data:`MEMORY_FORMULA`; ``B`` windows per block,
+    ``P`` positions per window, ``r`` support, ``V`` vocabulary, ``g`` unit batch, ``e`` bytes per activation,
+    ``M_a`` ablated of ``M`` units). Only one block is alive at a time (module docstring), so no term grows with the
+    number of windows. The live tensors at the ablation stage, each term an upper bound:
+
+    * ``teacher``: ``log p_0`` and ``p_0`` (float64, ``16 B P V``) and the support's index, probabilities, dense
+      logits, ``p~``, ``sqrt(p~)`` and one response's feature transients (``80 B P r``); the dense pass's own peak
+      (a stable sort of ``B P V`` log-probabilities, ``36 B P V``) stays below teacher + logits + KL;
+    * ``features``: the per-unit Fisher features, ``B P r 8`` bytes per unit, times ``M_a``;
+    * ``unit-batch logits``: one group's float32 logits at the positions (freed before the next group's);
+    * ``KL transients``: one response's float64 logits and ``log q`` (the KL's product reuses ``log q``'s buffer);
+    * ``re-run``: the re-run layers' activations of one group (the ``T^2`` scores only where SDPA falls back to
+      its math kernel).
+
+    The plan counts live tensors. glibc returns a freed block to the system only above its mmap threshold (at most
+    32 MiB): a real model's ``[P, V]`` blocks are far above it, but on a tiny model the cycling blocks stay on the
+    heap after they are freed, and the resident memory then exceeds the live tensors (measured up to +70 B P V).
+    ``tests/test_cocurve_memory.py`` measures the peak resident memory with ``MALLOC_MMAP_THRESHOLD_=65536`` (every
+    tensor its own mapping) and checks it against this plan."""
+    cfg = cfg or SweepConfig()
+    geo = adapter.geometry
+    d, F, L = geo.hidden, geo.intermediate, adapter.n_layers
+    d_att, heads = geo.n_heads * geo.head_dim, geo.n_heads
+    V = int(model.get_output_embeddings().weight.shape[0])
+    e = next(model.parameters()).element_size()
+    B, T, g, M, Ma = cfg.seqs_per_block, seqlen, cfg.unit_batch, n_units, n_ablated
+    P = int(sample_positions(T, cfg.positions_per_seq).numel())
+    r = min(cfg.top_r, V)
+    plan = MemoryPlan("CoCurve sweep", fix="use --positions N (N evenly spaced positions per window) or shorter "
+                                           "windows (--seqlen)")
+    plan.add("hidden states", (L + 1) * B * T * d * e, f"(L + 1) {L + 1} x B {B} x T {T} x d {d} x {e} B")
+    plan.add("layer parts", B * T * (d_att + 3 * d + F) * e, f"B {B} x T {T} x (d_att {d_att} + 3 d + F {F}) x {e} B")
+    plan.add("teacher", B * P * (16 * V + 80 * r), f"B {B} x P {P} x (16 V {V} + 80 r {r})")
+    plan.add("features", B * P * r * Ma * 8, f"B {B} x P {P} x r {r} x 8 B = {B * P * r * 8} B per unit x M_a {Ma}")
+    head = 4 if e == 4 else 4 + e  # the head's output in the model's dtype, then its float32 copy
+    plan.add("unit-batch logits", g * B * P * V * head, f"g {g} x B {B} x P {P} x V {V} x {head} B")
+    plan.add("re-run", g * B * T * (3 * F + 5 * d) * e + g * B * heads * T * T * e,
+             f"g {g} x B {B} x T {T} x ((3 F + 5 d) x {e} B + H {heads} x T x {e} B)")
+    plan.add("KL transients", 16 * B * P * V, f"16 x B {B} x P {P} x V {V}")
+    # H and its two halves as they are summed, one block's Gram and halves, the block sum's two temporaries
+    plan.add("Grams", 8 * (Ma * Ma + 8 * M * M), f"8 x (M_a^2 {Ma}^2 + 8 M^2 {M}^2)")
+    return plan
