@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +128,59 @@ class Workspace:
             w.close()
         return str(Path(self._cached(f"gguf-{arch}", build)) / f"{arch}.gguf")
 
+    def masked_run(self, how: str = "intact") -> str:
+        """A tiny llama pruned by magnitude (a masked run) whose ``secateur-masks.npz`` is changed ``how``: ``empty``
+        (no entry), ``foreign`` (one array of another name), ``missing-layer`` (layer 1's q_proj gone),
+        ``wrong-shape`` (k_proj's shape transposed, same bytes), ``wrong-dtype`` (bits as float32), ``other-sparsity``
+        (no bit set: another run's masks), ``shuffled`` (each mask's bits permuted: the right counts at the wrong
+        places), ``not-npz`` (text)."""
+        def build(p: Path) -> None:
+            import numpy as np
+
+            from secateur import api
+
+            api.prune(model=self.model(), method="magnitude", sparsity=0.5, out=str(p), quiet=True)
+            f = p / "secateur-masks.npz"
+            with np.load(f) as z:
+                arrays = {k: z[k] for k in z.files}
+            k = "model.layers.0.self_attn.k_proj"
+            rng = np.random.default_rng(0)
+            changed = {
+                "intact": lambda: arrays,
+                "empty": lambda: {},
+                "foreign": lambda: {"weights": np.zeros(3)},
+                "missing-layer": lambda: {n: a for n, a in arrays.items() if not n.startswith(
+                    "model.layers.1.self_attn.q_proj::")},
+                "wrong-shape": lambda: arrays | {k + "::shape": arrays[k + "::shape"][::-1].copy()},
+                "wrong-dtype": lambda: arrays | {k + "::bits": arrays[k + "::bits"].astype(np.float32)},
+                "other-sparsity": lambda: {n: (np.zeros_like(a) if n.endswith("::bits") else a)
+                                           for n, a in arrays.items()},
+                "shuffled": lambda: {n: (np.packbits(rng.permutation(np.unpackbits(a))) if n.endswith("::bits")
+                                         else a) for n, a in arrays.items()},
+            }
+            if how == "not-npz":
+                f.write_text("not an archive")
+            else:
+                f.unlink()
+                np.savez(f, **changed[how]())
+        return self._cached(f"masked-run-{how}", build)
+
+    def int_weight_model(self) -> str:
+        """A tiny llama whose layer-0 q_proj weight is stored as int32 (the float32 model's other tensors as
+        saved): a quantized or damaged shard."""
+        def build(p: Path) -> None:
+            from safetensors.torch import load_file, save_file
+
+            from secateur.testing import save_tiny
+
+            save_tiny("llama", p)
+            f = p / "model.safetensors"
+            sd = load_file(str(f))
+            name = "model.layers.0.self_attn.q_proj.weight"
+            sd[name] = (sd[name] * 1000).to(torch.int32)
+            save_file(sd, str(f), metadata={"format": "pt"})
+        return self._cached("int-weight", build)
+
     def text(self, name: str, content: str | bytes | None) -> str:
         """A file in the scratch folder (``None``: a directory of that name)."""
         p = self.tmp / name
@@ -185,6 +239,14 @@ def ppl(model: Callable[[Workspace], str] = lambda ws: ws.model(), *extra: str |
     return argv
 
 
+def recover(how: str):
+    """``secateur recover`` of a tiny masked run whose masks file is changed ``how`` (:meth:`Workspace.masked_run`)."""
+    def argv(ws: Workspace) -> list[str]:
+        return ["recover", ws.masked_run(how), "--out", ws.out, "--data", ws.text("train.txt", LONG * 4),
+                "--tokens", "128", "--seqlen", "16", "--loss", "ce", "--quiet"]
+    return argv
+
+
 def _cmd(*parts: str | Callable[[Workspace], str]):
     return lambda ws: [p(ws) if callable(p) else p for p in parts]
 
@@ -196,6 +258,13 @@ def _dir_with(name: str, file: str):
         (d / file).write_text("mine")
         return str(d)
     return build
+
+
+def _ckpt_link(ws: Workspace) -> str:
+    """``--out`` whose checkpoint path (``.out.secateur-ckpt``) is a symbolic link to a folder of the user's."""
+    mine = Path(_dir_with("mine", "notes.md")(ws))
+    (ws.tmp / ".out.secateur-ckpt").symlink_to(mine, target_is_directory=True)
+    return ws.out
 
 
 def _txt(name: str, content: str | bytes | None):
@@ -332,6 +401,13 @@ CASES: list[Case] = [
     Case("pattern-4-of-4", prune(lambda ws: ws.model(), "--pattern", "4:4"), 2, r"pattern '4:4' needs 0 < N < M"),
     Case("pattern-5-of-4", prune(lambda ws: ws.model(), "--pattern", "5:4"), 2, r"pattern '5:4' needs 0 < N < M"),
     Case("pattern-dash", prune(lambda ws: ws.model(), "--pattern", "2-4"), 2, r"pattern '2-4' is not N:M"),
+    # --- several processes: what cannot run is refused up front -------------------------------------------------
+    Case("procs-beyond-cores", prune(lambda ws: ws.model(), "--procs", "4096"), 2,
+         r"--procs 4096 is more than 2 processes for each of the \d+ CPU core\(s\) this process may use \(the "
+         r"processes would only wait for one another\); pass --procs \d+", subprocess=True,
+         when=lambda: 2 * (os.cpu_count() or 1) < 4096),
+    Case("procs-beyond-cores-eval-ppl", ppl(lambda ws: ws.model(), "--procs", "4096"), 2,
+         r"--procs 4096 is more than 2 processes for each of", when=lambda: 2 * (os.cpu_count() or 1) < 4096),
     # --- outputs: nothing of the user's is replaced, and unwritable outputs fail before loading -----------------
     Case("out-foreign-folder-overwrite", prune(lambda ws: ws.model(), "--out", _dir_with("mine", "notes.md"),
                                                "--overwrite"), 2,
@@ -348,6 +424,25 @@ CASES: list[Case] = [
     Case("out-empty", prune(lambda ws: ws.model(), "--out", "", "--overwrite"), 2, r"output path is empty"),
     Case("out-under-a-file", prune(lambda ws: ws.model(), "--out", lambda ws: ws.text("afile", "x") + "/out"), 2,
          r"cannot write \S+: \S+afile is not a folder", subprocess=True),
+    Case("out-checkpoint-is-a-symlink", prune(lambda ws: ws.model(), "--method", "wanda", "--out", _ckpt_link), 2,
+         r"the checkpoint path \S+\.out\.secateur-ckpt is a symbolic link \(to \S+mine\); secateur keeps the "
+         r"checkpoint of \S+out in a folder of its own and never writes or deletes through a link: remove the link, "
+         r"or choose another --out", subprocess=True),
+    Case("recover-checkpoint-is-a-symlink", lambda ws: _ckpt_link(ws) and recover("intact")(ws), 2,
+         r"the checkpoint path \S+\.out\.secateur-ckpt is a symbolic link"),
+    Case("out-name-too-long", prune(lambda ws: ws.model(), "--out", lambda ws: str(ws.tmp / ("n" * 300))), 2,
+         r"output name n+\.\.\. is 300 bytes long; this file system holds names of at most 255 and secateur adds up "
+         r"to 31 for its temporary files: choose a name of at most 224", subprocess=True),
+    Case("out-name-no-room-for-temporaries", prune(lambda ws: ws.model(), "--out",
+                                                   lambda ws: str(ws.tmp / ("n" * 240))), 2,
+         r"output name n+\.\.\. is 240 bytes long; .* choose a name of at most 224"),
+    Case("out-folder-name-too-long", prune(lambda ws: ws.model(), "--out",
+                                           lambda ws: str(ws.tmp / ("d" * 300) / "out")), 2,
+         r"output path has a folder name of 300 bytes \(d+\.\.\.\); this file system holds names of at most 255"),
+    Case("eval-json-name-too-long", ppl(lambda ws: ws.model(), "--json", lambda ws: str(ws.tmp / ("j" * 300))), 2,
+         r"output name j+\.\.\. is 300 bytes long"),
+    Case("recover-out-name-too-long", lambda ws: [*recover("intact")(ws), "--out", str(ws.tmp / ("r" * 300))], 2,
+         r"output name r+\.\.\. is 300 bytes long"),
     Case("eval-json-is-a-folder", ppl(lambda ws: ws.model(), "--json", _txt("results", None)), 2,
          r"output file \S+results is a folder; name a file"),
     # --- --stream (one block in memory at a time) ----------------------------------------------------------------
@@ -369,6 +464,31 @@ CASES: list[Case] = [
     Case("recipe-digest-decimal-digits", _cmd("prune", "--recipe", _recipe("check:", "  model_sha256: " + "1" * 64),
                                               "--out", lambda ws: ws.out), 2,
          r"recipe \S+recipe\.yaml: check\.model_sha256: a number, not a digest .*; quote it: 64 hex digits"),
+    # --- a run's own files are inputs too: the masks recover reads are checked against the run's report ---------
+    Case("recover-masks-empty", recover("empty"), 2,
+         r"masks file \S+secateur-masks\.npz holds no mask; restore the file", subprocess=True),
+    Case("recover-masks-foreign-keys", recover("foreign"), 2,
+         r"masks file \S+secateur-masks\.npz holds the entry 'weights', not a mask"),
+    Case("recover-masks-missing-layer", recover("missing-layer"), 2,
+         r"\S+secateur-masks\.npz has no mask for model\.layers\.1\.self_attn\.q_proj, which the run's report "
+         r"records as pruned; restore the run's own masks file, or prune again"),
+    Case("recover-masks-wrong-shape", recover("wrong-shape"), 2,
+         r"\S+secateur-masks\.npz: the mask of model\.layers\.0\.self_attn\.k_proj has shape \[32, 16\], its "
+         r"weight \[16, 32\]"),
+    Case("recover-masks-wrong-dtype", recover("wrong-dtype"), 2,
+         r"masks file \S+secateur-masks\.npz: model\.layers\.0\.self_attn\.k_proj::bits is float32 \[64\], not "
+         r"packed bits"),
+    Case("recover-masks-other-sparsity", recover("other-sparsity"), 2,
+         r"\S+secateur-masks\.npz: the mask of \S+ prunes 0\.000000 of its weights, the run's report records "
+         r"0\.500000"),
+    Case("recover-masks-not-npz", recover("not-npz"), 2,
+         r"masks file \S+secateur-masks\.npz cannot be read as an npz archive"),
+    Case("model-integer-weights", prune(lambda ws: ws.int_weight_model()), 2,
+         r"model \S+: the weights hold model\.layers\.0\.self_attn\.q_proj\.weight as I32, not floating point "
+         r"numbers .*; re-download or re-export the model in a floating dtype", subprocess=True),
+    Case("model-integer-weights-stream", prune(lambda ws: ws.int_weight_model(), "--stream", "--calib",
+                                               _txt("c.txt", LONG)), 2,
+         r"the weights hold model\.layers\.0\.self_attn\.q_proj\.weight as I32, not floating point"),
     Case("zeroshot-empty-task-file", _cmd("eval", "zeroshot", "--model", lambda ws: ws.model(), "--tasks", "arc_easy",
                                           "--data-dir", _task_dir("arc_easy.jsonl", ""), "--quiet"), 2,
          r"arc_easy\.jsonl: no documents in the zero-shot task arc_easy; restore the file"),

@@ -246,6 +246,8 @@ def test_nccl_refuses_more_processes_than_gpus_before_joining(monkeypatch, gpus,
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", str(local))
     monkeypatch.setenv("LOCAL_RANK", str(local))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the rendezvous is checked before joining (torchrun sets it)
+    monkeypatch.setenv("MASTER_PORT", "29500")
     if backend:
         monkeypatch.setenv(dist.BACKEND_ENV, backend)
     else:
@@ -489,9 +491,9 @@ def test_streamed_split_memory_plan_counts_the_machine(inputs, tmp_path):
 
 
 def _ckpt_names(out: Path) -> list[str]:
-    from secateur.calib.resume import checkpoint_dir
+    from secateur.calib.resume import FILES_PREFIX, checkpoint_dir
 
-    return sorted(p.name for p in checkpoint_dir(out).iterdir())
+    return sorted(p.name for p in checkpoint_dir(out).iterdir() if not p.name.startswith(FILES_PREFIX))
 
 
 @pytest.mark.parametrize(("name", "first", "then"), [

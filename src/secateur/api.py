@@ -47,7 +47,7 @@ from secateur.options import recipe_of as recipe_of
 from secateur.recovery import RecoverResult as RecoverResult
 from secateur.recovery import recover as recover
 from secateur.runinfo import SCHEMA_VERSION, Timer, machine, peak_rss_mb, portable, portable_source, versions
-from secateur.safe_write import check_free_space
+from secateur.safe_write import check_free_space, output_lock
 
 
 def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict:
@@ -102,6 +102,11 @@ def prune(**kwargs) -> PruneResult:
     split = shard()
     if split.split:
         opts.check_split()
+    with output_lock(opts.out if split.rank == 0 else None):  # one output, one writer: for the run's whole life
+        return _prune(opts, split)
+
+
+def _prune(opts: PruneOptions, split: Shard) -> PruneResult:
     spec = ModelSpec(opts.model, opts.dtype)  # resolved once; every later stage reads it
     method = METHODS[opts.method]
     _check_modality(opts, spec, method)

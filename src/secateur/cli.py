@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -314,8 +315,80 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Stdout:
+    """``sys.stdout`` for the length of :func:`main`: a reader that went away (``| head``, ``| true``) or a full
+    stream (``> /dev/full``) never ends a command, whose outputs are written whatever its summary lines become. A
+    closed pipe is silent (as command-line tools die quietly); any other failure is one note on stderr. The
+    stream's file descriptor is pointed at /dev/null, so the interpreter's last flush has nothing to fail on."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.lost: OSError | None = None
+
+    def _lose(self, e: OSError) -> None:
+        import errno
+        import os
+
+        self.lost = e
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        if e.errno != errno.EPIPE:
+            print(f"secateur: note: stdout cannot be written ({e.strerror or e}); its lines are lost, the outputs "
+                  "are not", file=sys.stderr)
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                self._lose(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._lose(e)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A MemoryError, or a library that could not be loaded or mapped for want of memory (``ulimit -v``)."""
+    import errno
+
+    if isinstance(e, MemoryError):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    text = str(e)
+    return isinstance(e, (ImportError, OSError, RuntimeError)) and any(
+        s in text for s in ("Cannot allocate memory", "failed to map segment", "std::bad_alloc",
+                            "DefaultCPUAllocator: can't allocate memory"))
+
+
+OOM = ("out of memory ({what}); free memory or raise the limit (ulimit -v), or ask for less: --stream, fewer "
+       "--nsamples or --procs, a smaller --batch or --seqlen")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
+        launch.orphan_cleanup()  # a rank whose supervisor was killed removes the supervisor's folder
+
+
+def _main(argv: list[str]) -> int:
     try:
         with as_interrupts():  # from the first import on: Ctrl-C during start-up is exit 130 too
             launch.quiet_ranks()  # several processes (torchrun, --procs): rank 0 alone prints
@@ -334,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
             return _interrupted(stop)
         if isinstance(e, SecateurError):  # one process: "secateur: error: ..."; several: "... rank R: ..."
             return launch.fail("error", str(e), 2)
+        if _out_of_memory(e):
+            what = type(e).__name__ + (f": {str(e).strip().splitlines()[0][:120]}" if str(e).strip() else "")
+            return launch.fail("error", OOM.format(what=what), 2)
         if not _split():
             raise
         return launch.fail(*launch.describe(e), 2)  # a rank's crash or a lost peer: one line, never a hang

@@ -33,6 +33,8 @@ from secateur.errors import SecateurError, one_line
 
 #: where a supervised rank writes its one-line failure (set by :func:`supervise`)
 ERRORS_ENV = "SECATEUR_SPLIT_ERRORS"
+#: the supervisor's PID (set by :func:`supervise`): a rank that outlives it removes :data:`ERRORS_ENV`'s folder
+SUPERVISOR_ENV = "SECATEUR_SPLIT_SUPERVISOR"
 #: seconds the other ranks get to end after SIGTERM before SIGKILL
 GRACE_S = 5.0
 # how long the supervisor waits, once a rank failed, for the others' own reports (the root cause may land second)
@@ -42,15 +44,46 @@ _SETTLE_S = 0.5
 def env_world() -> tuple[int, int]:
     """``(rank, world)`` from the environment (torchrun, ``--procs``); ``(0, 1)`` in a plain process. Imports no
     torch: the CLI's interrupt handler asks it, possibly while torch is half imported."""
+    values = {}
+    for name, default in (("WORLD_SIZE", "1"), ("RANK", "0")):
+        raw = os.environ.get(name, default)
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise SecateurError(f"{name}={one_line(raw)[:40]!r} is not an integer; unset it, or let torchrun set "
+                                "WORLD_SIZE and RANK") from None
+    return values["RANK"], values["WORLD_SIZE"]
+
+
+def _world_or_one() -> tuple[int, int]:
+    """:func:`env_world`, or ``(0, 1)`` when the environment is what failed (the error handler must not fail)."""
     try:
-        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    except ValueError:
-        raise SecateurError("WORLD_SIZE and RANK must be integers (torchrun sets them)") from None
-    return rank, world
+        return env_world()
+    except SecateurError:
+        return 0, 1
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; the machine's count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+#: what one process holds before it loads a model (Python, torch and secateur imported), at least
+BASE_PROCESS_BYTES = 300 << 20
+#: processes per CPU core ``--procs`` may start (a few more than the cores still make progress; tests run 3 on 2)
+PROCS_PER_CORE = 2
 
 
 def check_procs(procs: int | None) -> int:
-    """``--procs`` checked against the environment: the number of processes this command runs as."""
+    """``--procs`` checked against the environment: the number of processes this command runs as. Started here
+    (``--procs`` without torchrun), more processes than this machine can run are refused up front, in one line,
+    instead of starting them to stall: more than :data:`PROCS_PER_CORE` per CPU core (past that they only wait for
+    one another: ``--procs 64`` on 2 cores ran for minutes without a line), or more than its available memory
+    holds before any of them loads the model (each holds what this process holds now, at least
+    :data:`BASE_PROCESS_BYTES`)."""
     _, world = env_world()
     if procs is None:
         return world
@@ -58,6 +91,21 @@ def check_procs(procs: int | None) -> int:
         raise SecateurError(f"--procs must be >= 1 (processes on this machine), got {procs}; pass e.g. --procs 2")
     if world > 1 and procs != world:
         raise SecateurError(f"--procs {procs} but torchrun started {world} processes (WORLD_SIZE); drop --procs")
+    if world == 1 and procs > 1:
+        cores = usable_cores()
+        if procs > PROCS_PER_CORE * cores:
+            raise SecateurError(f"--procs {procs} is more than {PROCS_PER_CORE} processes for each of the {cores} CPU "
+                                "core(s) this process may use (the processes would only wait for one another); pass "
+                                f"--procs {cores} (at most {PROCS_PER_CORE * cores})")
+        from secateur.models.memory import available_bytes, current_rss
+
+        each = max(BASE_PROCESS_BYTES, current_rss() or 0)
+        available = available_bytes()
+        if available is not None and procs * each > available:
+            fit = max(1, available // each)
+            raise SecateurError(f"--procs {procs}: each process holds about {each / 2**30:.2f} GiB before it loads "
+                                f"the model ({procs * each / 2**30:.2f} GiB for {procs}), and "
+                                f"{available / 2**30:.2f} GiB is available; pass --procs {fit} or fewer")
     return procs
 
 
@@ -67,7 +115,7 @@ def supervised() -> bool:
 
 def quiet_ranks() -> None:
     """Ranks other than 0 print nothing (their failure line goes through :func:`fail`)."""
-    rank, world = env_world()
+    rank, world = _world_or_one()  # a broken environment: this process prints, and its first check says why
     if world > 1 and rank > 0:
         devnull = open(os.devnull, "w")  # noqa: SIM115 (the process's streams until it exits)
         sys.stdout = devnull
@@ -117,7 +165,7 @@ def describe(e: BaseException) -> tuple[str, str]:
 
 def fail(kind: str, message: str, code: int) -> int:
     """A rank's failure: its line printed (torchrun) or handed to the supervisor (``--procs``); returns ``code``."""
-    rank, world = env_world()
+    rank, world = _world_or_one()
     message = one_line(message)
     if world == 1:
         print(f"secateur: error: {message}", file=sys.stderr)
@@ -125,8 +173,12 @@ def fail(kind: str, message: str, code: int) -> int:
     line = f"rank {rank}: {message}"
     folder = os.environ.get(ERRORS_ENV)
     if folder:
-        (Path(folder) / f"rank-{rank}.json").write_text(json.dumps({"kind": kind, "line": line, "code": code}))
-    elif kind != "stopped":
+        try:
+            (Path(folder) / f"rank-{rank}.json").write_text(json.dumps({"kind": kind, "line": line, "code": code}))
+            return code
+        except OSError:  # the supervisor is gone (and its folder with it): say it here
+            pass
+    if kind != "stopped":
         print(f"secateur: error: {line}", file=sys.__stderr__)
     return code
 
@@ -149,14 +201,16 @@ def supervise(argv: list[str], procs: int) -> int:
 
     port = free_port()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // procs))
-    with tempfile.TemporaryDirectory(prefix="secateur-procs-") as errors:
+    remove_stale_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{PROCS_PREFIX}{os.getpid()}-") as errors:
         children: list[subprocess.Popen] = []
         order: list[int] = []  # ranks in the order they were seen to fail
         try:
             for rank in range(procs):
                 env = os.environ | {"WORLD_SIZE": str(procs), "RANK": str(rank), "LOCAL_RANK": str(rank),
                                     "LOCAL_WORLD_SIZE": str(procs), "MASTER_ADDR": "127.0.0.1",
-                                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads, ERRORS_ENV: errors}
+                                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads, ERRORS_ENV: errors,
+                                    SUPERVISOR_ENV: str(os.getpid())}
                 quiet = None if rank == 0 else subprocess.DEVNULL
                 children.append(subprocess.Popen([sys.executable, "-m", "secateur", *_without_procs(argv)], env=env,
                                                   stdout=quiet, stderr=quiet))
@@ -174,6 +228,40 @@ def supervise(argv: list[str], procs: int) -> int:
             return 0
         print(f"secateur: error: {_root_cause(order, children, Path(errors))}", file=sys.stderr)
         return 2
+
+
+def orphan_cleanup() -> None:
+    """At a supervised rank's exit: when its supervisor is gone (killed with SIGKILL: its ``finally`` never ran),
+    remove the supervisor's folder, which nobody else would."""
+    import shutil
+
+    folder, pid = os.environ.get(ERRORS_ENV), os.environ.get(SUPERVISOR_ENV)
+    if folder and pid and pid.isdigit() and os.getppid() != int(pid):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+#: the supervisor's folder for its ranks' failure lines: ``<tmp>/secateur-procs-<supervisor pid>-<random>``
+PROCS_PREFIX = "secateur-procs-"
+
+
+def remove_stale_folders() -> list[Path]:
+    """Remove the rank folders (:data:`PROCS_PREFIX`) of this user's supervisors that are gone (SIGKILL leaves
+    them: no ``finally`` runs); a folder whose supervisor still runs, or another user's, is left alone."""
+    import shutil
+
+    from secateur.safe_write import _pid_alive
+
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{PROCS_PREFIX}*"):
+        pid = p.name[len(PROCS_PREFIX):].split("-", 1)[0]
+        try:
+            mine = p.is_dir() and not p.is_symlink() and p.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def _stop(children: list[subprocess.Popen], settle: bool) -> None:

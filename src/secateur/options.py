@@ -199,6 +199,7 @@ class PruneOptions:
         if self.out is not None:  # named, not the model or a parent of it, replaceable, writable
             protect = () if self.in_memory else model_paths(self.model)
             check_output_dir(self.out, self.overwrite, protect=protect)
+            _resume.refuse_link(_resume.checkpoint_dir(self.out), self.out)  # a checkpoint through a link
 
     def check_split(self) -> None:
         """What a run split over several processes (``--procs``, torchrun) cannot do yet, refused in one line

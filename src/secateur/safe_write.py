@@ -16,6 +16,11 @@ Safety rules (checked before anything is loaded, again before anything is replac
 * temporary folders are named ``.<out>.secateur-tmp-<pid>-<random>`` (``-old-`` while the previous
   output is moved aside) and hold a marker with their pid and host first; a later write to the same
   output removes those whose process is gone (:func:`remove_stale_temps`), and nothing else.
+* one output, one writer (:func:`output_lock`): a run holds an exclusive ``flock`` on ``.<out>.secateur-lock``
+  beside its output for its whole life (as git holds ``index.lock``), the lock file naming its PID and host; a
+  second run onto the same output is refused in one line naming that PID. The kernel releases the lock when its
+  process dies (SIGKILL included), so a dead run's lock file is simply taken over; the file is removed when the
+  run ends.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ MASKS_NAME = "secateur-masks.npz"
 EXPORT_MARKER = "secateur-export.json"  # written by export.sliced.save_pruned (library use)
 REPORT_INDEX = "secateur-report-index.json"  # marker of a `secateur report` folder
 TEMP_MARKER = ".secateur-tmp.json"  # first file in every temporary folder: {"pid", "host", "out"}
+LOCK_SUFFIX = ".secateur-lock"  # .<out>.secateur-lock beside an output: "<pid> <host>" of the run writing it
 _TEMP_KINDS = ("tmp", "old")
 
 # Every name a model export may write (save_run, save_structured, save_pruned, CoCurve, the card and recipe).
@@ -128,11 +134,43 @@ def check_replaceable(out: str | Path, kind: str = "model") -> None:
                             "choose another path")
 
 
+#: characters secateur adds to an output's name for its siblings: ``.<name>.secateur-tmp-<pid>-<8 random>`` (the
+#: longest: 1 + 14 + 7-digit pid + 1 + 8), ``.<name>.secateur-ckpt``, ``.<name>.secateur-lock``
+NAME_EXTRA = 31
+
+
+def check_name_length(path: str | Path) -> None:
+    """Refuse, before anything runs, an output path the file system cannot hold: a folder name longer than it
+    allows, or an output name that leaves no room for secateur's temporary siblings (:data:`NAME_EXTRA`), or a
+    path longer than ``PATH_MAX`` (ENAMETOOLONG, found otherwise only when the output is written)."""
+    path = Path(path)
+    where = _existing_ancestor(path.parent) if path.parent != path else path
+    try:
+        name_max = os.pathconf(where if where.is_dir() else "/", "PC_NAME_MAX")
+        path_max = os.pathconf(where if where.is_dir() else "/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts[:-1]:
+        if len(os.fsencode(part)) > name_max:
+            raise SecateurError(f"output path has a folder name of {len(os.fsencode(part))} bytes ({part[:24]}...); "
+                                f"this file system holds names of at most {name_max}: choose a shorter path")
+    n = len(os.fsencode(path.name))
+    if n > name_max - NAME_EXTRA:
+        raise SecateurError(f"output name {path.name[:24]}... is {n} bytes long; this file system holds names of at "
+                            f"most {name_max} and secateur adds up to {NAME_EXTRA} for its temporary files: choose a "
+                            f"name of at most {name_max - NAME_EXTRA}")
+    if len(os.fsencode(str(path.absolute()))) + NAME_EXTRA >= path_max:
+        raise SecateurError(f"output path is {len(os.fsencode(str(path.absolute())))} bytes long; this file system "
+                            f"holds paths of at most {path_max} and secateur adds up to {NAME_EXTRA}: choose a "
+                            "shorter path")
+
+
 def check_writable_output(path: str | Path, folder: bool = True) -> None:
     """Fail now, before any model is loaded, when ``path`` cannot be written: its nearest existing ancestor
     is not a folder or refuses a probe file (read-only, permissions, ...; a real write, so root is not
     exempt), or a file output names a folder."""
     path = Path(path)
+    check_name_length(path)
     if not folder and path.is_dir():
         raise SecateurError(f"output file {path} is a folder; name a file")
     where = _existing_ancestor(path.parent)
@@ -156,6 +194,7 @@ def check_output_dir(out: str | Path, overwrite: bool, kind: str = "model",
     if out is None or str(out).strip() == "":
         raise SecateurError("output path is empty; name the output folder (--out DIR)")
     out = Path(out)
+    check_name_length(out)
     real = out.resolve()
     places = _protected(protect)
     for place, what in places:
@@ -310,8 +349,14 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
 
     ``overwrite`` replaces only a previous secateur output of ``kind`` (:func:`check_replaceable`, checked
     before and again just before the swap); ``need``: the bytes the export will take, checked against the
-    free space and named when the disk fills up. Parent folders created here are removed on failure."""
+    free space and named when the disk fills up. Parent folders created here are removed on failure. The
+    output's lock (:func:`output_lock`) is held throughout (already held by a run that took it first)."""
     out = Path(out)
+    with output_lock(out):
+        yield from _atomic_dir(out, overwrite, kind, need)
+
+
+def _atomic_dir(out: Path, overwrite: bool, kind: str, need: int | None) -> Iterator[Path]:
     check_output_dir(out, overwrite, kind)
     created = _room_for(out, need)
     tmp = None
@@ -335,6 +380,102 @@ def atomic_dir(out: str | Path, overwrite: bool = False, kind: str = "model",
         _remove_empty(created)
         _raise_write_error(e, out, need)
         raise
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock file of the output ``out``: ``.<name>.secateur-lock`` in its folder."""
+    out = Path(out)
+    return out.parent / f".{out.name}{LOCK_SUFFIX}"
+
+
+_HELD: dict[str, list] = {}  # lock file (absolute) -> [fd, depth]: this process's locks (re-entrant)
+
+
+def _holder(fd: int) -> str:
+    """``PID <pid> on <host>`` from a lock file's content (the run that holds it), as far as it says."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        pid, _, host = os.read(fd, 512).decode("utf-8", "replace").strip().partition(" ")
+    except OSError:
+        pid = host = ""
+    if not pid.isdigit():
+        return "PID unknown"
+    return f"PID {pid}" + (f" on {host}" if host and host != _host() else "")
+
+
+def _acquire(out: Path, path: Path) -> int | None:
+    """The lock on ``path`` taken (its fd), or None when no lock file can be made there (an unwritable or missing
+    folder: the output checks say so in their own words). Refused in one line when another process holds it."""
+    import fcntl
+
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise SecateurError(f"output {out} is being written by another secateur run ({holder}); wait for it "
+                                "to end, or choose another --out") from None
+        except OSError:  # a file system without locks: the output checks and atomic renames remain
+            os.close(fd)
+            return None
+        try:  # the previous holder may have removed the file between our open and our lock: lock the new one
+            st = os.stat(path)
+            same = (st.st_ino, st.st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev)
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {_host()}\n".encode())
+    return fd
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path | None) -> Iterator[None]:
+    """Hold the exclusive lock of the output ``out`` for the block (module docstring; re-entrant in one process;
+    nothing for ``None``, an empty path or a path without a name such as ``.``). The lock file is removed, and the
+    folders made for it when they are empty, when the block ends however it ends."""
+    if out is None or not str(out).strip() or not Path(out).name or Path(out).name in (".", ".."):
+        yield
+        return
+    path = lock_path(out)
+    key = os.path.abspath(path)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    created = _missing_parents(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        created = []
+    try:
+        fd = _acquire(Path(out), path)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    if fd is None:
+        _remove_empty(created)
+        yield
+        return
+    _HELD[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # still holding the lock: a process that opened it re-checks the path and retries
+        os.close(fd)
+        _remove_empty(created)
 
 
 def write_file_atomic(path: str | Path, text: str) -> Path:
@@ -364,6 +505,7 @@ def check_output_file(path: str | Path, overwrite: bool, is_ours=None, kind: str
     if path is None or str(path).strip() == "":
         raise SecateurError("output path is empty; name the output file (--out FILE)")
     path = Path(path)
+    check_name_length(path)
     how = "--overwrite only replaces a previous secateur output"
     for p in _file_temps(path):
         with contextlib.suppress(OSError):
@@ -388,6 +530,11 @@ def atomic_file(path: str | Path, overwrite: bool = False, is_ours=None, need: i
     block ends and is removed on any failure or interruption (Ctrl-C, SIGTERM through the CLI): never a partial
     ``path``, never a leftover. ``overwrite`` / ``is_ours``: see :func:`check_output_file` (checked again just
     before the rename); ``need``: bytes, checked against the free space and named when the disk fills up."""
+    with output_lock(path):
+        yield from _atomic_file(path, overwrite, is_ours, need, kind)
+
+
+def _atomic_file(path: str | Path, overwrite: bool, is_ours, need: int | None, kind: str) -> Iterator[Path]:
     path = check_output_file(path, overwrite, is_ours, kind)
     created = _room_for(path, need)
     tmp = None

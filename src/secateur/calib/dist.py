@@ -82,15 +82,43 @@ def timeout_s() -> float:
 
 def env_world() -> tuple[int, int, int]:
     """``(rank, world, local rank)`` from the environment torchrun (and ``--procs``) set; ``(0, 1, 0)`` outside."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    except ValueError:
-        raise SecateurError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (torchrun sets them)") from None
+    values = {}
+    for name, default in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", None)):
+        raw = os.environ.get(name, default if default is not None else str(values.get("RANK", 0)))
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise SecateurError(f"{name}={raw[:40]!r} is not an integer; unset it, or let torchrun set WORLD_SIZE, "
+                                "RANK and LOCAL_RANK") from None
+    world, rank, local = values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
     if world < 1 or not 0 <= rank < world:
-        raise SecateurError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
+        raise SecateurError(f"RANK {rank} is not in [0, WORLD_SIZE {world}); set RANK from 0 to WORLD_SIZE - 1, or "
+                            "let torchrun set them")
     return rank, world, local
+
+
+def rendezvous() -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)`` checked before joining: both set, the port a port number, the address one
+    this machine resolves. torch's own rendezvous retries an address that does not resolve until its timeout, with
+    a warning every few seconds (300 s of them, no secateur line); here it is one line at once."""
+    addr, raw = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    fix = "torchrun sets them; set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port, or use --procs N"
+    if not addr or not raw:
+        missing = [n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", raw)) if not v]
+        raise SecateurError(f"WORLD_SIZE > 1 but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                            f"set; {fix}")
+    try:
+        port = int(raw)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise SecateurError(f"MASTER_PORT={raw[:40]!r} is not a port number (1 to 65535); {fix}") from None
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        why = getattr(e, "strerror", None) or type(e).__name__
+        raise SecateurError(f"MASTER_ADDR {addr[:80]!r} (port {port}) does not resolve ({why}); {fix}") from None
+    return addr, port
 
 
 def init_from_env(device: str = "cpu") -> bool:
@@ -114,7 +142,14 @@ def init_from_env(device: str = "cpu") -> bool:
                 f"process (two on one GPU: 'Duplicate GPU detected'); start at most {gpus} process(es) per machine, "
                 f"or set {BACKEND_ENV}=gloo to share the GPUs")
         torch.cuda.set_device(local % gpus)  # gloo may share a GPU between processes
-    tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
+    addr, port = rendezvous()
+    try:
+        tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
+    except (RuntimeError, ValueError) as e:  # DistStoreError / DistNetworkError: nobody answered at the address
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        raise SecateurError(f"could not join the other processes at MASTER_ADDR {addr}, MASTER_PORT {port} "
+                            f"({type(e).__name__}: {first}); check that rank 0 runs there and the port is reachable "
+                            f"(each rank waits SECATEUR_DIST_TIMEOUT={timeout_s():g} s)") from None
     return True
 
 

@@ -12,7 +12,15 @@ The checkpoint is a hidden folder beside the output, ``<parent>/.<name>.secateur
   complete when every chunk's file is there; the previous generation is deleted once the new one is complete, so
   a kill leaves at least one complete generation). Checkpoints written before the per-chunk files
   (``<stage>-hs.pt``: every chunk in one file) are still read;
-* per compensated projection of a structured run: ``<stage>-<layer>-<group>.pt``.
+* per compensated projection of a structured run: ``<stage>-<layer>-<group>.pt``;
+* ``files-rank<r>.txt``: the manifest of the files each process wrote, one name a line, appended before the file
+  is written (so a kill leaves no file unnamed).
+
+secateur deletes only what it wrote: removal (:meth:`Checkpoint.remove`) deletes the manifest, the files the
+``files-rank*.txt`` lists name (plain names in the folder, and their temporaries) and those lists, then the folder
+only if nothing else is left in it (a user's file in it stays, with the folder, and a note says so). A checkpoint
+path that is a symbolic link is refused, never followed (it would put the checkpoint, and its removal, in the
+folder it points to).
 
 Stages are named by the order in which the run reaches them (``engine0``, ``comp0``, ...): the computation
 is deterministic, so a resumed run reaches the same stages in the same order. Every file is written to a
@@ -53,6 +61,7 @@ from secateur.errors import SecateurError
 
 SUFFIX = ".secateur-ckpt"
 MANIFEST = "manifest.json"
+FILES_PREFIX, FILES_SUFFIX = "files-rank", ".txt"  # the manifest of the files a process wrote
 MARKER = "secateur_checkpoint"
 FORMAT = 1
 #: prune options that do not change the result (everything else is part of the fingerprint)
@@ -178,6 +187,7 @@ class Checkpoint:
         checkpoint of ours is replaced. A folder of that name that is not ours is always refused."""
         log = log or (lambda msg: print(f"secateur: {msg}", file=sys.stderr))
         path = checkpoint_dir(out)
+        refuse_link(path, out)
         if path.is_dir() and not any(path.iterdir()):
             path.rmdir()  # killed between mkdir and the manifest: nothing in it
         if path.exists() and not _is_ours(path):
@@ -185,6 +195,10 @@ class Checkpoint:
             raise CheckpointError(f"{path} exists but is not a secateur checkpoint"
                                   + (f" (its {MANIFEST} {why})" if why else "")
                                   + f"; move it away (or delete it, if it is a damaged checkpoint) to prune to {out}")
+        if path.exists() and (other := foreign_files(path)):
+            shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+            raise CheckpointError(f"the checkpoint folder {path} holds files secateur did not write ({shown}); "
+                                  "secateur deletes only what it wrote: move them out of it, then run again")
         if path.exists() and not (path / MANIFEST).exists():  # killed while writing its manifest: nothing in it
             log(f"removing the checkpoint {path}: it was interrupted before it held anything")
             cls(path).remove()
@@ -203,8 +217,13 @@ class Checkpoint:
             log(f"no checkpoint at {path}: starting from scratch")
         path.mkdir(parents=True)
         ck = cls(path)
-        ck._write_bytes(MANIFEST, json.dumps({MARKER: FORMAT, "out": str(Path(out).absolute()), "fingerprint": fp},
-                                             indent=1).encode())
+        try:
+            ck._write_bytes(MANIFEST, json.dumps({MARKER: FORMAT, "out": str(Path(out).absolute()),
+                                                  "fingerprint": fp}, indent=1).encode(),
+                            fix="free space and run the command again")
+        except BaseException:
+            remove_written(path)  # nothing to resume from: the folder goes
+            raise
         return ck
 
     @classmethod
@@ -239,9 +258,15 @@ class Checkpoint:
         return cls(path, rank, set(answer["files"]))
 
     def remove(self) -> None:
-        """Delete the folder, only if it is recognizably a secateur checkpoint (split over processes: by rank 0)."""
-        if self.rank == 0 and _is_ours(self.path):
-            shutil.rmtree(self.path)
+        """Delete what secateur wrote in the folder (module docstring), then the folder if it is empty; only a
+        folder that is recognizably a secateur checkpoint, never through a link (split over processes: by rank
+        0). A folder left holding other files is named in a note."""
+        if self.rank != 0 or self.path.is_symlink() or not _is_ours(self.path):
+            return
+        kept = remove_written(self.path)
+        if kept:
+            shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+            print(f"secateur: kept {self.path}: it holds files secateur did not write ({shown})", file=sys.stderr)
 
     # --- pieces ------------------------------------------------------------------------------------
     def stage(self, kind: str) -> str:
@@ -250,10 +275,43 @@ class Checkpoint:
         self._stages[kind] = n + 1
         return f"{kind}{n}"
 
-    def _write_bytes(self, name: str, data: bytes) -> None:
+    def _note(self, name: str) -> None:
+        """Name ``name`` in this process's manifest of written files, before it is written."""
+        with open(self.path / f"{FILES_PREFIX}{self.rank}{FILES_SUFFIX}", "a", encoding="utf-8") as f:
+            f.write(name + "\n")
+
+    def _write_bytes(self, name: str, data: bytes, fix: str = "") -> None:
         tmp = self.path / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path / name)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path / name)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            self._write_failed(e, fix)
+            raise
+
+    def _write_failed(self, e: BaseException, fix: str = "") -> None:
+        """A checkpoint write that failed (a full disk, a quota, an I/O error; torch's own writer says only
+        ``file write failed``): one line naming the checkpoint and what it holds, the finished pieces kept for
+        ``--resume``. Returns for an interruption or a bug, which the caller re-raises."""
+        from secateur.safe_write import _disk_full
+
+        if not isinstance(e, Exception) or isinstance(e, SecateurError):
+            return
+        text = str(e)
+        if _disk_full(e):
+            why = "disk full"
+        elif isinstance(e, OSError) or "write failed" in text or "PytorchStreamWriter" in text:
+            why = "cannot write" + (f" ({e.strerror})" if isinstance(e, OSError) and e.strerror else "")
+        else:
+            return
+        try:
+            free = f", {_mb(shutil.disk_usage(self.path).free)} free"
+        except OSError:
+            free = ""
+        fix = fix or "free space and run the same command with --resume, or delete it"
+        raise CheckpointError(f"{why} while writing the checkpoint {self.path} ({_mb(self.size())} so far{free}); "
+                              f"{fix}") from None
 
     def save(self, name: str, obj: Any) -> None:
         """Write one piece every rank holds alike (split over processes: rank 0 writes it, the others only note
@@ -266,19 +324,15 @@ class Checkpoint:
         """Write one piece of this process's own (every rank writes its pieces: its hidden-state chunks)
         atomically; a full disk is one line naming the checkpoint (the partial temporary removed, the finished
         pieces kept for ``--resume`` once there is space)."""
-        from secateur.safe_write import _disk_full
-
         tmp = self.path / f".{name}.tmp"
         try:
+            self._note(name)
             torch.save(_pack(obj), tmp)
             stall.point("checkpoint-write")
             os.replace(tmp, self.path / name)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
-            if isinstance(e, Exception) and _disk_full(e):
-                raise CheckpointError(f"disk full while writing the checkpoint {self.path} "
-                                      f"({_mb(self.size())} so far); free space and run the same command with "
-                                      "--resume, or delete it") from None
+            self._write_failed(e)
             raise
         self.saved = True
 
@@ -315,6 +369,63 @@ class Checkpoint:
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB"
+
+
+def refuse_link(path: Path, out: str | Path) -> None:
+    """A checkpoint path that is a symbolic link (to a user's folder, or dangling) is refused in one line."""
+    if path.is_symlink():
+        raise CheckpointError(f"the checkpoint path {path} is a symbolic link (to {os.readlink(path)}); secateur "
+                              f"keeps the checkpoint of {out} in a folder of its own and never writes or deletes "
+                              "through a link: remove the link, or choose another --out")
+
+
+def _written(path: Path) -> set[str]:
+    """The names secateur wrote in the checkpoint folder ``path``: its manifest, the files its
+    ``files-rank*.txt`` lists name (plain names only: a damaged list cannot name a path outside the folder) with
+    their temporaries, and the lists themselves."""
+    names = {MANIFEST, f".{MANIFEST}.tmp"}
+    for lst in path.glob(f"{FILES_PREFIX}*{FILES_SUFFIX}"):
+        names.add(lst.name)
+        try:
+            listed = lst.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for name in listed:
+            if name and "/" not in name and "\\" not in name and name not in (".", "..") and "\0" not in name:
+                names |= {name, f".{name}.tmp"}
+    return names
+
+
+def _partition(path: Path) -> tuple[list[Path], list[str]]:
+    """``(the files secateur wrote, the names of everything else)`` in the checkpoint folder ``path``
+    (:func:`_written`; a checkpoint of an older secateur, without the lists: its ``*.pt`` files and temporaries)."""
+    ours = _written(path)
+    legacy = not any(n.startswith(FILES_PREFIX) for n in ours)
+    mine, other = [], []
+    for p in sorted(path.iterdir()):
+        named = p.name in ours or legacy and (p.suffix == ".pt" or p.name.startswith(".") and p.name.endswith(".tmp"))
+        if named and (p.is_symlink() or p.is_file()):
+            mine.append(p)
+        else:
+            other.append(p.name)
+    return mine, other
+
+
+def foreign_files(path: Path) -> list[str]:
+    """The names in the checkpoint folder ``path`` that secateur did not write (sorted)."""
+    return _partition(path)[1]
+
+
+def remove_written(path: Path) -> list[str]:
+    """Delete what secateur wrote in the checkpoint folder ``path`` (:func:`_partition`), then the folder if it is
+    empty. Returns the names left in it (sorted; empty when the folder is gone)."""
+    mine, _ = _partition(path)
+    for p in mine:
+        p.unlink(missing_ok=True)
+    left = sorted(p.name for p in path.iterdir())
+    if not left:
+        path.rmdir()
+    return left
 
 
 def size_estimate(model: torch.nn.Module, nsamples: int, seqlen: int) -> int:

@@ -5,6 +5,7 @@ the processes of a ``torch.distributed`` group), a result dict out. ``secateur.a
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -21,6 +22,12 @@ from secateur.models.loading import check_device, check_seqlen, check_tokenizer
 from secateur.models.spec import ModelSpec
 from secateur.runinfo import SCHEMA_VERSION, machine, versions
 from secateur.safe_write import check_writable_output, write_file_atomic
+from secateur.schemas.api import checked_call
+
+
+def _fspath(value):
+    """An ``os.PathLike`` argument as the str path the evaluators take; anything else unchanged."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
@@ -32,15 +39,18 @@ def _model_and_tokenizer(model, tokenizer, dtype: str, device: str):
     return model, tokenizer, getattr(model.config, "_name_or_path", "in-memory")
 
 
-def eval_ppl(model: str | torch.nn.Module = "smollm2-135m", dataset: str = "wikitext2", seqlen: int = 2048,
-             stride: int | None = None, max_windows: int | None = None, data_dir: str | None = None,
-             tokenizer=None, dtype: str = "float32", device: str = "cpu", json_path: str | None = None,
-             progress: bool = True, stream: bool = False) -> dict:
+@checked_call
+def eval_ppl(model: str | os.PathLike | torch.nn.Module = "smollm2-135m", dataset: str | os.PathLike = "wikitext2",
+             seqlen: int = 2048, stride: int | None = None, max_windows: int | None = None,
+             data_dir: str | os.PathLike | None = None, tokenizer=None, dtype: str = "float32", device: str = "cpu",
+             json_path: str | os.PathLike | None = None, progress: bool = True, stream: bool = False) -> dict:
     """Perplexity of a model spec/folder (or an in-memory model with its tokenizer) on a named corpus.
     ``stream``: the same window loop over a streamed block source, one decoder block in memory at a time over all
     windows (a model folder larger than memory; its memory plan printed and checked first). Called by every process
     of an initialized ``torch.distributed`` group, window ``w`` is scored by rank ``w % N`` and every rank returns the
-    same result as one process, bit for bit (rank 0 alone writes ``json_path``)."""
+    same result as one process, bit for bit (rank 0 alone writes ``json_path``). Arguments of the wrong type are one
+    line naming them (:func:`~secateur.schemas.api.checked_call`)."""
+    model, dataset, data_dir, json_path = (_fspath(v) for v in (model, dataset, data_dir, json_path))
     if json_path is not None:  # an unwritable --json fails now, not after the evaluation
         check_writable_output(json_path, folder=False)
     check_tokenizer(model, tokenizer)
@@ -108,21 +118,28 @@ def _eval_plan(stream: streaming.BlockStream, ids: torch.Tensor, seqlen: int, st
     return plan
 
 
-def eval_zeroshot(model: str | torch.nn.Module = "smollm2-135m", tasks=None, limit: int | None = None,
-                  data_dir: str | None = None, tokenizer=None, dtype: str = "float32", device: str = "cpu",
-                  progress: bool = True) -> dict:
+@checked_call
+def eval_zeroshot(model: str | os.PathLike | torch.nn.Module = "smollm2-135m", tasks=None, limit: int | None = None,
+                  data_dir: str | os.PathLike | None = None, tokenizer=None, dtype: str = "float32",
+                  device: str = "cpu", progress: bool = True) -> dict:
     """The seven-task zero-shot suite (``secateur eval zeroshot``): per-task scores, the mean and its SE."""
     from secateur.eval.zeroshot import evaluate_zeroshot
+
+    model, data_dir = _fspath(model), _fspath(data_dir)
 
     model, tokenizer, name = _model_and_tokenizer(model, tokenizer, dtype, device)
     res = evaluate_zeroshot(model, tokenizer, tasks=tasks, limit=limit, data_dir=data_dir, progress=progress)
     return res | {"model": name, "versions": versions(), "machine": machine()}
 
 
-def eval_efficiency(model: str | torch.nn.Module, dtype: str = "float32", device: str = "cpu", **settings) -> dict:
+@checked_call
+def eval_efficiency(model: str | os.PathLike | torch.nn.Module, dtype: str = "float32", device: str = "cpu",
+                    **settings) -> dict:
     """Params, FLOPs/token, peak memory, prefill/decode tokens/s (``secateur eval efficiency``); ``settings``
     go to :func:`secateur.eval.efficiency.measure_efficiency` (prompt_len, new_tokens, repeats, ...)."""
     from secateur.eval.efficiency import measure_efficiency
+
+    model = _fspath(model)
 
     if isinstance(model, str):
         model, _ = loading.load_model(model, dtype, device)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import mmap
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,8 @@ from secateur.export.gguf_tokenizer import (
     hf_tokenizer,
     source_gguf,
 )
-from secateur.safe_write import atomic_file
+from secateur.safe_write import atomic_file, output_lock
+from secateur.schemas.api import checked_call
 
 TYPES = ("f32", "f16", "bf16", "q8_0")
 ROUTE_KEY = "secateur.export.route"
@@ -406,7 +408,8 @@ def _metadata(w, run: RunFolder, arch: str, layers: list[LayerShape], head_dim: 
     w.add_string(SOURCE_KEY, str(run.path.name))
 
 
-def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwrite: bool = False,
+@checked_call
+def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, qtype: str = "f16", overwrite: bool = False,
                 tokenizer_pre: str | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Write the run folder ``run_dir`` as the GGUF file ``out`` (atomically; see the module doc). Returns
     ``{"path", "arch", "type", "tensors", "fallbacks", "notes", "tokenizer", "bytes"}``."""
@@ -415,6 +418,7 @@ def export_gguf(run_dir: str | Path, out: str | Path, qtype: str = "f16", overwr
     if Path(out).resolve() == Path(run_dir).resolve() or Path(run_dir).resolve() in Path(out).resolve().parents:
         raise SecateurError(f"output {out} is inside the run folder {run_dir}; write the GGUF elsewhere")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(output_lock(out))  # one output, one writer: from the checks to the rename
         run = RunFolder(run_dir, stack)
         cfg = run.config
         family = family_of_config(cfg)

@@ -14,7 +14,11 @@ both shapes and the config field behind it:
    weights: one of the tied names; non-persistent buffers such as RoPE tables are not saved and not expected)
    must be in the files with its shape, and the files must hold nothing else (names transformers itself
    ignores, such as old GPT-2 checkpoints' ``attn.bias``, excepted; a missing or extra base-model prefix is
-   matched as transformers matches it).
+   matched as transformers matches it);
+4. every tensor held for a parameter is of a floating type (``F16``, ``BF16``, ``F32``, ``F64``, ``F8_*``): the
+   model is built in the run's floating dtype and a float tensor is cast to it as transformers does (a
+   documented upcast), but integers or booleans stored for a weight (a quantized or damaged shard) would be
+   cast to float and pruned as if they were weights. Integer buffers (position ids) are left alone.
 
 A folder without safetensors (``*.bin`` only) cannot be read without unpickling its weights; there
 :func:`secateur.models.loading.load_model` refuses the loader's own report of missing, unexpected or mismatched
@@ -67,17 +71,30 @@ def weight_files(spec: str, folder: Path) -> list[Path] | None:
     return files or None
 
 
-def held_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of the files, from their headers (``check_safetensors`` has vouched for them)."""
-    held: dict[str, tuple[int, ...]] = {}
+def _headers(files: list[Path]) -> dict[str, dict]:
+    """Tensor name -> its header entry (``dtype``, ``shape``, ``data_offsets``) in the files."""
+    held: dict[str, dict] = {}
     for f in files:
         with f.open("rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(n).decode("utf-8"))
-        for name, v in header.items():
-            if name != "__metadata__":
-                held[name] = tuple(int(d) for d in v["shape"])
+        held.update({name: v for name, v in header.items() if name != "__metadata__"})
     return held
+
+
+def held_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of the files, from their headers (``check_safetensors`` has vouched for them)."""
+    return {name: tuple(int(d) for d in v["shape"]) for name, v in _headers(files).items()}
+
+
+def held_dtypes(files: list[Path]) -> dict[str, str]:
+    """Tensor name -> safetensors dtype (``F32``, ``BF16``, ``I32``...) of the files, from their headers."""
+    return {name: str(v.get("dtype")) for name, v in _headers(files).items()}
+
+
+def is_floating(dtype: str) -> bool:
+    """A safetensors dtype of floating point numbers (``F16``, ``BF16``, ``F32``, ``F64``, ``F8_E4M3``...)."""
+    return dtype == "BF16" or dtype.startswith("F")
 
 
 def _layers(names) -> tuple[str | None, dict[int, list[str]]]:
@@ -214,8 +231,12 @@ def as_loaded(model, held: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, .
     return {new: held[old] for new, old in loaded_names(model, held).items()}
 
 
-def compare(spec: str, model, held: dict[str, tuple[int, ...]], cfg: dict) -> None:
-    """Every tensor ``model``'s state dict implies is held with its shape, and nothing else is held."""
+def compare(spec: str, model, held: dict[str, tuple[int, ...]], cfg: dict,
+            dtypes: dict[str, str] | None = None) -> None:
+    """Every tensor ``model``'s state dict implies is held with its shape, and nothing else is held; with
+    ``dtypes`` (held name -> safetensors dtype), every parameter is held as floating point numbers."""
+    if dtypes is not None:
+        dtypes = {new: dtypes[old] for new, old in loaded_names(model, dtypes).items()}
     held = as_loaded(model, held)
     sd = model.state_dict(keep_vars=True)
     expected = {k: tuple(v.shape) for k, v in sd.items()}
@@ -253,6 +274,14 @@ def compare(spec: str, model, held: dict[str, tuple[int, ...]], cfg: dict) -> No
             raise SecateurError(f"model {spec}: config.json implies {names[0]} {_show(expected[names[0]])}, which "
                                 "the weights do not hold; the weights are incomplete or belong to another model: "
                                 "re-download or re-export it")
+    if dtypes is not None:
+        params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        for name in sorted(params & set(have)):
+            dt = dtypes.get(have[name][0])
+            if dt is not None and not is_floating(dt):
+                raise SecateurError(f"model {spec}: the weights hold {have[name][0]} as {dt}, not floating point "
+                                    f"numbers (a quantized or damaged file; {cfg.get('model_type')} weights are "
+                                    "F32, F16 or BF16); re-download or re-export the model in a floating dtype")
     if unexpected:
         k = sorted(unexpected)[0]
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
@@ -287,8 +316,9 @@ def check_folder(spec: str, folder: str | Path, cfg: dict) -> None:
         return
     held = held_shapes(files)
     check_layer_count(spec, cfg, held)
-    compare(spec, meta_model(spec, folder), held, cfg)
+    compare(spec, meta_model(spec, folder), held, cfg, held_dtypes(files))
     _CHECKED.add(stamp)
 
 
-__all__ = ["check_folder", "check_layer_count", "check_sizes", "compare", "held_shapes", "meta_model", "weight_files"]
+__all__ = ["check_folder", "check_layer_count", "check_sizes", "compare", "held_dtypes", "held_shapes", "is_floating",
+           "meta_model", "weight_files"]

@@ -309,7 +309,9 @@ def open_streamed(spec: str, dtype: str | torch.dtype = "float32", device: str =
     check_sizes(spec, cfg)
     check_layer_count(spec, cfg, held)  # before the model is built: a config's layer count the weights lack
     model = build_meta(folder, parse_dtype(dtype))
-    compare(spec, model, held, cfg)  # every tensor the config implies, with its shape; nothing else
+    names = {v: k for k, v in SAFE_DTYPES.items()}
+    dtypes = {name: names[info.dtype] for name, info in weights.info.items()}
+    compare(spec, model, held, cfg, dtypes)  # every tensor the config implies, its shape, float weights; nothing else
     keys = {}
     held_as = loaded_names(model, held)  # older checkpoint formats (ViT's encoder.layer.N...) by their loaded names
     for name in saved_tensors(model):

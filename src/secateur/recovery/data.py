@@ -46,6 +46,16 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def check_tokens(have: int, n: int, seqlen: int, source: str) -> None:
+    """``--tokens`` (``n`` windows of ``seqlen``) no more than the ``have`` tokens the text holds for training:
+    refused before training, in one line (windows past the text would only repeat it)."""
+    if n * seqlen > have:
+        raise SecateurError(f"--tokens asks for {n} windows of --seqlen {seqlen} ({n * seqlen} tokens), more than the "
+                            f"{have} tokens --data {source} holds for training (after its held-out part); pass "
+                            f"--tokens {have - have % seqlen} or less (and --epochs N to see the text again), or use "
+                            "a longer text")
+
+
 def _stream_windows(stream: list[int], n: int, seqlen: int, seed: int, what: str) -> torch.Tensor:
     """``n`` windows at random offsets of one token stream (the one-document rule of ``sample_windows``)."""
     if len(stream) <= seqlen:
@@ -70,6 +80,7 @@ def recovery_windows(docs: list[str] | None, tokenizer, n: int, seqlen: int, see
         h = max(1, len(docs) // HELDOUT_SHARE) if n_held else 0
         if len(docs) - h < 1:
             raise SecateurError(f"--data {source} has too few documents to hold some out; use a longer corpus")
+        check_tokens(sum(len(_encode(tokenizer, d)) for d in docs[:len(docs) - h]), n, seqlen, source)
         train, rule = sample_windows(docs[:len(docs) - h], tokenizer, n, seqlen, s, f"recovery text {source}")
         if n_held:
             held, _ = sample_windows(docs[len(docs) - h:], tokenizer, n_held, seqlen, s, f"held-out text {source}")
@@ -80,6 +91,7 @@ def recovery_windows(docs: list[str] | None, tokenizer, n: int, seqlen: int, see
         if len(stream) - h <= seqlen:
             raise SecateurError(f"--data {source} has {len(stream)} tokens: too few for windows of --seqlen {seqlen} "
                                 f"and a held-out part ({h} tokens); use a longer text or a smaller --seqlen")
+        check_tokens(len(stream) - h, n, seqlen, source)
         train = _stream_windows(stream[:len(stream) - h], n, seqlen, s, f"recovery text {source}")
         if n_held:
             held = _stream_windows(stream[len(stream) - h:], n_held, seqlen, s, f"held-out text {source}")

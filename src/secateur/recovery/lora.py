@@ -119,14 +119,19 @@ def remask(model: nn.Module, masks: dict[str, torch.Tensor], conv1d: bool) -> No
         w.masked_fill_(mm.to(w.device), 0)
 
 
-def realized(model: nn.Module, masks: dict[str, torch.Tensor], conv1d: bool) -> dict:
+def realized(model: nn.Module, masks: dict[str, torch.Tensor], conv1d: bool, source: str | None = None) -> dict:
     """The realized sparsity of a masked model, counted from its weights at the mask positions and checked: every
-    masked weight is exactly zero."""
+    masked weight is exactly zero. ``source``: the masks file of a run read back (a weight that is not zero where
+    it says is one line: the file is not the run's); None: the model was just re-masked (an internal error)."""
     pruned = total = 0
     for key, m in masks.items():
         w = model.get_submodule(key).weight
         mm = (m.T if conv1d else m).to(w.device)
         if bool((w[mm] != 0).any()):
+            if source is not None:
+                raise SecateurError(f"{source}: the mask of {key} marks weights as pruned that are not zero in the "
+                                    "run's weights (the masks belong to another run); restore the run's own masks "
+                                    "file, or prune again")
             raise RuntimeError(f"{key}: a masked weight is not zero after re-masking")
         pruned += int(mm.sum())
         total += mm.numel()

@@ -75,12 +75,26 @@ class RecoverOptions:
     def validate(self) -> RecoverOptions:
         """Types, ranges and choices: one line naming the option and what to pass (nothing read from disk but the
         existence of a ``.txt`` corpus)."""
-        if not isinstance(self.run_dir, (str, Path)) or not str(self.run_dir).strip():
+        from secateur.schemas.api import path_or_none
+
+        run_dir = path_or_none(self.run_dir, "recover: run_dir", "pass the run folder that secateur prune --out wrote")
+        if run_dir is None or not run_dir.strip():
             raise SecateurError("recover needs the run folder that secateur prune --out wrote; pass it as RUN_DIR")
-        self.run_dir = str(self.run_dir)
-        if self.out is None or not str(self.out).strip():
+        self.run_dir = run_dir
+        out = path_or_none(self.out, "recover: out (--out)", "pass the output folder")
+        if out is None or not out.strip():
             raise SecateurError("recover needs an output folder; pass --out DIR")
-        self.out = str(self.out)
+        self.out = out
+        for name in ("resume", "overwrite", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                raise SecateurError(f"--{_flag(name)} must be True or False, got {getattr(self, name)!r}; pass a bool")
+        for name in ("dtype", "device", "loss"):
+            if not isinstance(getattr(self, name), str):
+                raise SecateurError(f"--{_flag(name)} must be a string, got {getattr(self, name)!r}; see "
+                                    "'secateur recover --help' for the values")
+        if not isinstance(self.data, str):
+            self.data = path_or_none(self.data, "recover: data (--data)", f"pass one of {', '.join(CORPORA)} or the "
+                                     "path of a .txt file")
         for name, low in (("rank", 1), ("topk", 1), ("tokens", 1), ("seqlen", 2), ("batch", 1), ("epochs", 1),
                           ("checkpoint_every", 1), ("heldout_windows", 0), ("heldout_every", 0), ("seed", 0)):
             _int(name, getattr(self, name), low)
@@ -101,11 +115,10 @@ class RecoverOptions:
         if Path(self.data).suffix == ".txt" and not Path(self.data).is_file():
             raise SecateurError(f"--data {self.data}: no such file; check the path of the .txt file")
         for name in ("teacher", "save_adapter", "data_dir"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (str, Path)) or not str(v).strip()):
+            v = path_or_none(getattr(self, name), f"recover: {name} (--{_flag(name)})", "pass a path, or None")
+            if v is not None and not v.strip():
                 raise SecateurError(f"--{_flag(name)} is empty; pass a path, or leave it out")
-            if v is not None:
-                setattr(self, name, str(v))
+            setattr(self, name, v)
         if self.heldout_every and not self.heldout_windows:
             raise SecateurError("--heldout-every needs held-out windows; pass --heldout-windows N (N >= 1)")
         if self.save_adapter is not None and Path(self.save_adapter).absolute() == Path(self.out).absolute():

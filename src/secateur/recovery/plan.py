@@ -14,6 +14,9 @@ k top-k, r rank)::
     logits       3 x B T V x 4              the student's float32 logits, their log-softmax and its gradient
     teacher top-k  B T V x 4 + B T k x 12   the teacher's logits of one batch (freed after the top-k) + the top-k
                                             log-probabilities (float32) and ids (int64)
+    windows      (N + N_h) T x 16           the training and held-out token ids (int64) and the lists they are
+                                            drawn into: a ``--tokens`` no machine can hold is refused here, before
+                                            any model is loaded
 
 F is the dense width read from the config (sliced runs: an upper bound).
 """
@@ -52,14 +55,15 @@ def lora_params(folder: str | Path, projections: list[str], rank: int) -> int:
 
 
 def recovery_plan(cfg: dict, student_params: int, teacher_params: int | None, teacher_note: str, n_lora: int,
-                  elem: int, batch: int, seqlen: int, topk: int, with_teacher: bool) -> MemoryPlan:
+                  elem: int, batch: int, seqlen: int, topk: int, with_teacher: bool, windows: int = 0
+                  ) -> MemoryPlan:
     d = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
     f = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or 4 * d)
     L = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)
     H = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 0)
     V = int(cfg.get("vocab_size") or 0)
     B, T, b = batch, seqlen, elem
-    p = MemoryPlan("recovery", fix="use a smaller --batch or --seqlen (or --rank)")
+    p = MemoryPlan("recovery", fix="use a smaller --batch or --seqlen (or --rank, --tokens)")
     p.add("student", student_params * b, f"{student_params} parameters x {b} B")
     if with_teacher:
         tp = teacher_params if teacher_params is not None else student_params
@@ -70,4 +74,6 @@ def recovery_plan(cfg: dict, student_params: int, teacher_params: int | None, te
     p.add("logits", 3 * B * T * V * 4, f"3 x B x T x V {V} x 4 B")
     if with_teacher:
         p.add("teacher top-k", B * T * V * 4 + B * T * topk * 12, f"B x T x (V x 4 + k {topk} x 12) B")
+    if windows:
+        p.add("windows", windows * T * 16, f"{windows} windows x T x 16 B (int64 ids + the lists they are drawn into)")
     return p

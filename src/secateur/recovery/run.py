@@ -37,8 +37,11 @@ def recover(run_dir: str, out: str | None = None, *, command: str | None = None,
     dense teacher, merged into its weights and written to ``out`` (see :class:`RecoverOptions` for the keywords:
     ``teacher``, ``rank``, ``alpha``, ``dropout``, ``loss``, ``topk``, ``data``, ``tokens``, ``seqlen``, ``batch``,
     ``lr``, ``warmup``, ``seed``, ``checkpoint_every``, ``resume``, ``save_adapter``, ...)."""
+    from secateur.safe_write import output_lock
+
     opts = RecoverOptions.from_kwargs(run_dir, out=out, **kwargs).validate()
-    return _run(opts, command or command_line(opts))
+    with output_lock(opts.out), output_lock(opts.save_adapter):  # one output, one writer, for the whole run
+        return _run(opts, command or command_line(opts))
 
 
 def _log(msg: str) -> None:
@@ -58,6 +61,9 @@ def _checks(opts: RecoverOptions):
     parse_dtype(opts.dtype)
     run = open_run(opts.run_dir)
     check_output_dir(opts.out, opts.overwrite, protect=[opts.run_dir])
+    from secateur.calib.resume import checkpoint_dir, refuse_link
+
+    refuse_link(checkpoint_dir(opts.out), opts.out)
     if opts.save_adapter is not None:
         check_output_dir(opts.save_adapter, False, protect=[opts.run_dir]) if not Path(opts.save_adapter).exists() \
             else check_adapter_dest(opts.save_adapter, opts.overwrite)
@@ -88,10 +94,17 @@ def _plan(opts: RecoverOptions, run, teacher):
     elem = torch.empty((), dtype=parse_dtype(opts.dtype)).element_size()
     n_lora = lora_params(run.path, [name for name, _ in fam.projections], opts.rank)
     plan = recovery_plan(cfg, student, t_params, note, n_lora, elem, opts.batch, opts.seqlen, opts.topk,
-                         teacher is not None and opts.loss == "kl")
+                         teacher is not None and opts.loss == "kl", opts.windows + opts.heldout_windows)
     available = available_bytes()
     _log(plan.describe(available))
     plan.check(available)
+    # the disk, before any step: the output (the run's tensors at --dtype, its masks) and the training checkpoint
+    # (adapters, two AdamW moments and their copy: 16 B per LoRA parameter), written before the output is
+    from secateur.safe_write import MASKS_NAME, check_free_space
+
+    masks = run.path / MASKS_NAME
+    need = student * elem + (masks.stat().st_size if masks.is_file() else 0) + 16 * n_lora + (1 << 20)
+    check_free_space(opts.out, need, " and its checkpoint")
     return plan, available
 
 
@@ -116,7 +129,10 @@ def _run(opts: RecoverOptions, command: str) -> RecoverResult:
     masks = run.masks() if run.masked else None
     conv1d = bool(getattr(getattr(_adapter(model), "layout", None), "conv1d", False))
     if masks:
-        lora.realized(model, masks, conv1d)  # the run's weights are zero where its masks say (else: not its masks)
+        from secateur.safe_write import MASKS_NAME
+
+        # the run's weights are zero where its masks say (else: not its masks)
+        lora.realized(model, masks, conv1d, source=str(run.path / MASKS_NAME))
     pm, names, roles = lora.attach(model, opts.rank, opts.alpha, opts.dropout, opts.seed)
 
     def heldout(m) -> float | None:

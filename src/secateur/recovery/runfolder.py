@@ -4,7 +4,12 @@
   ``unstructured`` (same shapes, zeros where ``secateur-masks.npz`` says) or ``structured`` (sliced: smaller dense
   tensors, stock or per-layer config, :mod:`secateur.models.hetero`);
 * the weights and config: :func:`secateur.models.loading.check_model` (family, files, every tensor's shape);
-* the masks of a masked run: ``secateur-masks.npz`` (:func:`secateur.masks_file.load_masks`), required.
+* the masks of a masked run: ``secateur-masks.npz`` (:func:`secateur.masks_file.read_packed`), required and
+  checked against the run before use (:func:`check_masks`): a mask for every module of the report's
+  ``realized_sparsity.per_module`` and for nothing else, each with its weight's shape (from the safetensors
+  headers; GPT-2's ``Conv1D`` stores the transpose) and the realized sparsity the report records (per module and
+  in total). A masks file that is empty, foreign, partial or of another run would otherwise be silently wrong: a
+  recovery without its masks merges a dense delta and undoes the pruning.
 
 The model itself loads with one :func:`secateur.models.loading.load_model` call (per-layer widths included).
 """
@@ -37,13 +42,72 @@ class PrunedRun:
         return self.kind == "unstructured"
 
     def masks(self) -> dict[str, torch.Tensor]:
+        """The run's masks (checked by :func:`open_run`)."""
         from secateur.masks_file import load_masks
 
-        try:
-            return load_masks(self.path / MASKS_NAME)
-        except Exception as e:  # noqa: BLE001 - a damaged archive is one line
-            raise SecateurError(f"{self.path / MASKS_NAME} cannot be read ({type(e).__name__}); {FIX}, or prune "
-                                "again") from None
+        return load_masks(self.path / MASKS_NAME)
+
+
+MASKS_FIX = "restore the run's own masks file, or prune again"
+
+
+def _weight_shape(held: dict[str, tuple[int, ...]], module: str) -> tuple[int, ...] | None:
+    """The stored shape of ``module``'s weight: under its full name, or under the name without the base-model
+    prefix (a folder saved from the base model)."""
+    name = module + ".weight"
+    if name in held:
+        return held[name]
+    _, _, rest = name.partition(".")
+    return held.get(rest) if rest else None
+
+
+def check_masks(path: Path, report: dict, config: dict | None) -> None:
+    """The masks file of the masked run at ``path`` against the run (module docstring); one line naming the file
+    and the first mask that disagrees."""
+    from secateur.errors import one_line
+    from secateur.masks_file import read_packed
+    from secateur.models.folder_check import held_shapes, weight_files
+
+    where = str(path / MASKS_NAME)
+    packed = read_packed(path / MASKS_NAME)
+    rs = report.get("realized_sparsity") if isinstance(report.get("realized_sparsity"), dict) else {}
+    per = rs.get("per_module") if isinstance(rs.get("per_module"), dict) else None
+    if per is not None:
+        missing, extra = sorted(set(per) - set(packed)), sorted(set(packed) - set(per))
+        if missing:
+            raise SecateurError(f"{where} has no mask for {one_line(missing[0])}"
+                                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, which the run's "
+                                f"report records as pruned; {MASKS_FIX}")
+        if extra:
+            raise SecateurError(f"{where} holds a mask for {one_line(extra[0])}, which the run's report does not "
+                                f"record as pruned; {MASKS_FIX}")
+    files = weight_files(str(path), path) or []
+    held = held_shapes(files)
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    fam = ADAPTERS.get(base_model_type((config or {}).get("model_type")))
+    conv1d = bool(fam is not None and fam.layout is not None and fam.layout.conv1d)
+    pruned = total = 0
+    for name, p in packed.items():
+        shape = _weight_shape(held, name)
+        if shape is None:
+            raise SecateurError(f"{where} holds a mask for {one_line(name)}, which has no weight in the run's "
+                                f"files; {MASKS_FIX}")
+        want = tuple(reversed(shape)) if conv1d else shape
+        if p.shape != want:
+            raise SecateurError(f"{where}: the mask of {one_line(name)} has shape {list(p.shape)}, its weight "
+                                f"{list(want)} (as [out, in]); {MASKS_FIX}")
+        n = p.pruned()
+        pruned, total = pruned + n, total + p.numel
+        frac = per.get(name) if per is not None else None
+        if isinstance(frac, (int, float)) and not isinstance(frac, bool) and abs(n / p.numel - frac) > 1e-5:
+            raise SecateurError(f"{where}: the mask of {one_line(name)} prunes {n / p.numel:.6f} of its weights, "
+                                f"the run's report records {frac:.6f}; {MASKS_FIX}")
+    for key, have in (("pruned_weights", pruned), ("targeted_weights", total)):
+        want = rs.get(key)
+        if isinstance(want, int) and not isinstance(want, bool) and want != have:
+            raise SecateurError(f"{where}: its masks count {have} {key.replace('_', ' ')}, the run's report "
+                                f"records {want}; {MASKS_FIX}")
 
 
 def open_run(run_dir: str) -> PrunedRun:
@@ -73,6 +137,8 @@ def open_run(run_dir: str) -> PrunedRun:
     if report["kind"] == "unstructured" and not (path / MASKS_NAME).is_file():
         raise SecateurError(f"run folder {run_dir} has no {MASKS_NAME} (the masks of its masked run); {FIX}")
     cfg = check_model(str(path))
+    if report["kind"] == "unstructured":
+        check_masks(path, report, cfg)
     return PrunedRun(path, report, cfg)
 
 

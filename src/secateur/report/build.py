@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from secateur.errors import SecateurError
@@ -45,6 +46,7 @@ from secateur.report.load import Run, load_inputs
 from secateur.report.render import Doc
 from secateur.runinfo import SCHEMA_VERSION
 from secateur.safe_write import REPORT_INDEX, atomic_dir, check_output_dir
+from secateur.schemas.api import checked_call
 
 
 def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
@@ -69,9 +71,12 @@ def build(runs: list[Run], title: str, with_plots: bool = True) -> Doc:
     return doc
 
 
-def write_report(run_paths: list[str], out: str | Path, title: str = "secateur report", overwrite: bool = False,
-                 preset: str | None = None) -> Path:
-    """Read every input (all errors before anything is written), then write ``out/`` atomically."""
+@checked_call
+def write_report(run_paths: list[str | os.PathLike], out: str | os.PathLike, title: str = "secateur report",
+                 overwrite: bool = False, preset: str | None = None) -> Path:
+    """Read every input (all errors before anything is written), then write ``out/`` atomically. Arguments of the
+    wrong type are one line naming them (:func:`~secateur.schemas.api.checked_call`)."""
+    run_paths = [os.fspath(p) for p in run_paths]
     runs = load_inputs(run_paths, preset)
     out_r = Path(out).resolve()
     for s in run_paths:

@@ -9,12 +9,18 @@ Ranges and the relations between options (sparsity in [0, 1), --stream's conditi
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ValidationError, validate_call
 
-from secateur.schemas import Strict, parse
+from secateur.errors import SecateurError
+from secateur.schemas import Strict, describe, parse
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class CommonOptions(Strict):
@@ -75,3 +81,58 @@ def check_common(values: dict[str, Any], source: str = "prune options") -> None:
 def plain_paths(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with path-like options as strings (what the rest of secateur expects)."""
     return {k: os.fspath(v) if k in _PATHS and isinstance(v, os.PathLike) else v for k, v in values.items()}
+
+
+# --- the public functions' arguments, typed by their signatures ------------------------------------------------
+
+def _arg_fix(fn: Callable, arg: str) -> str:
+    """What to pass for the argument ``arg`` of ``fn``, from its annotation (as written in the signature)."""
+    param = inspect.signature(fn).parameters.get(arg)
+    ann = str(param.annotation) if param is not None else ""
+    if "Module" in ann:
+        return "pass a model name, folder or .gguf path (a str or os.PathLike), or a loaded model with its tokenizer"
+    if "PathLike" in ann or "Path" in ann:
+        return "pass a path (a str or os.PathLike)" + (", or None" if "None" in ann else "")
+    if ann.startswith("bool"):
+        return "pass True or False"
+    if ann.startswith("int"):
+        return "pass a whole number" + (", or None" if "None" in ann else "")
+    if ann.startswith("float"):
+        return "pass a number"
+    if ann.startswith("list"):
+        return f"pass a list ({ann})"
+    return f"see help({fn.__module__}.{fn.__name__})"
+
+
+def checked_call(fn: F) -> F:
+    """``fn`` with its arguments validated against its signature's annotations first (pydantic's
+    ``validate_call``, strict: ``'64'`` is not an int, ``None`` is not a path, ``5`` is not a str), a wrong one
+    raised as one :class:`SecateurError` naming the function, the argument and what to pass, as the CLI names a
+    flag; never a TypeError or AttributeError from deep inside. Unannotated arguments are not checked."""
+    validated = validate_call(fn, config=ConfigDict(strict=True, arbitrary_types_allowed=True))
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return validated(*args, **kwargs)
+        except ValidationError as e:
+            if e.title != fn.__name__:  # raised inside the function by another schema: not its arguments
+                raise
+            err = e.errors()[0]
+            loc = err.get("loc") or ()
+            arg = str(loc[0]) if loc else "(arguments)"
+            _, what = describe({**err, "loc": loc[:1]})
+            raise SecateurError(f"{fn.__name__}(): argument {arg}: {what}; {_arg_fix(fn, arg)}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def path_or_none(value: Any, name: str, fix: str = "pass a path (a str or os.PathLike)") -> str | None:
+    """``value`` as a str path (an ``os.PathLike`` converted), ``None`` kept; anything else one line naming
+    ``name`` (the API's ``recover(out=5)`` must not write a folder named ``5``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise SecateurError(f"{name} must be a path (a str or os.PathLike), not {type(value).__name__} "
+                            f"{value!r:.40}; {fix}")
+    return os.fspath(value)
