@@ -99,13 +99,7 @@ def tiny_vision_model(family: str, seed: int = 0, layers: int = 2, headless: boo
     torch.manual_seed(seed)
     cfg._attn_implementation = "sdpa"
     model = cls(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-            elif "norm" in name and p.dim() == 1:
-                p.uniform_(0.5, 1.5)
-    return model.eval()
+    return _nontrivial(model)
 
 
 def random_pixels(n: int, size: int = 16, channels: int = 3, seed: int = 0) -> torch.Tensor:
@@ -116,6 +110,18 @@ def random_pixels(n: int, size: int = 16, channels: int = 3, seed: int = 0) -> t
 TINY_PROCESSOR = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 16, "width": 16},
                   "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                   "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def _nontrivial(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode with its biases non-zero and its norm weights spread (the random init leaves them 0
+    and 1, which would hide a bias or a norm handled wrongly)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return model.eval()
 
 
 def tiny_config(family: str, vocab: int = 128, layers: int = 2):
@@ -129,13 +135,7 @@ def tiny_model(family: str, seed: int = 0, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = tiny_config(family, **kw)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-            elif "norm" in name and p.dim() == 1:
-                p.uniform_(0.5, 1.5)
-    return model.eval()
+    return _nontrivial(model)
 
 
 def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
