@@ -227,7 +227,8 @@ def render(rows: list[dict], page: Path) -> None:
           for p in PARTS for c in ("comp", "nocomp")}
     f3 = {"CORP": "corp-mlp-comp-{s}", "VBP": "vbp-mlp-{s}", "GRAIL (magnitude)": "grail-magnitude-mlp-{s}",
           "GRAIL (Wanda)": "grail-wanda-mlp-{s}", "Wanda-sp": "wanda-sp-mlp-{s}", "FLAP": "flap-mlp-{s}",
-          "magnitude-sp": "magnitude-sp-mlp-{s}", "CORP w/o comp.": "corp-mlp-nocomp-{s}"}
+          "magnitude-sp": "magnitude-sp-mlp-{s}", "Torch-Pruning (L2)": "torch-pruning-mlp-{s}",
+          "CORP w/o comp.": "corp-mlp-nocomp-{s}"}
     machine = next((r for r in rows if r.get("machine")), {}).get("machine")
     lines = ["# CORP on vision transformers (the ViT trained here on Fashion-MNIST)", "",
              "CORP's evidence is a set of ImageNet tables on DeiT/ViT/DINOv2; no such weights can be downloaded here, "
