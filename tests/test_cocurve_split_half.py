@@ -77,6 +77,29 @@ def test_halves_are_the_graphs_of_the_even_and_odd_windows():
     assert one.halves is None  # a single window has no halves
 
 
+def test_subsample_halves_are_the_halves_of_a_subsampled_sweep():
+    """``subsample_check=4`` on an every-position sweep gives the halves of a 4-position sweep over the same windows
+    (one block per window and blocks of two): the same features at those positions, so equal up to the rounding of
+    the float32 LM head over 16 rows instead of 4 (relative ~1e-7 on the logits; float64 after that), the tolerance
+    below. H itself is untouched by the diagnostic (bit for bit)."""
+    model = tiny_model("llama", layers=4)
+    a = get_adapter(model)
+    inv = cocurve_inventory(a, n_ffn_groups=4)
+    ids = random_ids(5, 16, seed=5)
+    ref = ablation_sweep(model, a, inv, ids, SweepConfig(top_r=32, unit_batch=8, positions_per_seq=4))
+    for spb in (1, 2):
+        base = SweepConfig(top_r=32, unit_batch=8, seqs_per_block=spb)
+        plain = ablation_sweep(model, a, inv, ids, base)
+        sw = ablation_sweep(model, a, inv, ids, SweepConfig(**{**base.to_dict(), "subsample_check": 4}))
+        assert torch.equal(sw.H, plain.H) and sw.sub_positions == 4 and plain.sub_halves is None
+        for k in range(2):
+            torch.testing.assert_close(sw.sub_halves[k], ref.halves[k], rtol=1e-5, atol=1e-9)
+    g = build_graph(model, a, ids, CoCurveConfig(sweep=SweepConfig(top_r=32, subsample_check=4), n_ffn_groups=4,
+                                                 ablate_protected=True), inv)
+    sub = g.meta["split_half_subsample"]
+    assert sub["positions_per_window"] == 4 and sub["units"] > 0 and -1 <= sub["edge_pearson"] <= 1
+
+
 def test_agreement_falls_with_injected_noise():
     M = 60
     base = _gram(4000, M, seed=0)

@@ -33,18 +33,30 @@ PRESETS = {
                "coec_methods": ["cocurve+coec", "wanda_sp+coec"], "full_ppl": ["cocurve@0.3"],
                "full_ppl_corpora": ["wikitext2"],
                "zs": ["cocurve@0.3", "cocurve-diag@0.3", "wanda_sp@0.3", "cocurve+coec@0.3"], "efficiency": False},
+    # issue 45 §2: medium's windows (the same three disjoint splits), the graph from every position (+ the split-half
+    # Grams of medium's 32-position subsample from the same features, side by side), the breakpoint lambda family
+    # (at most 12 masks measured on the held-out split) and the paired one-SE choice, the fixed-split arm; 20-40%
+    "medium-all": {"n_graph": 16, "n_heldout": 16, "seqlen": 512, "positions": None, "subsample_check": 32,
+                   "top_r": 256, "ppl_windows": 16, "ppl_seqlen": 2048, "ppl_stride": None, "unit_batch": 8,
+                   "n_test": 16, "rhos": [0.3, 0.2, 0.4],
+                   "methods": ["cocurve", "cocurve-diag", "cocurve-fixed", "wanda_sp", "flap"], "coec_methods": [],
+                   "family": "breakpoints", "choice": "paired", "max_candidates": 12, "efficiency": False},
     "smoke": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 64, "ppl_windows": 1,
               "unit_batch": 8},
     # the CPU exercise of bench/quality/device_cocurve_full.sh (TINY=1): a random 16-layer Llama, random token ids
-    "tiny": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "top_r": 16, "ppl_windows": None,
-             "unit_batch": 8, "n_test": 2, "ppl_seqlen": 128, "ppl_stride": 32},
+    "tiny": {"n_graph": 2, "n_heldout": 2, "seqlen": 64, "positions": 8, "subsample_check": 4, "top_r": 16,
+             "ppl_windows": None, "unit_batch": 8, "n_test": 2, "ppl_seqlen": 128, "ppl_stride": 32,
+             "family": "breakpoints", "choice": "paired", "efficiency": False},
 }
 
 
 RHOS = (0.2, 0.3, 0.4, 0.5)
 
 
-METHODS = ("cocurve", "cocurve-diag", "wanda_sp", "flap", "magnitude", "random")
+METHODS = ("cocurve", "cocurve-diag", "cocurve-fixed", "wanda_sp", "flap", "magnitude", "random")
+
+# the preset keys that fix the graph (its checkpoint's fingerprint): the others only shape the rows
+GRAPH_KEYS = ("n_graph", "n_heldout", "n_test", "seqlen", "positions", "subsample_check", "top_r", "unit_batch")
 
 
 CORPORA = ("wikitext2", "c4", "ptb")
@@ -184,8 +196,10 @@ def config(p: dict):
     # the recorded rows' protocol (before issue 45): the 22-value lambda grid and the plain held-out argmin; a preset
     # may name the new ones ("family": "breakpoints", "choice": "paired")
     return CoCurveConfig(sweep=SweepConfig(positions_per_seq=p["positions"], top_r=p["top_r"],
-                                           unit_batch=p["unit_batch"], progress=True),
-                         family=p.get("family", "grid"), choice=p.get("choice", "min"))
+                                           unit_batch=p["unit_batch"], progress=True,
+                                           subsample_check=p.get("subsample_check")),
+                         family=p.get("family", "grid"), choice=p.get("choice", "min"),
+                         max_candidates=p.get("max_candidates", 32))
 
 
 COEC_OPTS = {"max_rounds": 50}  # the paper's cap (tol 1e-4); the solver is ~4x cheaper per round since session 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from bench.quality.cocurve import base as run
-from bench.quality.cocurve.base import CORPORA, PRESETS, config, corpora_ids, data, graph_path, load, splits
+from bench.quality.cocurve.base import CORPORA, GRAPH_KEYS, PRESETS, config, corpora_ids, data, graph_path, load, splits
 
 
 def stage_pack(preset: str, path: Path) -> None:
@@ -32,15 +32,17 @@ def stage_pack(preset: str, path: Path) -> None:
 def _graph_checkpoint(rank: int, world: int, preset: str, g_ids: torch.Tensor, resume_it: bool):
     """The sweep's per-block checkpoint beside the graph file (``.graph-<preset>.npz.secateur-ckpt``): opened (or
     refused on a fingerprint mismatch) by rank 0, then joined by the other ranks. Its fingerprint is what fixes
-    the blocks' contents: model, preset, sweep config, graph tokens, library versions (not the world size: H
-    does not depend on it)."""
+    the blocks' contents: model, the preset's graph keys, sweep config, graph tokens, library versions (not the
+    world size: H does not depend on it)."""
     import torch.distributed as tdist
 
     from secateur.calib import resume
     from secateur.data.windows import token_sha256
     from secateur.runinfo import versions
 
-    fp = json.loads(json.dumps({"model": run.MODEL, "device": run.DEVICE, "preset": PRESETS[preset],
+    p = PRESETS[preset]
+    fp = json.loads(json.dumps({"model": run.MODEL, "device": run.DEVICE,
+                                "preset": {k: p[k] for k in GRAPH_KEYS if k in p},
                                 "sweep": config(PRESETS[preset]).to_dict(), "graph_sha256": token_sha256(g_ids),
                                 "versions": versions()}, default=str))
     ck = resume.Checkpoint.open(graph_path(preset), fp, resume_it) if rank == 0 else None

@@ -101,7 +101,8 @@ def graph_summary(preset: str) -> tuple[dict, str | None]:
         g = CoPruningGraph.load(gp)
         name = str(gp.relative_to(WORK.parent.parent)) if gp.is_relative_to(WORK.parent.parent) else gp.name
         meta = {k: g.meta[k] for k in ("n_ablated", "n_units", "n_positions", "support_mass", "lambda_min",
-                                       "timings", "float32_matmul_precision") if k in g.meta}
+                                       "timings", "float32_matmul_precision", "split_half", "split_half_subsample")
+                if k in g.meta}
         meta |= {"wall_s": g.meta.get("wall_s", 0), "file_sha256": bytes_sha256(gp.read_bytes()),
                  "H_sha256": array_sha256(g.H), "file": name, "device": g.meta.get("device", "cpu")}
         side.write_text(json.dumps(meta, indent=1, default=str) + "\n")
@@ -168,6 +169,70 @@ def claim_check(rows: list[dict], has_test: bool) -> list[str]:
                  "independent of the selection.")
     L.append("")
     return L
+
+
+def paired_claim_check(rows: list[dict]) -> list[str]:
+    """Issue 45's claim check: each arm's test-split KL minus the diagonal control's, sequence by sequence (both are
+    scored on the same test windows, so the SE is that of the per-sequence differences, not sqrt(SE_a^2 + SE_b^2)),
+    and the realized budgets side by side (a comparison counts only where they match within one unit)."""
+    from secateur.budgets.heldout import standard_error
+
+    L = ["## Claim check, paired (issue 45): does the edge term beat its diagonal by more than noise?\n",
+         "Per budget: mean over the test windows of KL(arm) - KL(diagonal control), and the SE of those "
+         "per-sequence differences (paired SE); 'beats' = difference < -1 paired SE. The unpaired SE "
+         "(sqrt(SE_a^2 + SE_b^2)) of earlier pages is shown for comparison. Budget: realized fraction of the "
+         "removable parameters; 'Δ units' = (arm - diagonal) removed parameters / the largest unit's cost.\n",
+         "| rho | arm | λ | realized | diagonal realized | Δ units | test KL arm | test KL diag | mean diff | "
+         "paired SE | unpaired SE | beats the diagonal? |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for rho in sorted({r["rho"] for r in rows if r["method"] != "dense"}):
+        by = {r["method"]: r for r in rows if r["rho"] == rho}
+        dg = by.get("cocurve-diag")
+        if dg is None or "test_per_sequence" not in dg:
+            continue
+        for arm in ("cocurve", "cocurve-fixed", "wanda_sp", "flap"):
+            r = by.get(arm)
+            if r is None or "test_per_sequence" not in r:
+                continue
+            d = [a - b for a, b in zip(r["test_per_sequence"], dg["test_per_sequence"], strict=True)]
+            mean, se = sum(d) / len(d), standard_error(d)
+            unpaired = math.hypot(r["test_se"], dg["test_se"])
+            unit = r.get("max_unit_params")
+            du_units = f"{(dg['params'] - r['params']) / unit:+.2f}" if unit else "-"  # more removed: positive
+            beats = mean < -se
+            L.append(f"| {rho:.0%} | {arm} | {fmt(r.get('lambda'))} | {100 * r['realized']:.2f}% | "
+                     f"{100 * dg['realized']:.2f}% | {du_units} | {r['test_kl']:.4f} | {dg['test_kl']:.4f} | "
+                     f"{mean:+.4f} | {se:.4f} | {unpaired:.4f} | {'**yes**' if beats else 'no'} |")
+            if arm.startswith("cocurve"):
+                verdicts.append(f"* {rho:.0%}, {arm}: " + (
+                    f"beats the diagonal by {-mean / se:.1f} paired SE" if beats and se > 0 else
+                    "the same mask as the diagonal (the paired rule kept lambda = 0)" if mean == 0 else
+                    f"does **not** beat the diagonal by more than its paired SE ({mean:+.4f} vs SE {se:.4f})"))
+    return L + [""] + verdicts + [""]
+
+
+def split_half_section(meta: dict, p: dict) -> list[str]:
+    """The graph's split-half agreement from every position against that of medium's 32-position subsample (the
+    same features: ``SweepConfig.subsample_check``)."""
+    sh, sub = meta.get("split_half"), meta.get("split_half_subsample")
+    if not sh or not sh.get("available"):
+        return []
+    L = ["## Split-half agreement: every position against medium's 32-position subsample\n",
+         "H from the even-numbered graph windows against H from the odd ones, over the ablated units "
+         "(`secateur.scoring.cocurve_graph.split_half_agreement`): Spearman of the diagonals, Pearson of the "
+         "normalized edges H_uv / sqrt(H_uu H_vv) and its Spearman-Brown reliability (the agreement expected of the "
+         "whole graph against another of the same size); the edge term is trusted from Pearson 0.5. The 32-position "
+         "graph is the subsample of medium's protocol (one position every 16 tokens) from the same sweep's features, "
+         "so the two columns differ only in the positions.\n",
+         "| positions per window | units | diagonal Spearman | edge Pearson | edge reliability | edges trusted |",
+         "|---|---|---|---|---|---|"]
+    every = p["positions"] or p["seqlen"]
+    for name, x in ((f"{every} (every position)" if not p["positions"] else str(every), sh),
+                    (f"{(sub or {}).get('positions_per_window')} (subsample)", sub)):
+        if x:
+            L.append(f"| {name} | {x['units']} | {fmt(x['diag_spearman'], 3)} | {fmt(x['edge_pearson'], 3)} "
+                     f"| {fmt(x['edge_reliability'], 3)} | {'yes' if x['edges_trusted'] else 'no'} |")
+    return L + [""]
 
 
 def presets_header(rows_all: list[dict], preset: str) -> str:
@@ -529,6 +594,19 @@ def _quick_tail(rows_all: list[dict]) -> list[str]:
     return L
 
 
+def _medium_all_beside(rows_all: list[dict]) -> list[str]:
+    """The medium page's pointer to the same windows' rows with the graph from every position (issue 45): their
+    paired claim check and the two graphs' split-half agreement, the whole page beside it."""
+    rows = [r for r in rows_all if r["preset"] == "medium-all"]
+    name = md_path("medium-all").name
+    L = ["\n# The same windows, the graph from every position (issue 45, preset medium-all)\n",
+         f"Breakpoint lambda family, paired one-SE choice, the fixed-split arm and 40%; the whole page: "
+         f"[{name}]({name}) (`bench/quality/cocurve_medium_all.sh`, resumable).\n"]
+    if not rows:
+        return L + ["No rows yet: the graph is being swept.\n"]
+    return L + paired_claim_check(rows) + split_half_section(graph_summary("medium-all")[0], PRESETS["medium-all"])
+
+
 def render_preset(preset: str, rows_all: list[dict]) -> None:
     rows = [r for r in rows_all if r["preset"] == preset]
     p = PRESETS[preset]
@@ -540,12 +618,17 @@ def render_preset(preset: str, rows_all: list[dict]) -> None:
     L += _summary(rows, dense)
     L += _notes(preset, has_test)
     L += claim_check(rows, has_test)
+    if any("test_per_sequence" in r for r in rows):
+        L += paired_claim_check(rows)
+        L += split_half_section(graph_meta, p)
     L += _quality(rows)
     L += _coec_section(rows, has_test)
     L += _alloc_and_lambdas(rows, preset)
     L += _artifacts(rows)
     if preset == "quick":  # the efficiency bench measures the quick rows' exported models
         L += _quick_tail(rows_all)
+    if preset == "medium":
+        L += _medium_all_beside(rows_all)
     L.append("")
     md_path(preset).write_text("\n".join(L) + "\n")
     try:

@@ -85,8 +85,8 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
             "tokens": {"graph": f"{ng} x {T} = {ng * T}", "heldout_lambda": f"{nh} x {T} = {nh * T}",
                        "test": f"{nt} x {T} = {nt * T}",
                        "coec_grams": f"{COMP_CALIB['nsamples']} x {COMP_CALIB['seqlen']}" if coec_methods else None},
-            "positions": {"per_sequence": p["positions"], "total": ng * min(p["positions"], T),
-                          "stride": T // p["positions"]},
+            "positions": {"per_sequence": p["positions"] or T, "total": ng * min(p["positions"] or T, T),
+                          "stride": T // (p["positions"] or T)},
             "top_r": p["top_r"], "units": n_units, "ablated_units": n_abl_units,
             "ablations": f"{n_abl_units} x {ng} sequences = {n_abl}",
             "ablation_over_dense_forward": ratio,
@@ -136,10 +136,11 @@ def _token_costs(p: dict, rhos, methods, coec_methods, rows, abl_forwards: float
     T, ng, nh, nt = p["seqlen"], p["n_graph"], p["n_heldout"], p.get("n_test", 0)
     sweep = {"sweep_dense": ng * T, "sweep_ablations": abl_forwards * T}
     parts: dict[str, float] = {"teachers": (nh + nt) * T}
-    n_lam = len(DEFAULT_LAMBDAS)
+    # at most one held-out pass per distinct mask: the grid's lambdas, or the breakpoint family's cap
+    n_lam = len(DEFAULT_LAMBDAS) if p.get("family", "grid") == "grid" else p.get("max_candidates", 32)
     sel = ev = ppl = 0.0
     for m, r in rows:
-        if m == "cocurve":
+        if m in ("cocurve", "cocurve-fixed"):
             sel += n_lam * nh * T  # at most one held-out pass per lambda (distinct masks only)
         elif m != "dense":
             sel += nh * T

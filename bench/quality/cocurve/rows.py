@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -179,7 +180,7 @@ def stage_rows(preset: str, rhos: list[float], methods: list[str], with_dense: b
             "test_sha256": None if t_ids is None else token_sha256(t_ids), "device": run.DEVICE,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "graph_H_sha256": None if graph is None else array_sha256(graph.H), "versions": versions(),
-            "machine": machine()}
+            "machine": machine(), "max_unit_params": int(inv.costs.max())}
     done = {(r["method"], r["rho"]) for r in read_rows(run.OUT_JSON) if r.get("preset") == preset}
     eff_kw = {"prompt_len": 256, "new_tokens": 16, "warmup": 1, "repeats": 3}
     eff = p.get("efficiency", True)
@@ -233,10 +234,14 @@ def _cocurve_choice(graph, inv, rho, adapter, teacher, tester, cfg, method: str,
     from secateur.budgets.heldout import masked
     from secateur.methods.cocurve import select
 
+    if method == "cocurve-fixed":  # the paper's fixed-split arm: the diagonal's attention/FFN counts held
+        cfg = dataclasses.replace(cfg, split="fixed")
     res = select(graph, inv, rho, adapter, teacher, cfg, diagonal=method == "cocurve-diag")
     removed = res.removed
     extra = {"lambda": res.lam, "candidates": res.candidates, "chosen": res.chosen,
              "one_se_set": res.one_se_set}
+    extra |= {k: res.info[k] for k in ("choice", "lambda_family", "split", "budget_vs_diagonal", "split_half")
+              if k in res.info}
     kl = res.candidates[res.chosen]["heldout_kl"]
     se = res.candidates[res.chosen]["heldout_se"]
     sel_s = time.perf_counter() - t0
@@ -244,7 +249,7 @@ def _cocurve_choice(graph, inv, rho, adapter, teacher, tester, cfg, method: str,
     if tester is not None:
         with masked(adapter, inv, removed):
             ev = tester.evaluate()
-        extra |= {"test_kl": ev["kl"], "test_se": ev["se"]}
+        extra |= {"test_kl": ev["kl"], "test_se": ev["se"], "test_per_sequence": ev["per_sequence"]}
     return removed, kl, se, sel_s, cost_s, extra
 
 
@@ -260,9 +265,9 @@ def _baseline_choice(method: str, inv, adapter, stats, rho, guard, teacher, test
         ev = teacher.evaluate()
         if tester is not None:
             et = tester.evaluate()
-            extra = {"test_kl": et["kl"], "test_se": et["se"]}
+            extra = {"test_kl": et["kl"], "test_se": et["se"], "test_per_sequence": et["per_sequence"]}
     kl, se = ev["kl"], ev["se"]
-    extra["cost_normalized"] = norm
+    extra |= {"cost_normalized": norm, "heldout_per_sequence": ev["per_sequence"]}
     return removed, kl, se, sel_s, cost_s, extra
 
 

@@ -169,6 +169,9 @@ def build_graph(model: nn.Module, adapter: Adapter, ids: torch.Tensor, cfg: CoCu
                                       halves=sw.halves)
     g.meta["lambda_min"] = g.check_psd()
     g.meta["split_half"] = graph_split_half(g, sw.half_positions)
+    if sw.sub_halves is not None:  # SweepConfig.subsample_check: the same diagnostic on fewer positions
+        g.meta["split_half_subsample"] = {"positions_per_window": sw.sub_positions,
+                                          **split_half_agreement(*sw.sub_halves, g.ablated)}
     return g
 
 

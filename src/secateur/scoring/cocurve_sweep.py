@@ -106,6 +106,9 @@ class SweepConfig:
     unit_batch: int = 8  # ablations stacked along the batch dimension per re-run of the upper layers
     seqs_per_block: int = 1  # sequences per work/reduction block (fixes the summation order of H)
     progress: bool = False
+    # a diagnostic, not part of H: also the split-half Grams of the evenly spaced ``subsample_check``-position
+    # subsample of the positions swept, from the same features (how the graph's agreement grows with positions)
+    subsample_check: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +126,9 @@ class SweepResult:
     timings: dict = field(default_factory=dict)
     halves: tuple[torch.Tensor, torch.Tensor] | None = None  # H of the even / odd windows (None: < 2 windows)
     half_positions: tuple[int, int] = (0, 0)
+    # ``SweepConfig.subsample_check``: the halves of the graph built from that subsample of the positions only
+    sub_halves: tuple[torch.Tensor, torch.Tensor] | None = None
+    sub_positions: int = 0  # positions per window of that subsample
 
 
 # --- pure feature math ------------------------------------------------------------------------------
@@ -332,6 +338,8 @@ def _check_sweep(adapter: Adapter, ids: torch.Tensor, cfg: SweepConfig) -> None:
         raise SecateurError("top_r, unit_batch and seqs_per_block must be >= 1")
     if cfg.center not in CENTERS:
         raise SecateurError(f"center must be one of {CENTERS}, not {cfg.center!r}")
+    if cfg.subsample_check is not None and cfg.subsample_check < 1:
+        raise SecateurError("subsample_check must be >= 1 (or None: no subsample diagnostic)")
     adapter.check_calibration_length(ids.shape[1])
 
 
@@ -353,8 +361,29 @@ def _ablate_layer(walker: _Walker, plan: _Plan, teacher: _Teacher, li: int, hs: 
     return len(todo)
 
 
+def subsample_index(pos: torch.Tensor, seqlen: int, cfg: SweepConfig) -> torch.Tensor | None:
+    """Indices into the swept positions ``pos`` of ``cfg.subsample_check``'s evenly spaced subsample (None: no
+    diagnostic asked, or it would be every swept position)."""
+    if cfg.subsample_check is None:
+        return None
+    idx = torch.nonzero(torch.isin(pos.cpu(), sample_positions(seqlen, cfg.subsample_check))).flatten()
+    return idx if 0 < idx.numel() < pos.numel() else None
+
+
+def _window_grams(phi: torch.Tensor, n: int, first: int, n_specs: int, rows: torch.Tensor | None = None
+                  ) -> list[torch.Tensor | None]:
+    """The Grams of the even / odd windows of a block (``phi``'s rows are ``[window, position, support]``);
+    ``rows``: only these rows of each window. A parity with no window of the block is None."""
+    per = phi.shape[0] // n
+    parts = [torch.zeros(n_specs, n_specs, dtype=torch.float64) for _ in range(2)]
+    for j in range(n):
+        w = phi[j * per:(j + 1) * per]
+        parts[(first + j) % 2] += gram(w if rows is None else w[rows])
+    return [h if any((first + j) % 2 == k for j in range(n)) else None for k, h in enumerate(parts)]
+
+
 def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig, clock: dict[str, float],
-                 first: int = 0) -> dict:
+                 first: int = 0, sub: torch.Tensor | None = None) -> dict:
     """One block of sequences (``first``: the index of its first window) -> its ``M x M`` Gram, per-unit KL sums,
     support mass sum and the Grams of its even / odd windows (``halves``; ``None`` for a one-window block: its Gram
     is its half's term); adds to ``clock``."""
@@ -374,16 +403,17 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
     halves = None
     n = x.shape[0]
     if n > 1:  # one Gram per window over its rows of phi (contiguous: rows are [window, position, support])
-        rows = phi.shape[0] // n
-        parts = [torch.zeros(len(plan.specs), len(plan.specs), dtype=torch.float64) for _ in range(2)]
-        for j in range(n):
-            parts[(first + j) % 2] += gram(phi[j * rows:(j + 1) * rows])
-        halves = [_embed(h, sel, plan.M) if any((first + j) % 2 == k for j in range(n)) else None
-                  for k, h in enumerate(parts)]
+        halves = [None if h is None else _embed(h, sel, plan.M) for h in _window_grams(phi, n, first, len(sel))]
+    piece = {"gram": full, "kl": kl, "mass": teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1),
+             "halves": halves}
+    if sub is not None:  # the subsample's rows of each window: positions sub, every support entry
+        r = teacher.idx.shape[-1]
+        rows = (sub[:, None] * r + torch.arange(r)[None, :]).flatten()
+        piece["sub_halves"] = [None if h is None else _embed(h, sel, plan.M)
+                               for h in _window_grams(phi, n, first, len(sel), rows)]
     clock["abl"] += t2 - t1
     clock["gram"] += time.perf_counter() - t2
-    return {"gram": full, "kl": kl, "mass": teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1),
-            "halves": halves}
+    return piece
 
 
 def _embed(g: torch.Tensor, sel: torch.Tensor, M: int) -> torch.Tensor:
@@ -404,6 +434,8 @@ class _Fold:
         self.mass = torch.zeros(1, dtype=torch.float64)
         self.halves = [torch.zeros(M, M, dtype=torch.float64) for _ in range(2)]
         self.missing = torch.zeros(1, dtype=torch.float64)  # blocks whose half Grams are unknown (old pieces)
+        self.sub_halves = [torch.zeros(M, M, dtype=torch.float64) for _ in range(2)]
+        self.sub_missing = torch.zeros(1, dtype=torch.float64)  # blocks without the subsample's half Grams
 
     def add(self, piece: dict | None, first: int, n_seqs: int) -> None:
         """Add one block (``piece``: this rank's, or None when another rank ran it; every rank calls alike)."""
@@ -424,10 +456,14 @@ class _Fold:
         for k in range(2):
             t = halves[k] if own and halves is not None else None
             self.halves[k] += block(t, (M, M))
+        sub = piece.get("sub_halves") if own else None
+        self.sub_missing += block(torch.ones(1, dtype=torch.float64) if own and sub is None else None, (1,))
+        for k in range(2):
+            self.sub_halves[k] += block(sub[k] if sub is not None else None, (M, M))
 
 
 def _finish(fold: _Fold, plan: _Plan, n_blocks: int, n_pos: int, half_pos: tuple[int, int], clock: dict[str, float],
-            extra: dict) -> SweepResult:
+            extra: dict, sub_half_pos: tuple[int, int] | None = None) -> SweepResult:
     """The folded sums -> :class:`SweepResult` (``H`` and its halves normalized and symmetrized, timings)."""
 
     def finish(H: torch.Tensor, n: int) -> torch.Tensor:
@@ -438,6 +474,9 @@ def _finish(fold: _Fold, plan: _Plan, n_blocks: int, n_pos: int, half_pos: tuple
     halves = None
     if min(half_pos) > 0 and float(fold.missing[0]) == 0:
         halves = (finish(fold.halves[0], half_pos[0]), finish(fold.halves[1], half_pos[1]))
+    sub_halves = None
+    if sub_half_pos is not None and min(sub_half_pos) > 0 and float(fold.sub_missing[0]) == 0:
+        sub_halves = (finish(fold.sub_halves[0], sub_half_pos[0]), finish(fold.sub_halves[1], sub_half_pos[1]))
     times = dist.sum_floats([clock["dense"], clock["abl"], clock["gram"], float(clock["n_abl"])])
     dense_per_block = times[0] / n_blocks
     per_abl = times[1] / max(times[3], 1.0)
@@ -446,7 +485,8 @@ def _finish(fold: _Fold, plan: _Plan, n_blocks: int, n_pos: int, half_pos: tuple
                "ablation_over_dense": per_abl / dense_per_block if dense_per_block > 0 else None} | extra
     return SweepResult(H=H, ablated=plan.ablated, kl_single=fold.kl / n_pos, n_positions=n_pos,
                        support_mass=float(fold.mass[0]) / n_pos, timings=timings, halves=halves,
-                       half_positions=half_pos)
+                       half_positions=half_pos, sub_halves=sub_halves,
+                       sub_positions=0 if sub_half_pos is None else extra["subsample_positions_per_window"])
 
 
 def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torch.Tensor,
@@ -464,6 +504,7 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     N, T = ids.shape
     pos = sample_positions(T, cfg.positions_per_seq).to(device)
     P = int(pos.numel())
+    sub = subsample_index(pos, T, cfg)
     _, kw = adapter.capture_inputs(ids[:1])
     walker = _Walker(model, adapter, kw, pos)
     rank, world = dist.rank_world()
@@ -488,7 +529,7 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
                     resumed += 1
                 else:
                     before = dict(clock)
-                    piece = _sweep_block(walker, plan, ids[s:e].to(device), cfg, clock, s)
+                    piece = _sweep_block(walker, plan, ids[s:e].to(device), cfg, clock, s, sub)
                     if ck is not None:
                         ck.save(name, {**piece, "positions": P, "clock": {k: clock[k] - before[k] for k in clock}})
                     if cfg.progress:
@@ -500,7 +541,12 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T,
              "positions_per_window": P, "resumed_blocks": n_resumed}
     half_pos = ((N + 1) // 2 * P, N // 2 * P)
-    return _finish(fold, plan, len(blocks), N * P, half_pos, clock, extra)
+    sub_half_pos = None
+    if sub is not None:
+        Ps = int(sub.numel())
+        extra["subsample_positions_per_window"] = Ps
+        sub_half_pos = ((N + 1) // 2 * Ps, N // 2 * Ps)
+    return _finish(fold, plan, len(blocks), N * P, half_pos, clock, extra, sub_half_pos)
 
 
 # --- memory ------------------------------------------------------------------------------------------
@@ -554,4 +600,6 @@ def memory_plan(model: nn.Module, adapter: Adapter, n_units: int, n_ablated: int
     plan.add("KL transients", 16 * B * P * V, f"16 x B {B} x P {P} x V {V}")
     # H and its two halves as they are summed, one block's Gram and halves, the block sum's two temporaries
     plan.add("Grams", 8 * (Ma * Ma + 8 * M * M), f"8 x (M_a^2 {Ma}^2 + 8 M^2 {M}^2)")
+    if cfg.subsample_check is not None:  # the subsample's two window Grams, embedded, and their two sums
+        plan.add("subsample Grams", 8 * (2 * Ma * Ma + 4 * M * M), f"8 x (2 M_a^2 {Ma}^2 + 4 M^2 {M}^2)")
     return plan
