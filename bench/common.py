@@ -13,7 +13,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "_work"  # cached token files and scratch (git-ignored)
-RESULTS = ROOT / "results"
+# where rows and pages go: results/, or $BENCH_RESULTS (the suite runs the bench scripts on tiny models there)
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or ROOT / "results")
 
 # Named protocol presets. full = the papers' protocol; quick = fewer tokens, same everything else.
 PRESETS = {

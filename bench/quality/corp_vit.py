@@ -76,6 +76,9 @@ def rows(nsamples: int) -> list[Row]:
     for s in SPARSITIES:
         for name, (method, kw) in competitors.items():
             out.append(Row(f"{name}-mlp-{s:.1f}", "f3", method, s, {"units": "channel"} | kw))
+    for s in (0.3, 0.5):  # Table 4(a): GRAIL on attention, whole heads (GRAIL refits the module's second linear, o)
+        for name, method in (("grail-magnitude", "magnitude-sp"), ("grail-wanda", "wanda-sp")):
+            out.append(Row(f"{name}-heads-{s:.1f}", "t4a", method, s, {"units": "head", "compensation": "grail"}))
     for ranking in ("activation", "magnitude"):
         for comp in (True, False):
             kw = {"units": "channel", "corp_ranking": ranking} | ({} if comp else {"compensation": "none"})
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.quality.corp_vit_page import render
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", default="t2,f2,t3,f3,f5,t8,t5,fam")
+    ap.add_argument("--groups", default="t2,f2,t3,f3,t4a,f5,t8,t5,fam")
     ap.add_argument("--nsamples", type=int, default=1000)
     ap.add_argument("--max-images", type=int, default=None, help="test images scored (default: all 10,000)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the Table 5 timing")

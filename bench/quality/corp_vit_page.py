@@ -91,6 +91,29 @@ def _table3(by: dict) -> list[str]:
     return out + [""]
 
 
+def _table4a(by: dict) -> list[str]:
+    """CORP against GRAIL (and Torch-Pruning) at matched dimension fractions, attention and MLP separately."""
+    out = ["## Table 4(a)'s shape: matched dimension pruning, attention and MLP", "",
+           "At each fraction every method removes the same share of its part's dimensions: attention = CORP's "
+           "query/key dims (QK-only; values and output kept) against GRAIL and Torch-Pruning on whole heads (q, k, v "
+           "and o columns: GRAIL refits the module's second linear, o, by its ridge solve); MLP = hidden channels "
+           "(GRAIL refits fc2). Top-1 %, parameters in brackets.", "",
+           "| part | removed | CORP | CORP w/o comp. | GRAIL (magnitude) | GRAIL (Wanda) | Torch-Pruning (L2) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    parts = {"attention": ("corp-qk-comp-{s}", "corp-qk-nocomp-{s}", "grail-magnitude-heads-{s}",
+                           "grail-wanda-heads-{s}", "torch-pruning-heads-{s}"),
+             "MLP": ("corp-mlp-comp-{s}", "corp-mlp-nocomp-{s}", "grail-magnitude-mlp-{s}", "grail-wanda-mlp-{s}",
+                     "torch-pruning-mlp-{s}")}
+    for part, keys in parts.items():
+        for s in (0.3, 0.5):
+            rs = [by.get(k.format(s=f"{s:.1f}")) for k in keys]
+            if rs[2] is None and part == "attention":
+                continue
+            out.append(f"| {part} | {s:.0%} | " + " | ".join(
+                "-" if r is None else f"{_top1(r)} ({r['params'] / 1e6:.2f} M)" for r in rs) + " |")
+    return out + [""]
+
+
 def _table5(rows: list[dict]) -> list[str]:
     t5 = [r for r in rows if r.get("group") == "t5"]
     if not t5:
@@ -249,6 +272,7 @@ def render(rows: list[dict], page: Path) -> None:
         f4 = {**{k: v for k, v in f2.items() if "w/o" not in k}, **{k: v for k, v in f3.items() if k != "CORP"}}
         name = _plot(plots / "corp-vit-fig4.png", by, f4, dense, "Fig. 4 shape: top-1 vs FLOPs removed", x="flops")
         lines += ["## Fig. 4's shape: top-1 against FLOPs removed", "", f"![Fig. 4 shape]({name})", ""] if name else []
+    lines += _table4a(by)
     f5 = {f"{n}{' w/o comp.' if c == 'nocomp' else ''}": (f"corp-mlp-{n}-{c}-0.5" if n != "combined"
                                                              else f"corp-mlp-{c}-0.5")
           for n in ("activation", "magnitude", "combined") for c in ("comp", "nocomp")}
