@@ -166,10 +166,13 @@ def dense_row(max_images: int | None) -> dict:
                     "load_avg_1_5_15": _load()})
 
 
-def tiny_family_rows() -> list[dict]:
-    """Family rows of the vision families with no model trained here (CLIP's tower and classifier): tiny random
-    models, scored by reconstruction only (the block error of CORP joint 30% / 50% against the dense model on
-    random images): named as such on the page."""
+TINY_FAMILIES = ("clip_vision_model", "clip", "deit")  # the vision families with no model trained here
+
+
+def tiny_family_rows(done: set[str] = frozenset()) -> list[dict]:
+    """Family rows of the vision families with no model trained here (``TINY_FAMILIES``): tiny random models, scored
+    by reconstruction only (the block error of CORP joint 30% / 50% against the dense model on random images): named
+    as such on the page. Rows whose key is in ``done`` are skipped."""
     import tempfile as tf
 
     import numpy as np
@@ -182,10 +185,12 @@ def tiny_family_rows() -> list[dict]:
     with tf.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "calib.npz"
         np.savez(npz, images=np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3), dtype=np.uint8))
-        for fam in ("clip_vision_model", "clip"):
+        for fam in TINY_FAMILIES:
             folder = save_tiny(fam, Path(tmp) / fam)
             for s in (0.3, 0.5):
                 for comp in (True, False):
+                    if f"tiny-{fam}-joint-{s:.1f}-{'comp' if comp else 'nocomp'}" in done:
+                        continue
                     kw = {} if comp else {"compensation": "none"}
                     res = api.prune(model=folder, method="corp", sparsity=s, calib=str(npz), nsamples=64, quiet=True,
                                     **kw)
@@ -241,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                 rec = prune_row(row, a.nsamples, a.max_images)
                 append_row(OUT, rec, unique_key=True)
                 print(f"{row.key}: {rec.get('top1', rec.get('probe_top1')):.4f}", flush=True)
-        if "fam" in groups and not any(k.startswith("tiny-") for k in done):
-            for rec in tiny_family_rows():
+        if "fam" in groups:
+            for rec in tiny_family_rows(done):
                 append_row(OUT, rec, unique_key=True)
         if "t5" in groups and f"t5-threads{a.threads}" not in done:
             append_row(OUT, speed_rows(a.nsamples, a.threads), unique_key=True)

@@ -177,8 +177,8 @@ def _families(by: dict, rows: list[dict]) -> list[str]:
                 f"{100 * r['realized']['of_all_parameters']:.1f}% |" for r in fam]
         out.append("")
     if tiny:
-        out += ["No CLIP model is trained here: **tiny random models, reconstruction only** (the mean relative error "
-                "of every block's output against the dense model on random images):", "",
+        out += ["No CLIP or DeiT model is trained here: **tiny random models, reconstruction only** (the mean relative "
+                "error of every block's output against the dense model on random images):", "",
                 "| model | sparsity | compensation | mean block error |", "|---|---:|---|---:|"]
         out += [f"| {r['model']} | {r['sparsity']:.0%} | {'CORP' if r['compensation'] else 'none'} | "
                 f"{sum(r['block_rel_error']) / len(r['block_rel_error']):.4f} |" for r in tiny]
