@@ -195,3 +195,53 @@ def test_dense_masked_and_stock_routes(tmp_path, capsys):
     cfg = json.loads((tmp_path / "sv" / "config.json").read_text())
     assert r["route"] == "stock" and cfg["model_type"] == "llama" and cfg["intermediate_size"] == 64
     assert not (tmp_path / "sv" / "configuration_decilm.py").exists()
+
+
+def test_deploy_vllm_makes_a_flap_global_run_exportable(tmp_path, capsys):
+    """FLAP's AL-AM allocation on a 6-layer tiny Llama at 40% keeps 1 KV group in some layers and 2 in others: the
+    export refuses it; with --deploy vllm every layer keeps the same query heads, the MLP channels make up the
+    budget, and the DeciLM export's logits equal the run's."""
+    from secateur.testing import tiny_model, tiny_tokenizer
+
+    tiny_model("llama", layers=6).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. " * 30)
+    common = ["prune", "--model", str(tmp_path / "m"), "--method", "flap", "--allocation", "flap-global",
+              "--sparsity", "0.4", "--calib", str(text), "--nsamples", "4", "--seqlen", "32"]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main(["export", "vllm", str(tmp_path / "plain"), "--out", str(tmp_path / "pv")]) == 2
+    assert "--deploy vllm" in capsys.readouterr().err and not (tmp_path / "pv").exists()
+    assert main([*common, "--deploy", "vllm", "--out", str(tmp_path / "dep")]) == 0
+    rep = json.loads((tmp_path / "dep" / "secateur-report.json").read_text())["details"]
+    assert rep["deploy"] == "vllm" and rep["deploy_query_heads"] in (2, 4)
+    assert abs(rep["realized"] - rep["undeployed_realized"]) < 0.02  # within a few MLP channels of the budget
+    assert vx.export_vllm(tmp_path / "dep", tmp_path / "v")["route"] == "decilm"
+    ids = random_ids(2, 16, vocab=100, seed=2)
+    want = run_logits(tmp_path / "dep", ids)
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert float((want - decilm_logits(tmp_path / "v", ids)).abs().max()) <= float32_bound(cfg, want)
+
+
+def test_equal_heads_keeps_the_highest_scored_units():
+    """Kept KV groups [2, 1, 0, 2] of 2: layer 2 stays without attention, the others keep c = 2 (the ceiling of
+    5/3, nearer the budget than 1 once the MLP gives back the difference), the highest-scored first."""
+    from secateur.budgets.allocate import equal_heads
+    from secateur.models.adapters import get_adapter
+    from secateur.structured.units import inventory
+    from secateur.testing import tiny_model
+
+    inv = inventory(get_adapter(tiny_model("llama", layers=4)), ("kv_group", "channel"))
+    g = torch.Generator().manual_seed(0)
+    key = torch.rand(len(inv), generator=g)
+    removed = torch.zeros(len(inv), dtype=torch.bool)
+    attn = [p for p in inv.pools if p.kind == "kv_group"]
+    removed[attn[1].offset + int(key[attn[1].offset:attn[1].offset + 2].argmin())] = True
+    removed[attn[2].offset:attn[2].offset + 2] = True
+    out, info = equal_heads(inv, removed, key)
+    kept = [2 - int(out[p.offset:p.offset + 2].sum()) for p in attn]
+    assert kept == [2, 2, 0, 2] and info["deploy_query_heads"] == 4
+    costs = inv.costs
+    assert abs(int(costs[out].sum()) - int(costs[removed].sum())) <= int(costs.max())  # MLP gave back the group
+    out1, _ = equal_heads(inv, removed, key, rebalance=False)
+    assert int(costs[out1].sum()) < int(costs[removed].sum())

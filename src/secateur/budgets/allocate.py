@@ -401,3 +401,89 @@ def allocate_blocks(inv: Inventory, scores: torch.Tensor, rho: float, guard: Gua
     removed = torch.zeros(len(inv), dtype=torch.bool)
     removed[cand[:n]] = True
     return Allocation(removed, report(inv, removed, rho, allocator="shortgpt", n_blocks=n))
+
+
+DEPLOY_TARGETS = ("vllm",)  # --deploy: the engines whose per-layer format constrains the selection
+
+
+def equal_heads(inv: Inventory, removed: torch.Tensor, key: torch.Tensor, guard: Guard | None = None,
+                rebalance: bool = True) -> tuple[torch.Tensor, dict]:
+    """``--deploy vllm``: ``removed`` changed so that every layer that keeps attention keeps the same number of query
+    heads (vLLM's DeciLM, NVIDIA's per-layer format, has one global query-head count; KV heads per layer, MLP widths
+    and whole removed attentions are free). Returns ``(removed, report fields)``.
+
+    Every attention pool of the inventory (``kv_group``, ``head`` or ``head_slot``) must hold the same number of units
+    of the same number of query heads (a model not yet pruned unevenly); each unit's KV heads then divide the kept
+    heads by construction (a kv_group keeps its whole group; a head slot keeps every KV head). Layers whose attention
+    the allocation removed entirely stay removed (DeciLM's ``no_op``). The others keep their ``c`` highest-``key``
+    units (ties: lower index kept, as everywhere), where ``c`` is the floor or ceiling of their mean kept count,
+    whichever leaves the removed parameters nearest the allocation's (ties: the larger ``c``); protected layers
+    (``guard``) keep their count, so with one of them keeping attention ``c`` is its count. The parameters that
+    moves away from the allocation's budget are then given back or taken by MLP units outside protected layers, in
+    the allocation's own ranking order (``key``; lowest removed first, highest restored first), while that brings the
+    removed parameters nearer the budget (not with ``width_multiple`` > 1, whose widths would break: the realized
+    fraction is then reported as it falls). ``undeployed_realized``: the allocation's fraction."""
+    pools = [p for p in inv.pools if p.kind in ("kv_group", "head", "head_slot")]
+    if not pools:
+        return removed, {"deploy": "vllm"}
+    per_unit = {int(d) for p in pools for d in (p.ptr[1:] - p.ptr[:-1]).tolist()}
+    if len({p.n for p in pools}) > 1 or len(per_unit) > 1:
+        raise SecateurError("--deploy vllm needs the same attention units in every layer (a model whose layers "
+                            "already differ cannot be brought to one query-head count); prune the original model")
+    n, hpu = pools[0].n, per_unit.pop()
+    kept = {p.layer: p.n - int(removed[p.offset:p.offset + p.n].sum()) for p in pools}
+    prot = guard.protected(inv.n_layers) if guard else set()
+    live = [p for p in pools if kept[p.layer] > 0]
+    if not live:
+        return removed, {"deploy": "vllm", "deploy_query_heads": 0}
+    fixed = {kept[p.layer] for p in live if p.layer in prot}
+    if fixed:
+        candidates = [max(fixed)]
+    else:
+        mean = sum(kept[p.layer] for p in live) / len(live)
+        candidates = sorted({min(n, max(1, math.floor(mean))), min(n, max(1, math.ceil(mean)))}, reverse=True)
+    costs = inv.costs
+    target = int(costs[removed].sum())
+    best = None
+    for c in candidates:
+        out = removed.clone()
+        for p in live:
+            if p.layer in prot:
+                continue
+            order = p.offset + torch.argsort(key[p.offset:p.offset + p.n], stable=True)
+            out[p.offset:p.offset + p.n] = False
+            out[order[:p.n - c]] = True
+        gap = abs(int(costs[out].sum()) - target)
+        if best is None or gap < best[0]:
+            best = (gap, c, out)
+    _, c, out = best
+    if rebalance:
+        out = _rebalance_mlp(inv, out, key, target, prot)
+    before = target / inv.total_cost if inv.total_cost else 0.0
+    return out, {"deploy": "vllm", "deploy_query_heads": c * hpu, "undeployed_realized": before}
+
+
+def _rebalance_mlp(inv: Inventory, removed: torch.Tensor, key: torch.Tensor, target: int, prot: set[int]
+                   ) -> torch.Tensor:
+    """MLP units removed (lowest ``key`` first) or restored (highest first) while the removed parameters get nearer
+    ``target`` (:func:`equal_heads`)."""
+    costs = inv.costs
+    mlp = torch.zeros(len(inv), dtype=torch.bool)
+    for p in inv.pools:
+        if p.kind in ("channel", "ffn_group") and p.layer not in prot:
+            mlp[p.offset:p.offset + p.n] = True
+    done = int(costs[removed].sum())
+    if done < target:
+        cand = torch.nonzero(mlp & ~removed).flatten()
+        cand = cand[torch.argsort(key[cand], stable=True)]
+    else:
+        cand = torch.nonzero(mlp & removed).flatten()
+        cand = cand[torch.argsort(key[cand], stable=True, descending=True)]
+    removed = removed.clone()
+    for u in cand.tolist():
+        step = int(costs[u]) if done < target else -int(costs[u])
+        if abs(done + step - target) >= abs(done - target):
+            break
+        removed[u] = done < target
+        done += step
+    return removed

@@ -12,6 +12,8 @@ from secateur.budgets.allocate import (
     allocate_weighted_threshold,
     check_reached,
     check_width_multiple,
+    equal_heads,
+    report,
 )
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter
@@ -39,7 +41,8 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
                  kinds: tuple[str, ...] = ("kv_group", "channel"), allocation: str = "uniform",
                  guard: Guard | None = None, rounding: str = "ceil", seed: int = 0, n_ffn_groups: int = 16,
                  ffn_order: dict | None = None, cost_normalized: bool | None = None, rule: str = "nearest",
-                 scores=None, inv=None, width_multiple: int = 1, **score_opts) -> Selection:
+                 scores=None, inv=None, width_multiple: int = 1, deploy: str | None = None,
+                 **score_opts) -> Selection:
     """Score the units of ``kinds`` with ``method`` and allocate a removal budget ``rho``.
 
     ``allocation``: ``uniform`` (ceil-kept per (layer, kind) pool, COEC), ``global`` (greedy under the
@@ -53,6 +56,8 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
     pools ranked by them); nothing is scored here. The allocation report (realized fraction etc.) is
     ``selection.info``. ``width_multiple`` N: every layer's kept MLP width (``channel`` units) a multiple of N or
     the full width, by each allocator's rule (:mod:`secateur.budgets.allocate`; ``blocks`` refuses N > 1).
+    ``deploy`` ``"vllm"``: then every layer that keeps attention keeps the same query heads
+    (:func:`secateur.budgets.allocate.equal_heads`), so that vLLM's DeciLM format holds the result.
     """
     if allocation not in ALLOCATORS:
         raise SecateurError(f"allocation must be one of {', '.join(ALLOCATORS)}, not {allocation!r}")
@@ -75,6 +80,11 @@ def select_units(adapter: Adapter, method: str, rho: float, stats=None, *,
         alloc = allocate_blocks(inv, scores, rho, guard=guard)
     if guard is None:  # protected layers lower the realized fraction on purpose (reported, not refused)
         check_reached(inv, alloc.info, rho, allocation)
+    if deploy is not None:
+        removed, extra = equal_heads(inv, alloc.removed, scores, guard, rebalance=width_multiple == 1)
+        kept = {k: v for k, v in alloc.info.items() if k not in ("target", "total_removable", "removed_params",
+                                                                  "realized", "removed_units", "by_kind", "per_layer")}
+        alloc.removed, alloc.info = removed, {**kept, **report(inv, removed, rho), **extra}
     info = {"method": method, "allocation": allocation, "kinds": list(kinds), "seed": seed,
             "score_opts": score_opts, **alloc.info}
     return Selection.from_removed(inv, alloc.removed, info)

@@ -116,6 +116,8 @@ class StructuredConfig(CompensationConfig):
     width_multiple: every layer's kept MLP width (``channel`` units) a multiple of it, or the full width (uniform:
     rounded up; flap-global: to a neighbouring multiple, nearest the ranking's budget; rules in
     :mod:`secateur.budgets.allocate`); attention widths are not rounded; 1 (default): no rounding.
+    deploy: ``vllm``: every layer that keeps attention keeps the same query heads (vLLM's DeciLM format;
+    :func:`secateur.budgets.allocate.equal_heads`); None (default): no constraint.
     """
 
     score: str = "rcpu"
@@ -126,6 +128,7 @@ class StructuredConfig(CompensationConfig):
     seed: int = 0
     score_opts: dict = field(default_factory=dict)
     width_multiple: int = 1
+    deploy: str | None = None
 
     def validate(self) -> None:
         if self.score not in SELECTIONS.values():
@@ -154,9 +157,11 @@ class StructuredConfig(CompensationConfig):
             raise SecateurError("vbp ranks MLP neurons by their activation variance; use --units channel")
         if "qk" in self.units and self.score != "corp":
             raise SecateurError("--units qk (query/key head dimensions) is CORP's unit; use it with --method corp")
-        from secateur.budgets.allocate import check_width_multiple
+        from secateur.budgets.allocate import DEPLOY_TARGETS, check_width_multiple
 
         check_width_multiple(self.kinds, self.width_multiple)
+        if self.deploy is not None and self.deploy not in DEPLOY_TARGETS:
+            raise SecateurError(f"--deploy takes {', '.join(DEPLOY_TARGETS)}, not {self.deploy!r}")
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -283,8 +288,8 @@ def _select(adapter: Adapter, cfg: StructuredConfig, stats: StructuredStats,
     else:
         score_stats, extra = None, {"inv": scored[0], "scores": scored[1]}
     return select_units(adapter, cfg.score, cfg.sparsity, score_stats, kinds=cfg.kinds, allocation=_allocation(cfg),
-                        rounding=cfg.rounding, seed=cfg.seed, width_multiple=cfg.width_multiple, **extra,
-                        **cfg.score_opts)
+                        rounding=cfg.rounding, seed=cfg.seed, width_multiple=cfg.width_multiple, deploy=cfg.deploy,
+                        **extra, **cfg.score_opts)
 
 
 def _score_opts(cfg: StructuredConfig) -> tuple[dict, dict]:
@@ -458,7 +463,8 @@ def structured_details(cfg: StructuredConfig, sel, stats: StructuredStats, param
         "params_before": params_before, "params_after": params_after,
         "params_removed_fraction": 1 - params_after / params_before if params_before else 0.0,
         "calibration_tokens": stats.n_tokens,
-        **{k: info[k] for k in ("width_multiple", "unrounded_realized") if k in info},
+        **{k: info[k] for k in ("width_multiple", "unrounded_realized", "deploy", "deploy_query_heads",
+                              "undeployed_realized") if k in info},
         **compensation_details(cfg, records, mt["compensation_s"], memory),
     }
 
@@ -492,6 +498,9 @@ class StructuredOptions(CompensationOptions):
                                       "up, flap-global to the multiple nearest its budget; attention widths are not "
                                       "rounded (default: 1)", type=integer, metavar="N")
     rounding: str | None = rounding_knob()
+    deploy: str | None = knob("vllm: make the selection one that vLLM's per-layer DeciLM format (secateur export vllm) "
+                              "holds: the same query heads in every layer that keeps attention (KV heads per layer, "
+                              "MLP widths and whole attentions stay free)", choices=("vllm",))
 
 
 CORP_RANKINGS = ("combined", "activation", "magnitude")
@@ -530,7 +539,8 @@ def structured_config(name: str, opts, adapter: Adapter | None = None) -> Struct
     cfg = StructuredConfig(**o.compensation_fields(NATIVE[name]), score=SELECTIONS[name], units=units,
                            allocation=o.allocation or "uniform", rounding=o.rounding or "ceil",
                            sparsity=float(opts.sparsity), seed=int(opts.seed or 0),
-                           width_multiple=1 if o.width_multiple is None else o.width_multiple)
+                           width_multiple=1 if o.width_multiple is None else o.width_multiple,
+                           deploy=getattr(o, "deploy", None))
     ranking = getattr(o, "corp_ranking", None)
     if ranking not in (None, "combined"):
         cfg.score_opts = {"weight_factor": ranking}
