@@ -73,6 +73,7 @@ class PruneOptions:
     stream: bool = False  # --stream: one decoder block in memory at a time (secateur.models.streaming)
     eval_ppl: str | None = None  # --eval-ppl: perplexity of the pruned model on this corpus, in the report and card
     eval_windows: int | None = None  # --eval-windows: only the first N windows of --eval-ppl
+    towers: str | None = None  # --towers: the tower of a vision-language model to prune (secateur.models.towers)
     recipe_check: dict | None = None  # a replayed recipe's digests to check (calibration_sha256, model_sha256)
     run: RunSettings = field(default_factory=RunSettings)
     method_options: MethodOptions | None = None
@@ -122,7 +123,7 @@ class PruneOptions:
         model by name; ``pattern``, ``budget``, ``rounding``, ``targets`` for every method, as before they were
         knobs), then every other knob of the method (``None`` = unset)."""
         d = {k: self._record(k) for k in RECORD}
-        for k in ("stream", "eval_ppl", "eval_windows"):  # reports of ordinary runs stay as they were
+        for k in ("stream", "eval_ppl", "eval_windows", "towers"):  # reports of ordinary runs stay as they were
             if not d[k]:
                 del d[k]
         knobs = self.method_options.to_dict() if self.method_options is not None else {}
@@ -171,6 +172,7 @@ class PruneOptions:
         if not isinstance(self.model, (str, torch.nn.Module)):
             raise SecateurError(f"prune options: model: {type(self.model).__name__} {self.model!r} is not a model; "
                                 "pass a Hugging Face id, a folder, a .gguf path, or a loaded torch model")
+        self._check_towers()
         method = resolve(self.method, bool(self.structured))
         self.method = method.name
         if self.method_options is None:
@@ -200,6 +202,21 @@ class PruneOptions:
             protect = () if self.in_memory else model_paths(self.model)
             check_output_dir(self.out, self.overwrite, protect=protect)
             _resume.refuse_link(_resume.checkpoint_dir(self.out), self.out)  # a checkpoint through a link
+
+    def _check_towers(self) -> None:
+        """A vision-language model folder needs ``--towers``; ``--towers`` needs one (before anything is loaded)."""
+        from types import SimpleNamespace
+
+        from secateur.models.towers import check_tower
+
+        mt = None
+        if isinstance(self.model, str) and (Path(self.model) / "config.json").is_file():
+            try:
+                mt = json.loads((Path(self.model) / "config.json").read_text()).get("model_type")
+            except (OSError, ValueError, AttributeError):
+                mt = None  # the folder check names a broken config later
+        if self.towers is not None or mt is not None:
+            check_tower(SimpleNamespace(model_type=mt), self.towers)
 
     def check_split(self) -> None:
         """What a run split over several processes (``--procs``, torchrun) cannot do yet, refused in one line
@@ -242,7 +259,7 @@ FLAT_KNOBS: dict[str, Any] = {"pattern": None, "budget": None, "rounding": "ceil
 #: not a knob of the method, and FLAT_KNOBS
 RECORD = ("model", "method", "sparsity", "pattern", "budget", "rounding", "targets", "calib", "nsamples", "seqlen",
           "seed", "data_dir", "mode", "chunk_size", "dtype", "device", "out", "overwrite", "quiet", "resume",
-          "structured", "stream", "eval_ppl", "eval_windows")
+          "structured", "stream", "eval_ppl", "eval_windows", "towers")
 _DEFAULTS = {f.name: f.default for f in fields(PruneOptions) if f.name in RECORD} \
     | {f.name: f.default for f in fields(RunSettings)} | FLAT_KNOBS
 # the CLI flag of each recorded option (``secateur prune``); _ALWAYS are written into every command line

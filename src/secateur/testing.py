@@ -194,6 +194,10 @@ def save_tiny(family: str, path, seed: int = 0, headless: bool = False) -> str:
     import json
     from pathlib import Path
 
+    from secateur.testing_vlm import VLM_FAMILIES, save_tiny_vlm
+
+    if family in VLM_FAMILIES:  # a vision-language model with its processor
+        return save_tiny_vlm(family, path, seed)
     if family in VISION_FAMILIES:
         tiny_vision_model(family, seed=seed, headless=headless).save_pretrained(path)
         (Path(path) / "preprocessor_config.json").write_text(json.dumps(TINY_PROCESSOR, indent=2))

@@ -48,6 +48,7 @@ class CommonOptions(Strict):
     stream: bool
     eval_ppl: str | None
     eval_windows: int | None
+    towers: str | None
 
 
 FIXES = {

@@ -1,0 +1,97 @@
+"""Vision-language models as two towers: each tower is a model secateur already prunes (issue 47, first slice).
+
+A LLaVA-style VLM (``LlavaForConditionalGeneration``: ``model.vision_tower``, ``model.multi_modal_projector``,
+``model.language_model``, ``lm_head``) is a vision encoder of a supported family (CLIP or SigLIP vision tower), a
+projector and a decoder of a supported family. :func:`tower_model` hands one tower to the ordinary pipeline as a
+model of its own family, sharing the VLM's modules (pruning it prunes the VLM in place):
+
+* ``vision``: the vision tower module itself (a ``CLIPVisionModel`` / ``SiglipVisionModel``), calibrated on images
+  through the VLM's image processor;
+* ``language``: a ``*ForCausalLM`` of the text config's family built on the meta device whose decoder and LM head
+  are the VLM's own modules (no weight is copied), calibrated on text through the VLM's tokenizer.
+
+The projector, the embeddings and the LM head are never pruned (they are outside both towers' blocks). The
+tower's hidden width (what the projector reads and writes) is never sliced by any method, so the VLM stays
+consistent. A pruned tower is saved back into the VLM's config only where the stock config can express it
+(every layer the same widths: :func:`secateur.export.sliced.export_config` route ``stock``); per-layer widths inside
+a VLM are refused in one line before anything is written. The joint inventory over both towers (one budget, one
+CoCurve graph) is the next slice and is not here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from secateur.errors import SecateurError
+
+#: VLM model_type -> (vision tower path, language model path, LM head path), from the VLM class
+VLM_TYPES = {"llava": ("model.vision_tower", "model.language_model", "lm_head")}
+TOWERS = ("vision", "language")
+
+
+def is_vlm(config) -> bool:
+    return getattr(config, "model_type", None) in VLM_TYPES
+
+
+def check_tower(config, tower: str | None) -> str:
+    """The tower a VLM run prunes, or a one-line refusal (a VLM without ``--towers``; ``--towers`` on a model that
+    has no towers; an unknown tower name)."""
+    mt = getattr(config, "model_type", None)
+    if not is_vlm(config):
+        if tower is not None:
+            raise SecateurError(f"--towers applies to a vision-language model ({', '.join(VLM_TYPES)}); this model "
+                                f"is {mt!r}: drop --towers")
+        return ""
+    if tower is None:
+        raise SecateurError(f"{mt!r} is a vision-language model: name the tower to prune with --towers vision or "
+                            "--towers language (one budget over both towers is not supported yet)")
+    if tower not in TOWERS:
+        raise SecateurError(f"--towers takes one of {', '.join(TOWERS)}, not {tower!r}")
+    return tower
+
+
+def _get(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
+    """The model of ``tower``'s own family that shares ``vlm``'s modules (see the module docstring)."""
+    from secateur.models.families import ADAPTERS, base_model_type
+
+    vpath, lpath, head = VLM_TYPES[vlm.config.model_type]
+    if tower == "vision":
+        model = _get(vlm, vpath)
+    else:
+        text_cfg = vlm.config.text_config
+        cls = ADAPTERS.get(base_model_type(text_cfg.model_type))
+        if cls is None or cls.modality != "text":
+            raise SecateurError(f"the language tower's family {text_cfg.model_type!r} is not supported")
+        with torch.device("meta"):
+            model = cls.model_class(text_cfg)
+        model.model = _get(vlm, lpath)
+        model.lm_head = _get(vlm, head)
+        model.config = text_cfg
+        model.eval()
+    fam = getattr(model.config, "model_type", None)
+    if base_model_type(fam) not in ADAPTERS:
+        raise SecateurError(f"the {tower} tower's family {fam!r} is not supported")
+    return model
+
+
+def write_back(vlm: nn.Module, tower: str, model: nn.Module) -> None:
+    """Put the pruned tower's sizes into the VLM's config (the modules are the VLM's already); refuse per-layer
+    widths, which a stock VLM config cannot express."""
+    from secateur.export.sliced import export_config
+
+    cfg, route = export_config(model)
+    if route != "stock":
+        raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} config "
+                            "cannot express: use an unstructured method or a uniform allocation for a VLM tower")
+    key = "vision_config" if tower == "vision" else "text_config"
+    sub = getattr(vlm.config, key)
+    for k, v in cfg.to_dict().items():
+        if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype"):
+            setattr(sub, k, v)
