@@ -97,7 +97,8 @@ def _table4a(by: dict) -> list[str]:
            "At each fraction every method removes the same share of its part's dimensions: attention = CORP's "
            "query/key dims (QK-only; values and output kept) against GRAIL and Torch-Pruning on whole heads (q, k, v "
            "and o columns: GRAIL refits the module's second linear, o, by its ridge solve); MLP = hidden channels "
-           "(GRAIL refits fc2). Top-1 %, parameters in brackets.", "",
+           "(GRAIL refits fc2). Top-1 %, parameters in brackets. Whole heads are coarse here (4 per layer): "
+           "Torch-Pruning rounds 30% of them to 2 per layer, as at 50%.", "",
            "| part | removed | CORP | CORP w/o comp. | GRAIL (magnitude) | GRAIL (Wanda) | Torch-Pruning (L2) |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     parts = {"attention": ("corp-qk-comp-{s}", "corp-qk-nocomp-{s}", "grail-magnitude-heads-{s}",
@@ -225,7 +226,26 @@ def _claims(by: dict, rows: list[dict]) -> list[str]:
                                              mlp["top1"] >= r["top1"] - 0.002 for r in comp.values())
                                          else "does not hold")
         out.append("* **CORP beats GRAIL and VBP at 50% MLP-only**: CORP " + _top1(mlp) + ", "
-                   + ", ".join(f"{n} {_top1(r)}" for n, r in comp.items()) + f": {verdict}.")
+                   + ", ".join(f"{n} {_top1(r)}" for n, r in comp.items()) + f": {verdict}."
+                   + ("" if beats else " Why, measured: on MLP channels GRAIL's compensation and CORP's are the same "
+                      "least-squares refit of fc2 from the kept channels (`--compensation grail` is `ls` with "
+                      "GRAIL's ridge, 1e-3 of the mean Gram diagonal; CORP's ridge differs), and this ViT loses "
+                      "little to MLP pruning at all (CORP w/o compensation still scores 84.07 at 50%), so the two "
+                      "refits stay within 0.15 points of each other up to 70% (Fig. 3's table) while VBP's "
+                      "mean-shift falls behind from 40%. The paper's 3.4-point gap (DeiT-Base, ImageNet) needs a "
+                      "model whose MLP channels carry more than this one's."))
+    att = {n: by.get(f"{n}-heads-0.5") for n in ("grail-magnitude", "grail-wanda")}
+    if qk and mlp and all(att.values()):
+        best_att = max(r["top1"] for r in att.values())
+        best_mlp = max(by[f"{n}-mlp-0.5"]["top1"] for n in ("grail-magnitude", "grail-wanda")
+                       if by.get(f"{n}-mlp-0.5"))
+        out.append(f"* **CORP beats GRAIL at matched dimensions** (Table 4(a), 50%): attention CORP {_top1(qk)} vs "
+                   f"GRAIL {100 * best_att:.2f} ({100 * (qk['top1'] - best_att):+.2f}: "
+                   f"{'holds' if qk['top1'] > best_att + 0.002 else 'does not hold'}; GRAIL removes whole heads, "
+                   f"values and output too, so it also removes more parameters); MLP CORP {_top1(mlp)} vs GRAIL "
+                   f"{100 * best_mlp:.2f} ({100 * (mlp['top1'] - best_mlp):+.2f}: "
+                   + ("holds" if mlp["top1"] > best_mlp + 0.002 else "a tie within 0.2 point" if abs(
+                       mlp["top1"] - best_mlp) <= 0.002 else "does not hold") + ").")
     j = by.get("corp-joint-comp-0.5")
     if j:
         t = j["timings"]
