@@ -245,3 +245,31 @@ def test_equal_heads_keeps_the_highest_scored_units():
     assert abs(int(costs[out].sum()) - int(costs[removed].sum())) <= int(costs.max())  # MLP gave back the group
     out1, _ = equal_heads(inv, removed, key, rebalance=False)
     assert int(costs[out1].sum()) < int(costs[removed].sum())
+
+
+def test_cocurve_deploy_vllm_keeps_one_head_count():
+    """CoCurve's global greedy on a synthetic co-pruning graph (16 layers; single-unit damage proportional to a
+    unit's parameters times a random factor, tiny random edges): uneven KV groups per layer without --deploy; with
+    it, one kept count in every layer that keeps attention, the FFN groups making up the budget."""
+    from dataclasses import replace
+
+    from secateur.methods.cocurve import CoCurveConfig, cocurve_inventory, select
+    from secateur.models.adapters import get_adapter
+    from secateur.scoring.cocurve_graph import CoPruningGraph
+    from secateur.testing import tiny_model
+
+    inv = cocurve_inventory(get_adapter(tiny_model("llama", layers=16)), 16)
+    g = torch.Generator().manual_seed(0)
+    edges = torch.randn(len(inv), len(inv), generator=g, dtype=torch.float64) * 1e-3
+    damage = inv.costs.double() * (0.5 + torch.rand(len(inv), generator=g, dtype=torch.float64))
+    graph = CoPruningGraph.from_inventory(inv, edges @ edges.T + torch.diag(damage / damage.max()))
+    attn = [p for p in inv.pools if p.kind == "kv_group"]
+
+    def kept(removed):
+        return [p.n - int(removed[p.offset:p.offset + p.n].sum()) for p in attn]
+
+    plain = select(graph, inv, 0.3, cfg=CoCurveConfig(), diagonal=True)
+    dep = select(graph, inv, 0.3, cfg=replace(CoCurveConfig(), deploy="vllm"), diagonal=True)
+    assert len(set(kept(plain.removed)) - {0}) > 1  # what the export would refuse
+    assert len(set(kept(dep.removed)) - {0}) == 1 and dep.info["deploy"] == "vllm"
+    assert abs(dep.info["realized"] - plain.info["realized"]) < 0.02

