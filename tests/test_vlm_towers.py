@@ -95,3 +95,43 @@ def test_refusals_in_one_line(folder, tmp_path):
         api.prune(model=str(folder), towers="language", method="flap", sparsity=0.3, calib="wikitext2", nsamples=4,
                   seqlen=32, out=str(out), quiet=True)
     assert not out.exists()
+
+
+def _fmnist_or_skip():
+    from secateur.data.sources import default_data_dir
+
+    d = default_data_dir()
+    if d is None or not (d / "fashion-mnist").exists():
+        pytest.skip("Fashion-MNIST not in ../shared/data")
+
+
+def test_merged_embeddings_are_what_the_language_model_receives():
+    """The captured embeddings, fed to the language tower's stand-in, give the VLM's logits on image + text."""
+    from secateur.models.towers import merged_embeddings
+
+    vlm = tiny_vlm()
+    n_img, img = vlm.config.image_seq_length, vlm.config.image_token_index
+    ids = torch.cat([torch.full((2, n_img), img), torch.randint(3, 90, (2, 6))], 1)
+    px = torch.randn(2, 3, 28, 28)
+    emb = merged_embeddings(vlm, ids, px, chunk=1)
+    lm = tower_model(vlm, "language")
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=emb).logits, vlm(input_ids=ids, pixel_values=px).logits,
+                                   rtol=0, atol=0)
+
+
+def test_language_tower_calibrated_on_caption_pairs(folder, tmp_path):
+    """``--calib fashion-mnist-captions``: the statistics come from image + caption sequences (the manifest says so),
+    and another draw of pairs gives another mask; the vision tower refuses caption pairs in one line."""
+    _fmnist_or_skip()
+    res = api.prune(model=str(folder), towers="language", method="wanda", sparsity=0.5,
+                    calib="fashion-mnist-captions", nsamples=6, seed=0, quiet=True)
+    assert res.report["calibration"]["source"] == "fashion-mnist-captions"
+    text = api.prune(model=str(folder), towers="language", method="wanda", sparsity=0.5, calib="wikitext2",
+                     nsamples=6, seqlen=24, quiet=True)
+    w = "model.language_model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(res.model.state_dict()[w] == 0, text.model.state_dict()[w] == 0)
+    with pytest.raises(SecateurError, match="image-caption pairs for the language tower"):
+        api.prune(model=str(folder), towers="vision", method="wanda", sparsity=0.5, calib="fashion-mnist-captions",
+                  nsamples=4, out=str(tmp_path / "no"))
+    assert not (tmp_path / "no").exists()

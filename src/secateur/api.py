@@ -110,7 +110,7 @@ def prune(**kwargs) -> PruneResult:
         return _prune(opts, split)
 
 
-def _prune(opts: PruneOptions, split: Shard) -> PruneResult:
+def _prune(opts: PruneOptions, split: Shard, calibration: tuple | None = None) -> PruneResult:
     spec = ModelSpec(opts.model, opts.dtype)  # resolved once; every later stage reads it
     method = METHODS[opts.method]
     _check_modality(opts, spec, method)
@@ -122,7 +122,9 @@ def _prune(opts: PruneOptions, split: Shard) -> PruneResult:
         method.check(run.adapter, opts)
     output = _output(opts, method, run, needs_calibration, split)
     run.ready(timer)
-    ids, manifest = _calibration(opts, run, needs_calibration, timer)
+    # ``calibration``: a caller's own (inputs, manifest) (a VLM's language tower: merged image + caption embeddings)
+    ids, manifest = calibration if calibration is not None and needs_calibration else \
+        _calibration(opts, run, needs_calibration, timer)
     if split.split and ids is not None:  # every rank calibrates on rank 0's tokens (the same by construction)
         from secateur.calib.dist import broadcast
 

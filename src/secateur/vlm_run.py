@@ -15,9 +15,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from secateur.data.captions import caption_pairs, is_caption_source
 from secateur.errors import SecateurError
 from secateur.models.blocks import ALONE, Shard
-from secateur.models.towers import check_tower, tower_model, write_back
+from secateur.models.towers import check_tower, merged_embeddings, tower_model, write_back
 
 
 def _config(model: str) -> dict:
@@ -46,6 +47,9 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
         raise SecateurError("--towers runs in one process, resident: drop --procs/--stream/--resume")
     cfg = SimpleNamespace(**_config(opts.model))
     tower = check_tower(cfg, opts.towers)
+    if is_caption_source(opts.calib) and tower != "language":
+        raise SecateurError(f"--calib {opts.calib} is image-caption pairs for the language tower; the vision tower "
+                            "calibrates on images: pass --calib fashion-mnist (or an image folder)")
     if opts.out:
         check_output_dir(opts.out, opts.overwrite)
     try:
@@ -57,8 +61,14 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     vlm.eval()
     part = tower_model(vlm, tower)
     reader = proc.image_processor if tower == "vision" else proc.tokenizer
+    calibration = None
+    if tower == "language" and is_caption_source(opts.calib):  # image + caption sequences, merged by the VLM
+        ids, pixels, manifest = caption_pairs(vlm, proc, opts.nsamples, opts.seed, opts.data_dir)
+        calibration = (merged_embeddings(vlm, ids, pixels), manifest)
     sub = dataclasses.replace(opts, model=part, tokenizer=reader, out=None, towers=None, overwrite=False)
-    res = run_pipeline(sub, ALONE)
+    if calibration is not None:  # the pairs' own length, not --seqlen
+        sub = dataclasses.replace(sub, calib="self", seqlen=int(calibration[0].shape[1]))
+    res = run_pipeline(sub, ALONE, calibration)
     write_back(vlm, tower, part)  # refuses per-layer widths before anything is written
     res.report["vlm"] = {"model": opts.model, "tower": tower, "model_type": cfg.model_type}
     res.report["options"] = opts.to_dict()

@@ -70,7 +70,7 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
         if cls is None or cls.modality != "text":
             raise SecateurError(f"the language tower's family {text_cfg.model_type!r} is not supported")
         with torch.device("meta"):
-            model = cls.model_class(text_cfg)
+            model = _embeds_class(cls.model_class)(text_cfg)
         model.model = _get(vlm, lpath)
         model.lm_head = _get(vlm, head)
         model.config = text_cfg
@@ -79,6 +79,51 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
     if base_model_type(fam) not in ADAPTERS:
         raise SecateurError(f"the {tower} tower's family {fam!r} is not supported")
     return model
+
+
+_EMBEDS_CLASSES: dict[type, type] = {}
+
+
+def _embeds_class(model_class: type) -> type:
+    """``model_class`` whose forward also takes floating "ids": the merged image + text embeddings of a VLM's
+    calibration pairs (:func:`merged_embeddings`), passed on as ``inputs_embeds`` (the engine slices them along
+    dimension 0 in chunks like token ids; the family's adapter, checks and exports see the stock class)."""
+    if model_class not in _EMBEDS_CLASSES:
+        def forward(self, input_ids=None, inputs_embeds=None, **kw):
+            if input_ids is not None and input_ids.is_floating_point():
+                input_ids, inputs_embeds = None, input_ids
+            return model_class.forward(self, input_ids=input_ids, inputs_embeds=inputs_embeds, **kw)
+
+        _EMBEDS_CLASSES[model_class] = type(model_class.__name__, (model_class,), {"forward": forward})
+    return _EMBEDS_CLASSES[model_class]
+
+
+@torch.no_grad()
+def merged_embeddings(vlm: nn.Module, input_ids: torch.Tensor, pixel_values: torch.Tensor,
+                      chunk: int = 8) -> torch.Tensor:
+    """The language model's input embeddings for image + text sequences, as the VLM's own forward merges them (its
+    image features scattered into the image-token positions): captured at the language model's entry."""
+    _, lpath, _ = VLM_TYPES[vlm.config.model_type]
+    lm = _get(vlm, lpath)
+    got: list[torch.Tensor] = []
+
+    class _Stop(Exception):
+        pass
+
+    def hook(_m, args, kwargs):
+        got.append(kwargs["inputs_embeds"].detach().float())
+        raise _Stop
+
+    h = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for s in range(0, input_ids.shape[0], chunk):
+            try:
+                vlm.model(input_ids=input_ids[s:s + chunk], pixel_values=pixel_values[s:s + chunk])
+            except _Stop:
+                pass
+    finally:
+        h.remove()
+    return torch.cat(got)
 
 
 def write_back(vlm: nn.Module, tower: str, model: nn.Module) -> None:

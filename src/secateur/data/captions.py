@@ -1,0 +1,70 @@
+"""Image-caption calibration pairs for a vision-language model's language tower (issue 47 §3, first slice).
+
+``fashion-mnist-captions``: Fashion-MNIST training images (a seeded draw without replacement, through the VLM's
+image processor and channel count: :func:`secateur.data.images.processed_images`), each captioned from its label
+by one of four templates chosen with the same seed ("a photo of a sneaker."). Each pair becomes one sequence in the
+VLM's own layout: the processor's image tokens, ``"Caption:"``, the caption, EOS, right-padded with EOS to the
+longest pair (the statistics of the few padding positions are the VLM's own on EOS tokens; no method here reads a
+mask). The language tower is calibrated on the merged embeddings of these sequences
+(:func:`secateur.models.towers.merged_embeddings`), so its statistics see the image tokens as the VLM feeds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from secateur.errors import SecateurError
+
+SOURCES = ("fashion-mnist-captions",)
+NAMES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
+TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {} on a plain background.")
+PROMPT = "Caption:"
+
+
+class CaptionManifest(dict):
+    """The pairs' manifest: a plain dict (the report's ``calibration``) with the ``sha256`` and ``to_dict`` that
+    the pipeline reads of every calibration manifest."""
+
+    @property
+    def sha256(self) -> str:
+        return self["sha256"]
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
+def is_caption_source(name: str) -> bool:
+    return name in SOURCES
+
+
+def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None
+                  ) -> tuple[torch.Tensor, torch.Tensor, CaptionManifest]:
+    """``(input_ids [n, T], pixel_values [n, C, H, W], manifest)`` of ``n`` Fashion-MNIST caption pairs."""
+    from secateur.data.images import processed_images
+
+    vc = vlm.config.vision_config
+    imgs = processed_images("fashion-mnist", processor.image_processor, int(vc.num_channels), int(vc.patch_size), n=n,
+                            seed=seed, split="train", data_dir=data_dir, need_labels=True)
+    rng = np.random.default_rng([seed, 47])
+    caps = [TEMPLATES[int(t)].format(NAMES[int(c)])
+            for t, c in zip(rng.integers(0, len(TEMPLATES), len(imgs.labels)), imgs.labels, strict=True)]
+    tok = processor.tokenizer
+    n_img = int(vlm.config.image_seq_length)
+    image_id = int(vlm.config.image_token_index)
+    if tok.eos_token_id is None:
+        raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
+                            "its tokenizer_config.json")
+    head = [image_id] * n_img + tok(PROMPT, add_special_tokens=False)["input_ids"]
+    rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in caps]
+    T = max(map(len, rows))
+    ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+    manifest = CaptionManifest({"source": "fashion-mnist-captions", "n": len(rows), "seqlen": T, "seed": seed,
+                "images": imgs.manifest, "templates": list(TEMPLATES), "prompt": PROMPT,
+                "sha256": hashlib.sha256(ids.numpy().tobytes() + imgs.pixel_values.numpy().tobytes()).hexdigest(),
+                "rule": "Fashion-MNIST train images drawn with the seed; one template per image drawn with the seed"})
+    return ids, imgs.pixel_values, manifest
