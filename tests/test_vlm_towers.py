@@ -135,3 +135,22 @@ def test_language_tower_calibrated_on_caption_pairs(folder, tmp_path):
         api.prune(model=str(folder), towers="vision", method="wanda", sparsity=0.5, calib="fashion-mnist-captions",
                   nsamples=4, out=str(tmp_path / "no"))
     assert not (tmp_path / "no").exists()
+
+
+def test_eval_captions_cli_and_refusals(folder, tmp_path):
+    """``secateur eval captions`` on the tiny VLM: the scores are fractions, the perplexity finite; a classifier
+    folder and a missing folder are one line, exit 2, no JSON written."""
+    import json as _json
+
+    from secateur.cli import main
+
+    _fmnist_or_skip()
+    out = tmp_path / "c.json"
+    assert main(["eval", "captions", "--model", str(folder), "--max-images", "8", "--json", str(out)]) == 0
+    r = _json.loads(out.read_text())
+    assert r["images"] == 8 and 0 <= r["caption_accuracy"] <= 1 and 0 <= r["multiple_choice_accuracy"] <= 1
+    assert 1 < r["caption_ppl"] < float("inf")
+    vit = save_tiny("vit", tmp_path / "vit")
+    for bad in (vit, str(tmp_path / "nowhere")):
+        assert main(["eval", "captions", "--model", bad, "--json", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()

@@ -37,11 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from bench.tools.train_vision import load_split, pixels, save_atomic  # noqa: E402
+from secateur.data.captions import HELD_OUT_TEMPLATES, NAMES, caption_ids  # noqa: E402
+from secateur.data.captions import TEMPLATES as TRAIN_TEMPLATES  # noqa: E402
+from secateur.eval.captions import caption_nll, caption_scores  # noqa: E402
 
-NAMES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
-TRAIN_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {} on a plain background.")
-HELD_OUT_TEMPLATES = ("a close-up photo of a {}.", "this is a {}.")
-PROMPT = "Caption:"
 IMAGE_TOKEN = "<image>"
 CHAT_TEMPLATE = ("{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>"
                  "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}")
@@ -102,68 +101,12 @@ def image_pixels(vlm, images: np.ndarray) -> torch.Tensor:
 
 
 def sequences(tok, vlm, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, target)``: image tokens + prompt + caption + EOS, right-padded; target 1 on the caption and EOS."""
-    n_img = vlm.config.image_seq_length
-    img = vlm.config.image_token_index
-    head = [img] * n_img + tok(PROMPT, add_special_tokens=False)["input_ids"]
-    rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in captions]
-    L = max(map(len, rows))
-    ids = torch.full((len(rows), L), tok.eos_token_id, dtype=torch.long)
-    target = torch.zeros((len(rows), L), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        target[i, len(head):len(r)] = True
-    return ids, target
+    return caption_ids(tok, vlm.config, captions)
 
 
-def caption_nll(vlm, x: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-sequence summed negative log-likelihood of the target tokens (``[N]``). The LM head runs on the positions
-    that predict a target token only (a few of the ~60 per sequence: its 49k-row product is most of a step
-    otherwise); padding after EOS is outside ``target`` and causal attention keeps it from changing earlier
-    positions."""
-    h = vlm.model(input_ids=ids, pixel_values=x).last_hidden_state
-    pred = target[:, 1:]  # position t predicts token t + 1
-    logp = torch.log_softmax(vlm.lm_head(h[:, :-1][pred]).float(), -1)
-    ll = logp.gather(-1, ids[:, 1:][pred][:, None])[:, 0]
-    seq = torch.arange(ids.shape[0])[:, None].expand_as(pred)[pred]
-    return -torch.zeros(ids.shape[0], dtype=ll.dtype).index_add(0, seq, ll)
-
-
-@torch.no_grad()
 def evaluate(vlm, tok, images: np.ndarray, labels: np.ndarray, batch: int = 16) -> dict:
-    """Caption accuracy (greedy, 8 tokens), caption perplexity (held-out templates) and multiple-choice accuracy."""
-    vlm.eval()
-    hit = mc = 0
-    nll = toks = 0.0
-    prompt_ids, _ = sequences(tok, vlm, [""])
-    prompt_ids = prompt_ids[:, :vlm.config.image_seq_length + len(tok(PROMPT, add_special_tokens=False)["input_ids"])]
-    for s in range(0, len(images), batch):
-        x, y = image_pixels(vlm, images[s:s + batch]), labels[s:s + batch]
-        n = len(y)
-        ids = prompt_ids.repeat(n, 1)
-        out = vlm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=x, max_new_tokens=8,
-                           do_sample=False, pad_token_id=tok.eos_token_id)
-        texts = tok.batch_decode(out[:, prompt_ids.shape[1]:], skip_special_tokens=True)
-        hit += sum(_names(t) == NAMES[int(c)] for t, c in zip(texts, y, strict=True))
-        for tpl in HELD_OUT_TEMPLATES:
-            ids, target = sequences(tok, vlm, [tpl.format(NAMES[int(c)]) for c in y])
-            nll += float(caption_nll(vlm, x, ids, target).sum())
-            toks += float(target.sum())
-        scores = []
-        for name in NAMES:  # the answer's log-likelihood under the first training template, per class
-            ids, target = sequences(tok, vlm, [TRAIN_TEMPLATES[0].format(name)] * n)
-            scores.append(-caption_nll(vlm, x, ids, target))
-        mc += int((torch.stack(scores, 1).argmax(1).numpy() == y).sum())
-    n = len(images)
-    return {"caption_accuracy": hit / n, "multiple_choice_accuracy": mc / n, "caption_ppl": float(np.exp(nll / toks)),
-            "images": n}
-
-
-def _names(text: str) -> str | None:
-    """The class a caption names (the longest class name it contains: 't-shirt' before 'shirt'), or None."""
-    t = text.lower()
-    found = [n for n in NAMES if n in t]
-    return max(found, key=len) if found else None
+    """secateur's caption scores (``secateur eval captions``) on these test images."""
+    return caption_scores(vlm, tok, image_pixels(vlm, images), labels, batch)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -194,7 +194,8 @@ def _explicit_prune_args(argv: list[str]) -> dict:
 
 
 def _eval_parser(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a model: ppl, zeroshot, qk-error, efficiency, accuracy, features")
+    p = sub.add_parser("eval", help="evaluate a model: ppl, zeroshot, qk-error, efficiency, accuracy, features, "
+                                    "captions")
     esub = p.add_subparsers(dest="what", required=True)
     q = esub.add_parser("ppl", help="perplexity under a named protocol",
                         description="Perplexity: non-overlapping windows (default; Wanda/SparseGPT) or sliding "
@@ -211,7 +212,7 @@ def _eval_parser(sub) -> None:
     q.add_argument("--procs", type=int, default=None, metavar="N", help=PROCS_HELP)
     q.set_defaults(func=_cmd_ppl)
     for mod in ("secateur.eval.zeroshot", "secateur.eval.qk_error", "secateur.eval.efficiency",
-                "secateur.eval.accuracy", "secateur.eval.features"):
+                "secateur.eval.accuracy", "secateur.eval.features", "secateur.eval.captions"):
         try:
             module = __import__(mod, fromlist=["register_cli"])
         except ImportError:

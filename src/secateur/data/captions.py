@@ -21,7 +21,33 @@ from secateur.errors import SecateurError
 SOURCES = ("fashion-mnist-captions",)
 NAMES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
 TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {} on a plain background.")
+HELD_OUT_TEMPLATES = ("a close-up photo of a {}.", "this is a {}.")  # evaluation only: never calibrated or trained on
 PROMPT = "Caption:"
+
+
+def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, target)``: the VLM's image tokens + ``PROMPT`` + each caption + EOS, right-padded with EOS; ``target``
+    is True on the caption's tokens and its EOS (what caption losses and perplexities score)."""
+    if tok.eos_token_id is None:
+        raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
+                            "its tokenizer_config.json")
+    head = [int(vlm_config.image_token_index)] * int(vlm_config.image_seq_length) + \
+        tok(PROMPT, add_special_tokens=False)["input_ids"]
+    rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in captions]
+    T = max(map(len, rows))
+    ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
+    target = torch.zeros((len(rows), T), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        target[i, len(head):len(r)] = True
+    return ids, target
+
+
+def named_class(text: str) -> str | None:
+    """The class a caption names (the longest class name it contains: 't-shirt' before 'shirt'), or None."""
+    t = text.lower()
+    found = [n for n in NAMES if n in t]
+    return max(found, key=len) if found else None
 
 
 class CaptionManifest(dict):
@@ -51,19 +77,9 @@ def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None
     rng = np.random.default_rng([seed, 47])
     caps = [TEMPLATES[int(t)].format(NAMES[int(c)])
             for t, c in zip(rng.integers(0, len(TEMPLATES), len(imgs.labels)), imgs.labels, strict=True)]
-    tok = processor.tokenizer
-    n_img = int(vlm.config.image_seq_length)
-    image_id = int(vlm.config.image_token_index)
-    if tok.eos_token_id is None:
-        raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
-                            "its tokenizer_config.json")
-    head = [image_id] * n_img + tok(PROMPT, add_special_tokens=False)["input_ids"]
-    rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in caps]
-    T = max(map(len, rows))
-    ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-    manifest = CaptionManifest({"source": "fashion-mnist-captions", "n": len(rows), "seqlen": T, "seed": seed,
+    ids, _ = caption_ids(processor.tokenizer, vlm.config, caps)
+    manifest = CaptionManifest({"source": "fashion-mnist-captions", "n": len(caps), "seqlen": int(ids.shape[1]),
+                                "seed": seed,
                 "images": imgs.manifest, "templates": list(TEMPLATES), "prompt": PROMPT,
                 "sha256": hashlib.sha256(ids.numpy().tobytes() + imgs.pixel_values.numpy().tobytes()).hexdigest(),
                 "rule": "Fashion-MNIST train images drawn with the seed; one template per image drawn with the seed"})
