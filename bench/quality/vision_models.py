@@ -112,7 +112,59 @@ def prune_row(key: str, nsamples: int) -> dict:
                         "load_avg_1_5_15": load_avg()})
 
 
+def vlm_row() -> dict | None:
+    """The assembled VLM (``bench/tools/train_vlm.py``): its training record and ``secateur eval captions`` through
+    the saved folder (both on the first test images of the same count and seed-0 draw rule)."""
+    folder = cache() / "fmnist-llava"
+    if not (folder / "train.json").exists():
+        return None
+    from secateur.eval.captions import eval_captions
+
+    info = json.loads((folder / "train.json").read_text())
+    t = time.perf_counter()
+    ev = eval_captions(str(folder), max_images=info["dense"]["images"])
+    cfg = json.loads((folder / "config.json").read_text())
+    from transformers import AutoModelForImageTextToText
+
+    params = sum(p.numel() for p in AutoModelForImageTextToText.from_pretrained(folder).parameters())
+    return stamped({"key": "dense-vlm", "kind": "vlm", "model": "fmnist-llava", "params": params,
+                    "vision": cfg["vision_config"].get("model_type"), "text": cfg["text_config"].get("model_type"),
+                    "image_tokens": cfg.get("image_seq_length"), "train": {k: v for k, v in info.items()
+                                                                          if k != "loss_log"},
+                    "eval": {k: v for k, v in ev.items() if k != "images_manifest"},
+                    "eval_s": round(time.perf_counter() - t, 1), "load_avg_1_5_15": load_avg()})
+
+
+def _vlm_section(rows: list[dict]) -> list[str]:
+    v = next((r for r in rows if r["kind"] == "vlm"), None)
+    if v is None:
+        return ["## The assembled vision-language model", "", "Not trained yet: `python bench/tools/train_vlm.py` "
+                "(about an hour on one free thread; resumable), then this page's command.", ""]
+    t, e, d = v["train"], v["eval"], v["train"]["dense"]
+    return ["## The assembled vision-language model (issue 47)", "",
+            "A stock `LlavaForConditionalGeneration` built here (`bench/tools/train_vlm.py`): the SigLIP-shaped "
+            f"backbone above as its vision tower ({v['image_tokens']} image tokens: every patch, no pooling in a stock "
+            "LLaVA), SmolLM2-135M as its language model, and a two-layer GELU projector, the only part trained "
+            f"({t['trained_params']:,} of {v['params']:,} parameters; {t['steps']} steps x {t['batch']} captions = "
+            f"{t['train_images_seen']:,} training images seen, {t['train_seconds'] / 60:.0f} min on {t['threads']} "
+            f"thread at load {t['load_avg_1_5_15'][0]}). Captions from four training templates; evaluation on "
+            f"test images (disjoint from training) with two held-out templates.", "",
+            "| scored by | images | caption accuracy | multiple choice (10-way) | caption perplexity |",
+            "|---|---:|---:|---:|---:|",
+            f"| training script (the first test images) | {d['images']} | {d['caption_accuracy']:.4f} | "
+            f"{d['multiple_choice_accuracy']:.4f} | "
+            f"{d['caption_ppl']:.3f} |",
+            f"| `secateur eval captions` (saved folder; test images drawn with seed 0) | {e['images']} | "
+            f"{e['caption_accuracy']:.4f} | "
+            f"{e['multiple_choice_accuracy']:.4f} | {e['caption_ppl']:.3f} |", "",
+            "Caption accuracy: the greedy caption (8 tokens) names the class; multiple choice: the class whose "
+            "caption is most likely; perplexity: caption tokens only, held-out templates. "
+            f"Evaluation took {v['eval_s']:.0f} s at load {v['load_avg_1_5_15'][0]}.", ""]
+
+
 def render(rows: list[dict]) -> str:
+    vlm = _vlm_section(rows)
+    rows = [r for r in rows if r["kind"] != "vlm"]
     dense = [r for r in rows if r["kind"] == "dense"]
     prunes = [r for r in rows if r["kind"] == "prune"]
     out = ["# Vision models trained here (Fashion-MNIST) and a first pruning check", "",
@@ -157,7 +209,7 @@ def render(rows: list[dict]) -> str:
         out += ["", "The full CORP tables (sparsity sweeps, calibration size, competitors, speed) are issue 44's "
                 "`corp-vit.md`; this table only shows that the vision path prunes a real trained model end to end.",
                 ""]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + vlm) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             if f"dense-{arch}" not in done and (row := dense_row(arch)) is not None:
                 append_row(OUT, row, unique_key=True)
                 print(f"dense {arch}: top-1 {row['top1']:.4f}", flush=True)
+        if "dense-vlm" not in done and (row := vlm_row()) is not None:
+            append_row(OUT, row, unique_key=True)
+            print(f"vlm: {row['eval']}", flush=True)
         if (cache() / "fmnist-vit" / "train.json").exists():
             for key in ROWS:
                 if key not in done:
