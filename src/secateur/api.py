@@ -434,12 +434,12 @@ def _eval_seqlen(opts: PruneOptions) -> int:
 
 def modality_of(spec: ModelSpec) -> str:
     """``text`` or ``vision``: the modality of the spec's family (read from its config: nothing is loaded)."""
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
     if spec.in_memory:
         return get_adapter(spec.given).modality
     cfg = spec.config or {}
-    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    fam = family_class(cfg.get("model_type"))
     return fam.modality if fam is not None else "text"
 
 
@@ -504,9 +504,9 @@ def _loads_with(model) -> str:
 
 def _sample_tokens(opts: PruneOptions, cfg: dict) -> int:
     """Tokens one calibration sample gives the blocks, from the config alone (before the model is loaded)."""
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
-    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    fam = family_class(cfg.get("model_type"))
     if fam is None or fam.modality == "text":
         return opts.seqlen
     from secateur.models.families.encoder import image_tokens

@@ -299,9 +299,9 @@ VISION_FLOPS_RULE = ("FLOPs/image = 2 x MACs (every Linear, the patch Conv2d, at
 
 
 def _is_vision(model: nn.Module) -> bool:
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
-    cls = ADAPTERS.get(base_model_type(getattr(model.config, "model_type", None)))
+    cls = family_class(getattr(model.config, "model_type", None))
     return cls is not None and cls.modality == "vision"
 
 

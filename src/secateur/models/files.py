@@ -69,11 +69,11 @@ def model_class_for(path: str):
     from transformers import AutoModelForCausalLM
 
     from secateur.models import hetero
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
     folder = Path(path)
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8")) if (folder / "config.json").is_file() else {}
-    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    fam = family_class(cfg.get("model_type"))
     if fam is None or fam.modality == "text":
         return AutoModelForCausalLM, False
     per_layer = str(cfg.get("model_type", "")).startswith(hetero.PREFIX)

@@ -118,9 +118,9 @@ def _layer_field(cfg: dict) -> tuple[str, int] | None:
         v = cfg.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return key, v
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
-    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    fam = family_class(cfg.get("model_type"))
     sub = cfg.get(fam.layout.sub_config) if fam is not None and fam.layout.sub_config else None
     return _layer_field(sub) if isinstance(sub, dict) else None
 

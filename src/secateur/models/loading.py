@@ -264,9 +264,9 @@ def context_length(cfg: dict | None) -> int | None:
     """Positions the model was built for (``max_position_embeddings`` / GPT-2's ``n_positions``)."""
     if not cfg:
         return None
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
-    fam = ADAPTERS.get(base_model_type(cfg.get("model_type")))
+    fam = family_class(cfg.get("model_type"))
     if fam is not None and fam.modality == "vision":
         return None  # an image encoder: its positions are its patch grid, not a --seqlen (a composite's text_config
         # context is not the vision tower's)

@@ -59,14 +59,14 @@ def _get(obj, path: str):
 
 def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
     """The model of ``tower``'s own family that shares ``vlm``'s modules (see the module docstring)."""
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
     vpath, lpath, head = VLM_TYPES[vlm.config.model_type]
     if tower == "vision":
         model = _get(vlm, vpath)
     else:
         text_cfg = vlm.config.text_config
-        cls = ADAPTERS.get(base_model_type(text_cfg.model_type))
+        cls = family_class(text_cfg.model_type)
         if cls is None or cls.modality != "text":
             raise SecateurError(f"the language tower's family {text_cfg.model_type!r} is not supported")
         with torch.device("meta"):
@@ -76,7 +76,7 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
         model.config = text_cfg
         model.eval()
     fam = getattr(model.config, "model_type", None)
-    if base_model_type(fam) not in ADAPTERS:
+    if family_class(fam) is None:
         raise SecateurError(f"the {tower} tower's family {fam!r} is not supported")
     return model
 

@@ -83,9 +83,9 @@ def check_masks(path: Path, report: dict, config: dict | None) -> None:
                                 f"record as pruned; {MASKS_FIX}")
     files = weight_files(str(path), path) or []
     held = held_shapes(files)
-    from secateur.models.families import ADAPTERS, base_model_type
+    from secateur.models.families import family_class
 
-    fam = ADAPTERS.get(base_model_type((config or {}).get("model_type")))
+    fam = family_class((config or {}).get("model_type"))
     conv1d = bool(fam is not None and fam.layout is not None and fam.layout.conv1d)
     pruned = total = 0
     for name, p in packed.items():

@@ -101,11 +101,17 @@ def base_model_type(model_type) -> str | None:
     return model_type
 
 
+def family_class(model_type) -> type[Adapter] | None:
+    """The adapter class of a ``model_type`` (stock or ``secateur_<family>``; any value: a config read from a file),
+    or None when no family handles it: what config-only code asks before anything is loaded."""
+    return ADAPTERS.get(base_model_type(model_type)) if isinstance(model_type, str) else None
+
+
 def adapter_class(config) -> type[Adapter]:
     """The adapter class of ``config``'s family (stock or ``secateur_<family>``), or a SecateurError naming
     the supported ones. Its ``family`` and ``layout`` are what config-only code (exports, efficiency) needs."""
     mt = getattr(config, "model_type", None)
-    cls = ADAPTERS.get(base_model_type(mt))
+    cls = family_class(mt)
     if cls is None:
         raise SecateurError(f"unsupported model family {mt!r}; supported: {supported_text()}")
     return cls
