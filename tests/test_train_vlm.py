@@ -55,7 +55,7 @@ def test_the_trained_folder_reloads_and_prunes_one_tower(tmp_path):
     assert main(["prune", "--model", str(tmp_path / "m"), "--towers", "language", "--method", "wanda", "--sparsity",
                  "0.5", "--calib", "wikitext2", "--nsamples", "4", "--seqlen", "32", "--out", str(tmp_path / "o"),
                  "--quiet"]) == 0
-    assert json.loads((tmp_path / "o" / "secateur-report.json").read_text())["vlm"]["tower"] == "language"
+    assert json.loads((tmp_path / "o" / "secateur-report.json").read_text())["vlm"]["towers"] == {"language": 0.5}
 
 
 def test_captions_name_classes():

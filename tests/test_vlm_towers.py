@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secateur import api
 from secateur.errors import SecateurError
@@ -69,7 +71,7 @@ def test_one_tower_pruned_the_rest_untouched_and_reloads(folder, tmp_path, tower
     out = tmp_path / "out"
     res = api.prune(model=str(folder), towers=tower, method=method, sparsity=0.3, calib=calib, nsamples=4,
                     seqlen=32, out=str(out), quiet=True)
-    assert res.report["vlm"]["tower"] == tower
+    assert res.report["vlm"]["towers"] == {tower: 0.3}
     pruned = res.model
     mine = "model.language_model" if tower == "language" else "model.vision_tower"
     before, after = dense.state_dict(), pruned.state_dict()
@@ -88,7 +90,7 @@ def test_one_tower_pruned_the_rest_untouched_and_reloads(folder, tmp_path, tower
 
 def test_refusals_in_one_line(folder, tmp_path):
     out = tmp_path / "no"
-    with pytest.raises(SecateurError, match="--towers vision or --towers language"):
+    with pytest.raises(SecateurError, match="name the towers to prune with --towers"):
         api.prune(model=str(folder), method="wanda", sparsity=0.3, calib="wikitext2", nsamples=2, seqlen=16,
                   out=str(out))
     with pytest.raises(SecateurError, match="per-layer widths"):  # FLAP's per-layer allocation: no stock config
@@ -154,3 +156,41 @@ def test_eval_captions_cli_and_refusals(folder, tmp_path):
     for bad in (vit, str(tmp_path / "nowhere")):
         assert main(["eval", "captions", "--model", bad, "--json", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_both_towers_equal_one_tower_then_the_other(folder, tmp_path):
+    """``--towers vision=0.5,language=0.3`` is the vision run, saved, then the language run on that folder (its
+    caption pairs through the pruned vision tower): the same weights bit for bit."""
+    _fmnist_or_skip()
+    kw = dict(method="wanda", calib="fashion-mnist-captions", nsamples=4, quiet=True)
+    both = api.prune(model=str(folder), towers="language=0.3,vision=0.5", sparsity=0.9, **kw)
+    assert both.report["vlm"]["towers"] == {"vision": 0.5, "language": 0.3}  # the data's order, not the given one
+    api.prune(model=str(folder), towers="vision", sparsity=0.5, out=str(tmp_path / "v"),
+              **(kw | {"calib": "fashion-mnist"}))
+    second = api.prune(model=str(tmp_path / "v"), towers="language", sparsity=0.3, **kw)
+    a, b = both.model.state_dict(), second.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="visonlaguae=0.123,", max_size=30), st.floats(0, 0.99))
+def test_towers_spec_parses_or_says_how(spec, sparsity):
+    """Any --towers text: a list of distinct towers in the data's order with ratios in [0, 1), or one line naming
+    the form."""
+    from secateur.models.towers import TOWERS, parse_towers
+
+    try:
+        plan = parse_towers(spec, sparsity)
+    except SecateurError as e:
+        assert "\n" not in str(e)
+        return
+    names = [t for t, _ in plan]
+    assert names == [t for t in TOWERS if t in names] and len(set(names)) == len(names) >= 1
+    assert all(0 <= r < 1 for _, r in plan)
+
+
+def test_both_towers_need_caption_pairs(folder, tmp_path):
+    with pytest.raises(SecateurError, match="fashion-mnist-captions"):
+        api.prune(model=str(folder), towers="vision,language", method="wanda", calib="wikitext2",
+                  out=str(tmp_path / "no"))
+    assert not (tmp_path / "no").exists()

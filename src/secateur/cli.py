@@ -133,9 +133,10 @@ def _prune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--eval-ppl", default=None, metavar="DATASET",
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
-    p.add_argument("--towers", default=None, choices=("vision", "language"),
-                   help="a vision-language model (LLaVA): the tower to prune (its own calibration: images for "
-                        "vision, text for language); the projector and heads are never pruned")
+    p.add_argument("--towers", default=None, metavar="vision|language|vision=R,language=R",
+                   help="a vision-language model (LLaVA): the towers to prune, each at --sparsity or its own ratio "
+                        "R; the vision tower calibrates on images, the language tower on text or image-caption pairs "
+                        "(both: --calib fashion-mnist-captions); the projector and heads are never pruned")
     p.add_argument("--stream", action="store_true",
                    help="one decoder block in memory at a time: load it from the model's safetensors, prune it, "
                         "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt and "

@@ -216,7 +216,7 @@ class PruneOptions:
             except (OSError, ValueError, AttributeError):
                 mt = None  # the folder check names a broken config later
         if self.towers is not None or mt is not None:
-            check_tower(SimpleNamespace(model_type=mt), self.towers)
+            check_tower(SimpleNamespace(model_type=mt), self.towers, self.sparsity)
 
     def check_split(self) -> None:
         """What a run split over several processes (``--procs``, torchrun) cannot do yet, refused in one line

@@ -46,10 +46,15 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     if split.split or opts.stream or opts.resume:
         raise SecateurError("--towers runs in one process, resident: drop --procs/--stream/--resume")
     cfg = SimpleNamespace(**_config(opts.model))
-    tower = check_tower(cfg, opts.towers)
-    if is_caption_source(opts.calib) and tower != "language":
+    plan = check_tower(cfg, opts.towers, opts.sparsity)
+    towers = [t for t, _ in plan]
+    captions = is_caption_source(opts.calib)
+    if captions and towers == ["vision"]:
         raise SecateurError(f"--calib {opts.calib} is image-caption pairs for the language tower; the vision tower "
                             "calibrates on images: pass --calib fashion-mnist (or an image folder)")
+    if len(towers) == 2 and not captions:
+        raise SecateurError("pruning both towers calibrates both from one set: pass --calib fashion-mnist-captions "
+                            "(its images for the vision tower, its image-caption pairs for the language tower)")
     if opts.out:
         check_output_dir(opts.out, opts.overwrite)
     try:
@@ -59,24 +64,38 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
         raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
                             "check the folder's weights and processor files") from None
     vlm.eval()
-    part = tower_model(vlm, tower)
-    reader = proc.image_processor if tower == "vision" else proc.tokenizer
-    calibration = None
-    if tower == "language" and is_caption_source(opts.calib):  # image + caption sequences, merged by the VLM
-        ids, pixels, manifest = caption_pairs(vlm, proc, opts.nsamples, opts.seed, opts.data_dir)
-        calibration = (merged_embeddings(vlm, ids, pixels), manifest)
-    sub = dataclasses.replace(opts, model=part, tokenizer=reader, out=None, towers=None, overwrite=False)
-    if calibration is not None:  # the pairs' own length, not --seqlen
-        sub = dataclasses.replace(sub, calib="self", seqlen=int(calibration[0].shape[1]))
-    res = run_pipeline(sub, ALONE, calibration)
-    write_back(vlm, tower, part)  # refuses per-layer widths before anything is written
-    res.report["vlm"] = {"model": opts.model, "tower": tower, "model_type": cfg.model_type}
-    res.report["options"] = opts.to_dict()
+    reports = {}
+    for tower, ratio in plan:  # vision first: the language tower's pairs then pass through the pruned vision tower
+        res = _one_tower(opts, run_pipeline, vlm, proc, tower, ratio, captions)
+        reports[tower] = res.report
+    report = res.report
+    report["vlm"] = {"model": opts.model, "towers": {t: r for t, r in plan}, "model_type": cfg.model_type}
+    if len(plan) == 2:
+        report["vlm"]["vision_report"] = reports["vision"]
+    report["options"] = opts.to_dict()
     if opts.out:
         with atomic_dir(opts.out, opts.overwrite) as tmp:
             vlm.save_pretrained(tmp)
             proc.save_pretrained(tmp)
-            (Path(tmp) / REPORT_NAME).write_text(json.dumps(res.report, indent=1, default=str))
+            (Path(tmp) / REPORT_NAME).write_text(json.dumps(report, indent=1, default=str))
             (Path(tmp) / EXPORT_MARKER).write_text(json.dumps({"route": "stock", "architectures":
-                                                               vlm.config.architectures, "tower": tower}))
-    return type(res)(res.report, vlm, proc)
+                                                               vlm.config.architectures, "towers": towers}))
+    return type(res)(report, vlm, proc)
+
+
+def _one_tower(opts, run_pipeline: Callable, vlm, proc, tower: str, ratio: float, captions: bool):
+    """One tower through the pipeline in memory at ``ratio``; its sizes written back into the VLM's config."""
+    part = tower_model(vlm, tower)
+    reader = proc.image_processor if tower == "vision" else proc.tokenizer
+    sub = dataclasses.replace(opts, model=part, tokenizer=reader, out=None, towers=None, overwrite=False,
+                              sparsity=ratio)
+    calibration = None
+    if tower == "vision" and captions:  # the pairs' images
+        sub = dataclasses.replace(sub, calib="fashion-mnist")
+    if tower == "language" and captions:  # image + caption sequences, merged by the VLM (its vision tower as is now)
+        ids, pixels, manifest = caption_pairs(vlm, proc, opts.nsamples, opts.seed, opts.data_dir)
+        calibration = (merged_embeddings(vlm, ids, pixels), manifest)
+        sub = dataclasses.replace(sub, calib="self", seqlen=int(ids.shape[1]))  # the pairs' own length
+    res = run_pipeline(sub, ALONE, calibration)
+    write_back(vlm, tower, part)  # refuses per-layer widths before anything is written
+    return res

@@ -27,28 +27,50 @@ from secateur.errors import SecateurError
 
 #: VLM model_type -> (vision tower path, language model path, LM head path), from the VLM class
 VLM_TYPES = {"llava": ("model.vision_tower", "model.language_model", "lm_head")}
-TOWERS = ("vision", "language")
+TOWERS = ("vision", "language")  # in the data's order
 
 
 def is_vlm(config) -> bool:
     return getattr(config, "model_type", None) in VLM_TYPES
 
 
-def check_tower(config, tower: str | None) -> str:
-    """The tower a VLM run prunes, or a one-line refusal (a VLM without ``--towers``; ``--towers`` on a model that
-    has no towers; an unknown tower name)."""
+TOWERS_FIX = ("--towers takes vision, language, or both with a ratio each: vision=0.2,language=0.3 (a tower "
+              "without a ratio takes --sparsity)")
+
+
+def parse_towers(spec: str, sparsity: float) -> list[tuple[str, float]]:
+    """``--towers`` -> ``[(tower, ratio)]`` in the data's order (vision first: the language tower then calibrates
+    through the pruned vision tower): ``vision``, ``language``, ``vision,language`` (each at ``sparsity``) or
+    ``vision=0.2,language=0.3``. One line on anything else."""
+    from secateur.errors import check_fraction
+
+    out: dict[str, float] = {}
+    for part in str(spec).split(","):
+        name, _, ratio = part.strip().partition("=")
+        if name not in TOWERS or name in out:
+            raise SecateurError(f"{TOWERS_FIX}; got {spec!r}")
+        try:
+            r = float(ratio) if ratio else float(sparsity)
+        except ValueError:
+            raise SecateurError(f"{TOWERS_FIX}; {ratio!r} is not a number") from None
+        check_fraction(r)
+        out[name] = r
+    return [(t, out[t]) for t in TOWERS if t in out]
+
+
+def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[str, float]]:
+    """The towers a VLM run prunes and their ratios (:func:`parse_towers`), or a one-line refusal (a VLM without
+    ``--towers``; ``--towers`` on a model that has no towers; a malformed list). ``[]``: not a VLM run."""
     mt = getattr(config, "model_type", None)
     if not is_vlm(config):
         if tower is not None:
             raise SecateurError(f"--towers applies to a vision-language model ({', '.join(VLM_TYPES)}); this model "
                                 f"is {mt!r}: drop --towers")
-        return ""
+        return []
     if tower is None:
-        raise SecateurError(f"{mt!r} is a vision-language model: name the tower to prune with --towers vision or "
-                            "--towers language (one budget over both towers is not supported yet)")
-    if tower not in TOWERS:
-        raise SecateurError(f"--towers takes one of {', '.join(TOWERS)}, not {tower!r}")
-    return tower
+        raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers vision, "
+                            "language or vision=R,language=R (one budget over both towers is not supported yet)")
+    return parse_towers(tower, sparsity)
 
 
 def _get(obj, path: str):
