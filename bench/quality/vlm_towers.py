@@ -33,6 +33,9 @@ PAGE = RESULTS / "cocurve-vlm.md"
 #: key -> (tower, method, sparsity); the language rows calibrate on caption pairs, the vision rows on images
 ROWS = {f"{t}-{m}-{int(100 * s)}": (t, m, s) for s in (0.2, 0.3, 0.5) for t, m in (
     ("language", "wanda-sp"), ("language", "magnitude-sp"), ("vision", "wanda-sp"), ("language", "wanda"))}
+# both towers in one run (vision first), unstructured so every ratio saves: against language-only rows above
+ROWS |= {"both-wanda-30": ("vision=0.3,language=0.3", "wanda", 0.3),
+         "both-wanda-50": ("vision=0.5,language=0.5", "wanda", 0.5)}
 REFUSED = {"language-flap-30": ("language", "flap", 0.3), "vision-corp-30": ("vision", "corp", 0.3)}
 
 
@@ -49,7 +52,7 @@ def prune_row(key: str, tower: str, method: str, s: float, nsamples: int, images
     from secateur.errors import SecateurError
     from secateur.eval.captions import eval_captions
 
-    calib = "fashion-mnist-captions" if tower == "language" else "fashion-mnist"
+    calib = "fashion-mnist" if tower == "vision" else "fashion-mnist-captions"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         t = time.perf_counter()
