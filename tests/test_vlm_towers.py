@@ -1,6 +1,6 @@
 """Issue 47, first slice: a LLaVA pruned one tower at a time through the ordinary pipeline (``--towers``).
 
-Exact invariants on the tiny random LLaVA of :mod:`secateur.testing_vlm`: the language tower's stand-in model
+Exact invariants on the tiny random LLaVA of :mod:`secateur.testing`: the language tower's stand-in model
 shares the VLM's modules and gives the VLM's logits bit for bit on text; pruning a tower touches only that tower's
 blocks (the projector, embeddings, LM head and the other tower are bit-identical); the saved folder reloads with
 plain ``from_pretrained`` and gives the in-memory logits on the same image and text; the refusals end in one line,
@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from secateur import api
 from secateur.errors import SecateurError
 from secateur.models.towers import tower_model
-from secateur.testing import save_tiny
-from secateur.testing_vlm import tiny_vlm
+from secateur.testing import save_tiny, tiny_vlm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

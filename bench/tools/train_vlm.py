@@ -86,8 +86,8 @@ def assemble(vision_dir: Path, lm_spec: str, seed: int):
 
 
 def tiny(seed: int):
-    """A tiny random LLaVA and its processor (:mod:`secateur.testing_vlm`), grayscale-ready: 28 x 28 inputs."""
-    from secateur.testing_vlm import tiny_vlm, tiny_vlm_processor
+    """A tiny random LLaVA and its processor (:mod:`secateur.testing`), grayscale-ready: 28 x 28 inputs."""
+    from secateur.testing import tiny_vlm, tiny_vlm_processor
 
     return tiny_vlm("llava", seed), tiny_vlm_processor()
 
