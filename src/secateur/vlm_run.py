@@ -18,7 +18,7 @@ from pathlib import Path
 from secateur.data.captions import caption_pairs, is_caption_source
 from secateur.errors import SecateurError
 from secateur.models.blocks import ALONE, Shard
-from secateur.models.towers import check_tower, merged_embeddings, tower_model, write_back
+from secateur.models.towers import check_tower, merged_embeddings, tower_model
 
 
 def _config(model: str) -> dict:
@@ -99,3 +99,19 @@ def _one_tower(opts, run_pipeline: Callable, vlm, proc, tower: str, ratio: float
     res = run_pipeline(sub, ALONE, calibration)
     write_back(vlm, tower, part)  # refuses per-layer widths before anything is written
     return res
+
+
+def write_back(vlm, tower: str, model) -> None:
+    """Put the pruned tower's sizes into the VLM's config (the modules are the VLM's already); refuse per-layer
+    widths, which a stock VLM config cannot express."""
+    from secateur.export.sliced import export_config
+
+    cfg, route = export_config(model)
+    if route != "stock":
+        raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} config "
+                            "cannot express: use an unstructured method or a uniform allocation for a VLM tower")
+    key = "vision_config" if tower == "vision" else "text_config"
+    sub = getattr(vlm.config, key)
+    for k, v in cfg.to_dict().items():
+        if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype"):
+            setattr(sub, k, v)

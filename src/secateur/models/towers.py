@@ -13,7 +13,7 @@ model of its own family, sharing the VLM's modules (pruning it prunes the VLM in
 The projector, the embeddings and the LM head are never pruned (they are outside both towers' blocks). The
 tower's hidden width (what the projector reads and writes) is never sliced by any method, so the VLM stays
 consistent. A pruned tower is saved back into the VLM's config only where the stock config can express it
-(every layer the same widths: :func:`secateur.export.sliced.export_config` route ``stock``); per-layer widths inside
+(every layer the same widths: :func:`secateur.vlm_run.write_back`, above the export stage); per-layer widths inside
 a VLM are refused in one line before anything is written. The joint inventory over both towers (one budget, one
 CoCurve graph) is the next slice and is not here.
 """
@@ -65,11 +65,11 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
     if not is_vlm(config):
         if tower is not None:
             raise SecateurError(f"--towers applies to a vision-language model ({', '.join(VLM_TYPES)}); this model "
-                                f"is {mt!r}: drop --towers")
+                                f"is {mt!r}; drop --towers")
         return []
     if tower is None:
-        raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers vision, "
-                            "language or vision=R,language=R (one budget over both towers is not supported yet)")
+        raise SecateurError(f"{mt!r} is a vision-language model and one budget over both towers is not supported yet; "
+                            "name the towers to prune with --towers vision, language or vision=R,language=R")
     return parse_towers(tower, sparsity)
 
 
@@ -146,19 +146,3 @@ def merged_embeddings(vlm: nn.Module, input_ids: torch.Tensor, pixel_values: tor
     finally:
         h.remove()
     return torch.cat(got)
-
-
-def write_back(vlm: nn.Module, tower: str, model: nn.Module) -> None:
-    """Put the pruned tower's sizes into the VLM's config (the modules are the VLM's already); refuse per-layer
-    widths, which a stock VLM config cannot express."""
-    from secateur.export.sliced import export_config
-
-    cfg, route = export_config(model)
-    if route != "stock":
-        raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} config "
-                            "cannot express: use an unstructured method or a uniform allocation for a VLM tower")
-    key = "vision_config" if tower == "vision" else "text_config"
-    sub = getattr(vlm.config, key)
-    for k, v in cfg.to_dict().items():
-        if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype"):
-            setattr(sub, k, v)
