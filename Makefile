@@ -51,7 +51,7 @@ $(VENV)/.deploy: $(VENV)/.installed
 # so it cannot share .venv. Its PyPI dependencies torchvision / torchaudio / torchcodec are CUDA-linked and break
 # `import transformers` ("operator torchvision::nms does not exist"): removed after the install. The project then
 # goes in with every package vLLM already installed frozen as a constraint (nothing vLLM pinned moves).
-# About 3 minutes and 3.6 GB with a warm pip cache; docs/dependencies.md.
+# About 2 minutes and 3.8 GB here; docs/dependencies.md.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_VERSION := 0.32.0
