@@ -13,6 +13,7 @@ counts as a miss.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from secateur.data.images import FASHION_MNIST, ImageSet, load_images
 from secateur.errors import SecateurError, one_line
 from secateur.files import read_json
 from secateur.safe_write import check_writable_output, write_file_atomic
+from secateur.schemas.api import checked_call
 
 PROTOCOL = "top-k over processor pixels"
 _HEADS = ("ForImageClassification", "ForImageClassificationWithTeacher")
@@ -153,10 +155,11 @@ def _load_classifier(spec: str, folder: Path) -> nn.Module:
     return model.eval()
 
 
-def eval_accuracy(model: str | nn.Module, dataset: str = FASHION_MNIST, split: str = "test",
-                  max_images: int | None = None, seed: int = 0, data_dir: str | None = None,
-                  json_path: str | None = None, batch: int = 256, processor_dir: str | None = None,
-                  progress: bool = False) -> dict:
+@checked_call
+def eval_accuracy(model: str | os.PathLike | nn.Module, dataset: str = FASHION_MNIST, split: str = "test",
+                  max_images: int | None = None, seed: int = 0, data_dir: str | os.PathLike | None = None,
+                  json_path: str | os.PathLike | None = None, batch: int = 256,
+                  processor_dir: str | os.PathLike | None = None, progress: bool = False) -> dict:
     """Accuracy of an image classifier folder (or an in-memory model with ``processor_dir``, a folder holding its
     preprocessor_config.json) on ``dataset`` (:func:`load_images`' sources; ``max_images`` drawn with ``seed``).
     Inputs are checked (output, model folder, images) before the model is loaded; ``json_path`` is written
@@ -165,6 +168,8 @@ def eval_accuracy(model: str | nn.Module, dataset: str = FASHION_MNIST, split: s
         check_writable_output(json_path, folder=False)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise SecateurError(f"batch must be a positive integer, got {batch!r}; pass --batch N with N >= 1")
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if isinstance(model, str | Path):
         folder = _classifier_folder(str(model))
         images = load_images(dataset, processor_dir or folder, n=max_images, seed=seed, split=split,

@@ -15,6 +15,7 @@ scored):
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from torch import nn
 from secateur.data.captions import HELD_OUT_TEMPLATES, NAMES, PROMPT, TEMPLATES, caption_ids, named_class
 from secateur.errors import SecateurError
 from secateur.safe_write import check_writable_output, write_file_atomic
+from secateur.schemas.api import checked_call
 
 PROTOCOL = "fashion-mnist test captions: greedy 8 tokens, held-out-template perplexity, 10-way answer likelihood"
 
@@ -67,8 +69,10 @@ def caption_scores(vlm: nn.Module, tok, pixel_values: torch.Tensor, labels: np.n
             "images": n, "protocol": PROTOCOL}
 
 
-def eval_captions(model: str, max_images: int = 200, seed: int = 0, data_dir: str | None = None,
-                  json_path: str | None = None, batch: int = 16) -> dict:
+@checked_call
+def eval_captions(model: str | os.PathLike, max_images: int = 200, seed: int = 0,
+                  data_dir: str | os.PathLike | None = None, json_path: str | os.PathLike | None = None,
+                  batch: int = 16) -> dict:
     """:func:`caption_scores` of the VLM folder ``model`` on ``max_images`` Fashion-MNIST test images drawn with
     ``seed``; inputs checked (output, folder, family) before anything is loaded; ``json_path`` written atomically."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -79,7 +83,8 @@ def eval_captions(model: str, max_images: int = 200, seed: int = 0, data_dir: st
     if json_path is not None:
         check_writable_output(json_path, folder=False)
     if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
-        raise SecateurError(f"--max-images must be a positive integer, got {max_images!r}")
+        raise SecateurError(f"--max-images must be a positive integer, got {max_images!r}; pass --max-images N "
+                            "with N >= 1")
     cfg = Path(model) / "config.json"
     if not cfg.is_file():
         raise SecateurError(f"{model}: no config.json; pass a vision-language model folder")

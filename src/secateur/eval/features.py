@@ -34,6 +34,7 @@ the one set without overlap: ``numpy.random.default_rng(seed).permutation`` of t
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from secateur.data.images import FASHION_MNIST, ImageSet, load_images
 from secateur.errors import SecateurError
 from secateur.files import read_json
 from secateur.safe_write import check_writable_output, write_file_atomic
+from secateur.schemas.api import checked_call
 
 PROTOCOL = ("features: pooled-feature cosine (CLS / pooler / token mean by family), per-block relative Frobenius "
             "error of block outputs, ridge linear probe (one-hot, centred, lambda = 1e-3 tr(X^T X)/D, float64, "
@@ -347,9 +349,11 @@ def feature_images(dataset: str, folder: Path, max_images: int | None, probe_tra
             _subset(both, np.sort(perm[:n_train]), rule.format(n_train) + " (training)"), None)
 
 
-def eval_features(model: str, reference: str, dataset: str = FASHION_MNIST, max_images: int | None = None,
-                  probe_train: int | None = None, seed: int = 0, data_dir: str | None = None,
-                  json_path: str | None = None, batch: int = 256, split: str = "test") -> dict:
+@checked_call
+def eval_features(model: str | os.PathLike, reference: str | os.PathLike, dataset: str = FASHION_MNIST,
+                  max_images: int | None = None, probe_train: int | None = None, seed: int = 0,
+                  data_dir: str | os.PathLike | None = None, json_path: str | os.PathLike | None = None,
+                  batch: int = 256, split: str = "test") -> dict:
     """Feature similarity of the vision encoder folder ``model`` to the dense ``reference`` folder (module
     docstring): pooled-feature cosine (mean and min), block errors, linear-probe top-1 of both models, on the
     ``split`` images (the probe fitted on the ``train`` split's).

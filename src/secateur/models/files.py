@@ -37,7 +37,14 @@ def gguf_file(spec: str) -> Path | None:
 
 
 def check_safetensors(path: Path) -> None:
-    """A truncated or corrupt safetensors file (header length, JSON header, tensor extents vs file size)."""
+    """A truncated or corrupt safetensors file (header length, JSON header, tensor extents vs file size); a folder
+    or a dangling link in its place is one line too."""
+    if path.is_dir():
+        raise SecateurError(f"model file {path} is a folder, not a safetensors file; restore the file (re-download "
+                            "or re-export the model)")
+    if not path.exists():
+        raise SecateurError(f"model file {path} does not exist (a link to nothing?); restore the file (re-download "
+                            "or re-export the model)")
     size = path.stat().st_size
     try:
         with path.open("rb") as f:
