@@ -53,7 +53,7 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
         raise SecateurError(f"--calib {opts.calib} is image-caption pairs for the language tower; the vision tower "
                             "calibrates on images: pass --calib fashion-mnist (or an image folder)")
     if len(towers) == 2 and not captions:
-        raise SecateurError("pruning both towers calibrates both from one set: pass --calib fashion-mnist-captions "
+        raise SecateurError("pruning both towers calibrates both from one set; pass --calib fashion-mnist-captions "
                             "(its images for the vision tower, its image-caption pairs for the language tower)")
     if opts.out:
         check_output_dir(opts.out, opts.overwrite)
