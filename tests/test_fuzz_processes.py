@@ -12,7 +12,8 @@
   :mod:`secateur.stall`): one line, nothing half-written, no ``secateur-procs-*`` folder left, and the same command
   (with ``--resume`` where a checkpoint was kept) ends with the bits of an uninterrupted run.
 
-The long matrix is marked ``slow``; ``bench/checks/reliability_fuzz.py`` runs it and counts its cases.
+The long matrix runs only under ``HYPOTHESIS_PROFILE=long`` (``bench/checks/reliability_fuzz.py``, which counts
+its cases); the suite runs the two-runs-onto-one-out case.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from secateur.testing import folder_digest
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 CALIB = ["--nsamples", "4", "--seqlen", "32", "--chunk-size", "2"]
 TEXT = "The quick brown fox jumps over the lazy dog, again and again. 0123456789 " * 60
+# the matrix costs minutes of processes: bench/checks/reliability_fuzz.py runs it (HYPOTHESIS_PROFILE=long); the suite
+# keeps one case (two runs onto one --out) within its 20 minutes
+long_run = pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") != "long",
+                              reason="the long run of bench/checks/reliability_fuzz.py")
 DIST = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 
@@ -122,7 +127,7 @@ WORLD = st.sampled_from([None, "1", "2", "0", "-1", "abc", "1.5", " 2", "99", ""
 RANK = st.sampled_from([None, "0", "1", "-1", "abc", "2", ""])
 
 
-@pytest.mark.slow
+@long_run
 @settings(max_examples=examples(4))
 @given(addr=ADDR, port=PORT, world=WORLD, rank=RANK, local=RANK, method=st.sampled_from(["magnitude", "wanda"]))
 def test_distributed_environment(inputs, tmp_path_factory, addr, port, world, rank, local, method):
@@ -154,7 +159,7 @@ def _debris(parent: Path, out: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p != out)
 
 
-@pytest.mark.parametrize("overwrite", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "overwrite"])
+@pytest.mark.parametrize("overwrite", [False, pytest.param(True, marks=long_run)], ids=["plain", "overwrite"])
 def test_two_runs_onto_one_out(inputs, alone, tmp_path, overwrite):
     """Both started at once: each ends 0 or 2 in one line; the output is one whole run, equal to the run alone;
     nothing else is left beside it (no lock file, no checkpoint, no temporary)."""
@@ -170,7 +175,7 @@ def test_two_runs_onto_one_out(inputs, alone, tmp_path, overwrite):
     assert not lock_path(out).exists()
 
 
-@pytest.mark.slow
+@long_run
 def test_two_resumes_of_one_checkpoint(inputs, alone, tmp_path):
     """A run killed after its first block's checkpoint, then two ``--resume`` at once: one resumes (the other is
     refused by the lock, or finds the finished output), the result equals the run alone, the checkpoint is gone."""
@@ -189,7 +194,7 @@ def test_two_resumes_of_one_checkpoint(inputs, alone, tmp_path):
     assert _debris(out.parent, out) == [], _debris(out.parent, out)
 
 
-@pytest.mark.slow
+@long_run
 def test_two_runs_fill_one_cache(tmp_path):
     """Two ``eval ppl`` of one GGUF file at once with an empty ``SECATEUR_CACHE``: both exit 0 with the same
     perplexity, the cache holds one entry that verifies, no temporary is left in it."""
@@ -248,7 +253,7 @@ def recovered(inputs, tmp_path_factory) -> dict:
     return {"run": str(run), "wall": time.monotonic() - t, "sha": _sha_tensors(root / "out")}
 
 
-@pytest.mark.slow
+@long_run
 @pytest.mark.parametrize("seed", range(4))
 def test_recover_killed_at_a_random_time(inputs, recovered, tmp_path, seed):
     """SIGKILL at a time drawn over an uninterrupted recovery's wall time; then the same command (``--resume`` when
@@ -277,7 +282,7 @@ def test_recover_killed_at_a_random_time(inputs, recovered, tmp_path, seed):
 POINTS = ["startup", "join", "calibration", "checkpoint-write", "save"]
 
 
-@pytest.mark.parametrize("point", [pytest.param(p, marks=pytest.mark.slow) for p in POINTS])
+@pytest.mark.parametrize("point", [pytest.param(p, marks=long_run) for p in POINTS])
 def test_procs_rank_killed_at_a_point(inputs, alone, tmp_path, point):
     """``--procs 2``, rank 1 SIGKILLed at ``point``: exit 2 in one line naming rank 1 (or exit 0 when rank 1 never
     reaches the point: the save is rank 0's), no output and no ``secateur-procs-*`` folder left; the same command,
