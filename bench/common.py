@@ -16,6 +16,19 @@ WORK = ROOT / "bench" / "_work"  # cached token files and scratch (git-ignored)
 # where rows and pages go: results/, or $BENCH_RESULTS (the suite runs the bench scripts on tiny models there)
 RESULTS = Path(os.environ.get("BENCH_RESULTS") or ROOT / "results")
 
+#: the topic folders of results/ (what each holds: results/README.md)
+RESULT_TOPICS = ("text", "vision", "vlm", "deploy", "speed", "reliability", "device")
+
+
+def results_dir(topic: str) -> Path:
+    """``results/<topic>/`` (made if absent): results/README.md indexes every study by topic folder."""
+    if topic not in RESULT_TOPICS:
+        raise ValueError(f"unknown results topic {topic!r}: {', '.join(RESULT_TOPICS)}")
+    d = RESULTS / topic
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 # Named protocol presets. full = the papers' protocol; quick = fewer tokens, same everything else.
 PRESETS = {
     "full": {"nsamples": 128, "seqlen": 2048, "max_windows": None},
@@ -148,7 +161,7 @@ def fmt(x, nd=2) -> str:
 
 
 # Zero-shot column of every results table: the first ZS_LIMIT documents of each of the seven tasks, so
-# rows are comparable; the full splits are in results/zeroshot-smollm2.md (dense only: ~3.4M tokens).
+# rows are comparable; the full splits are in results/text/zeroshot-smollm2.md (dense only: ~3.4M tokens).
 ZS_LIMIT = int(os.environ.get("BENCH_ZS_LIMIT", "100"))
 
 
@@ -166,8 +179,8 @@ def fmt_zs(cell: dict | None) -> str:
 
 
 def _dense_evals(field: str):
-    """(record, source) for every dense row's ``field`` in ``results/*.jsonl``, in the layout of any bench."""
-    for path in sorted(RESULTS.glob("*.jsonl")):
+    """(record, source) for every dense row's ``field`` in ``results/*/*.jsonl``, in the layout of any bench."""
+    for path in sorted(RESULTS.glob("*/*.jsonl")):
         for r in read_rows(path):
             if r.get("row") == "dense":  # QK-Wanda bench layout
                 e = r.get(field)
@@ -178,7 +191,7 @@ def _dense_evals(field: str):
             if isinstance(e, dict) and "reused_from" not in e:
                 preset = r.get("preset")
                 name = preset.get("name") if isinstance(preset, dict) else preset
-                yield e, f"results/{path.name} (dense, preset {name})"
+                yield e, f"results/{path.parent.name}/{path.name} (dense, preset {name})"
 
 
 def find_dense_ppl(dataset: str, protocol: str, windows: int | None, tokens_sha256: str) -> dict | None:

@@ -3,8 +3,9 @@
 A single-process copy of ``secateur.scoring.cocurve_sweep.ablation_sweep`` before the cheaper sweep: the same
 floating-point operations in the same order, so ``reference_sweep(...)`` returns the ``H`` / single-unit KLs the
 library computed then. It uses only the adapter's staged API and the engine's block walker (shared
-infrastructure, pinned separately by the H digests of ``bench/checks/digests.py`` in ``results/digests.txt``); the
-feature math and the loop are copied here so that a change of the library's sweep cannot change its oracle.
+infrastructure, pinned separately by the H digests of ``bench/checks/digests.py`` in
+``results/reliability/digests.txt``); the feature math and the loop are copied here so that a change of the
+library's sweep cannot change its oracle.
 Do not "improve" this file: ``tests/test_cocurve_sweep_exact.py`` asserts the library's H equals it bit for bit,
 and ``bench/speed/cocurve_sweep_cost.py`` times it as the "before" path.
 """

@@ -40,16 +40,16 @@ def test_corp_vit_and_torch_pruning_benches_on_a_tiny_vit(tmp_path):
     (tmp_path / "res").mkdir()
     r = _run("corp_vit.py", ["--groups", "t4a", "--nsamples", "16", "--max-images", "32"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for x in (tmp_path / "res" / "corp-vit.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "res" / "vision" / "corp-vit.jsonl").read_text().splitlines()]
     keys = {x["key"] for x in rows}
     assert keys == {f"grail-{s}-heads-{p}" for s in ("magnitude", "wanda") for p in ("0.3", "0.5")}
     for x in rows:
         assert 0 <= x["top1"] <= 1 and x["params"] > 0 and x["group"] == "t4a" and x["load_avg_1_5_15"]
-    page = (tmp_path / "res" / "corp-vit.md").read_text()
+    page = (tmp_path / "res" / "vision" / "corp-vit.md").read_text()
     assert "Table 4(a)'s shape" in page and "| attention | 50% |" in page
     if importlib.util.find_spec("torch_pruning") is None:  # a bench-only dependency (its requirements file)
         return
     r = _run("torch_pruning_vit.py", ["--sparsities", "0.5", "--parts", "heads", "--max-images", "32"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for x in (tmp_path / "res" / "corp-vit.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "res" / "vision" / "corp-vit.jsonl").read_text().splitlines()]
     assert "torch-pruning-heads-0.5" in {x["key"] for x in rows}

@@ -7,7 +7,7 @@ exactly representable in float32 and the scores are computed in float32 from tho
 activations (Wanda, SparseGPT, the structured scores, every compensator) see a bfloat16 forward and may choose
 differently; for them the test checks the run completes, the export is in the run's dtype, reloads with one
 ``from_pretrained`` and gives finite logits. Their quality difference is measured on real models
-(results/families.md, bf16 rows).
+(results/text/families.md, bf16 rows).
 """
 
 from __future__ import annotations

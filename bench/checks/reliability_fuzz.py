@@ -1,12 +1,13 @@
 """The generated-input tests run longer than CI runs them, with their cases counted by class (issue 25).
 
-    python bench/checks/reliability_fuzz.py --examples 300 --seed 1     # -> results/reliability-fuzz.json
+    python bench/checks/reliability_fuzz.py --examples 300 --seed 1     # -> results/reliability/reliability-fuzz.json
 
 Runs ``tests/test_fuzz_*.py`` with hypothesis's ``long`` profile (``SECATEUR_FUZZ_EXAMPLES`` cases per test, a
 random seed of its own rather than CI's fixed one) and ``tests/test_signals.py`` (every stage x SIGINT/SIGTERM
 and random times), each case logged by ``tests/contract.py`` (``SECATEUR_FUZZ_LOG``). The record holds, per
 class, the cases, the exit codes, the broken promises (with the first few problems), and for the signal
-matrix each case's outcome. ``bench/checks/reliability_report.py`` renders it into ``results/reliability.md``.
+matrix each case's outcome. ``bench/checks/reliability_report.py`` renders it into
+``results/reliability/reliability.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from bench.common import stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 
-OUT = ROOT / "results" / "reliability-fuzz.json"
+OUT = ROOT / "results" / "reliability" / "reliability-fuzz.json"
 
 
 def _pytest(args: list[str], env: dict) -> tuple[int, str, float]:

@@ -1,17 +1,18 @@
-"""Render ``results/reliability.md`` from the committed reliability records (issue 14).
+"""Render ``results/reliability/reliability.md`` from the committed reliability records (issue 14).
 
 Inputs, each written by its own committed command:
-- ``results/reliability-table.jsonl``: ``python bench/checks/reliability_table.py`` (every row of
+- ``results/reliability/reliability-table.jsonl``: ``python bench/checks/reliability_table.py`` (every row of
   ``tests/error_cases.py``
   through a real ``python -m secateur.cli`` process);
-- ``results/resume-check.json``: ``python bench/checks/resume_check.py`` (SmolLM2 killed with SIGKILL after a block,
-  then
+- ``results/reliability/resume-check.json``: ``python bench/checks/resume_check.py`` (SmolLM2 killed with SIGKILL
+  after a block, then
   ``--resume``; sha256 of every tensor);
-- ``results/thread-check.json``: ``python bench/checks/thread_check.py`` (SparseGPT on SmolLM2 with 1 and 2 torch
-  threads);
-- ``results/fresh-clone.json``: ``bench/checks/fresh_clone_check.sh`` (``make test`` in a fresh clone of main);
-- ``results/reliability-fuzz.json``: ``python bench/checks/reliability_fuzz.py`` (the generated-input tests run longer,
-  cases counted by class, and the signal matrix).
+- ``results/reliability/thread-check.json``: ``python bench/checks/thread_check.py`` (SparseGPT on SmolLM2 with 1 and 2
+  torch threads);
+- ``results/reliability/fresh-clone.json``: ``bench/checks/fresh_clone_check.sh`` (``make test`` in a fresh clone
+  of main);
+- ``results/reliability/reliability-fuzz.json``: ``python bench/checks/reliability_fuzz.py`` (the generated-input
+  tests run longer, cases counted by class, and the signal matrix).
 
 Usage: ``python bench/checks/reliability_report.py`` (missing inputs are named in the output, not invented).
 """
@@ -24,9 +25,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import rerunnable
+from bench.common import rerunnable, results_dir
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
+RESULTS = results_dir("reliability")
 
 
 def _load(name: str):
@@ -99,7 +100,7 @@ def thread_section(t: dict | None) -> list[str]:
             "comparison. Every method family (wanda, sparsegpt, qk-wanda, wanda-sp + LS, wanda-sp + COEC, CoCurve "
             "quick) is compared by sha256 of masks and weights with 1 and 2 threads (and 1 vs 4 for sparsegpt and "
             "wanda-sp + LS) in `tests/test_thread_determinism.py`; the cause and the remedy are in "
-            "[docs/protocols.md](../docs/protocols.md), 'Determinism across threads'.", ""]
+            "[docs/protocols.md](../../docs/protocols.md), 'Determinism across threads'.", ""]
     return out
 
 

@@ -1,6 +1,6 @@
 """Every row of the fixable-input table (tests/error_cases.py) through a real ``python -m secateur.cli`` process.
 
-    PYTHONPATH=src python bench/checks/reliability_table.py            # results/reliability-table.{md,jsonl}
+    PYTHONPATH=src python bench/checks/reliability_table.py  # results/reliability/reliability-table.{md,jsonl}
 
 Per row: the exit code, the first line of stderr, the number of stderr lines, whether a traceback appeared,
 whether anything new was written, and ``ok`` (exit code, one matching line, no traceback, nothing written).
@@ -78,7 +78,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "results" / "reliability-table"), help="path without suffix")
+    ap.add_argument("--out", default=str(ROOT / "results" / "reliability" / "reliability-table"),
+                    help="path without suffix")
     ap.add_argument("-k", default=None, help="only rows whose id contains this")
     args = ap.parse_args()
     rows = []

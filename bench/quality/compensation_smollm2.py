@@ -2,7 +2,7 @@
 {native, COEC}, plus LS/ridge and CORP), Table 3 ablation at 30%, compensation time.
 
     nice -n 5 python bench/quality/compensation_smollm2.py           # every row (resumes)
-    python bench/quality/compensation_smollm2.py --render             # rebuild results/compensation-smollm2.md
+    python bench/quality/compensation_smollm2.py --render             # rebuild results/text/compensation-smollm2.md
 
 Same preset, statistics cache and row cache as ``bench/quality/structured_smollm2.py`` (see its docstring).
 Units as COEC: whole KV groups + MLP channels, uniform ``ceil((1 - rho) n)`` kept per layer. Native
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, ZS_LIMIT, find_dense_zeroshot, fmt, fmt_zs, read_rows, row_sink
+from bench.common import WORK, ZS_LIMIT, find_dense_zeroshot, fmt, fmt_zs, read_rows, results_dir, row_sink
 from bench.quality import structured_smollm2 as s5
 from bench.quality.structured_smollm2 import (
     FULL_DATASETS,
@@ -38,15 +38,15 @@ from bench.quality.structured_smollm2 import (
     run_row,
 )
 
-OUT_JSON = RESULTS / "compensation-smollm2.jsonl"
-OUT_MD = RESULTS / "compensation-smollm2.md"
+OUT_JSON = results_dir("text") / "compensation-smollm2.jsonl"
+OUT_MD = results_dir("text") / "compensation-smollm2.md"
 NATIVE = {"wanda-sp": "none", "flap": "bias", "rcpu": "rcpu"}
 DATASETS = ("wikitext2", "c4")
 STAGES = ("rcpu", "gcv", "two_sided", "reduced_stiefel", "tempering", "align")
 LABEL = {"none": "-", "bias": "bias", "rcpu": "RCPU", "coec": "COEC", "ls": "LS/ridge", "corp": "CORP"}
 
 
-COEC_ROUNDS = 50  # alternation rounds (the paper's cap); results/coec-speed.md: ~17 s per layer on this CPU
+COEC_ROUNDS = 50  # alternation rounds (the paper's cap); results/speed/coec-speed.md: ~17 s per layer on this CPU
 
 
 def coec_opts(stage: str | None = None):

@@ -1,4 +1,5 @@
-"""CORP's vision tables reproduced in shape on the ViT trained here: ``results/corp-vit.md`` (+ ``.jsonl``, plots).
+"""CORP's vision tables reproduced in shape on the ViT trained here: ``results/vision/corp-vit.md``
+(+ ``.jsonl``, plots).
 
 Every row prunes the Fashion-MNIST ViT (``bench/tools/train_vision.py --arch vit``) with the same calibration images
 (``--nsamples`` train images drawn with seed 0) and scores the saved folder on the 10,000 test images. Groups
@@ -33,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.common import RESULTS, append_row, read_rows, stamped  # noqa: E402
+from bench.common import append_row, read_rows, results_dir, stamped  # noqa: E402
 
-OUT = RESULTS / "corp-vit.jsonl"
-PAGE = RESULTS / "corp-vit.md"
+OUT = results_dir("vision") / "corp-vit.jsonl"
+PAGE = results_dir("vision") / "corp-vit.md"
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 #: the order rows run in: the headline sparsity first, then the ends and the middle, so a run stopped early still
 #: draws every curve's shape

@@ -1,4 +1,5 @@
-"""The page of ``bench/quality/corp_vit.py``: ``results/corp-vit.md`` and its plots from the recorded rows alone."""
+"""The page of ``bench/quality/corp_vit.py``: ``results/vision/corp-vit.md`` and its plots from the recorded rows
+alone."""
 
 from __future__ import annotations
 

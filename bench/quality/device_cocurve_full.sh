@@ -5,7 +5,7 @@
 # without network (torch + CUDA, transformers preinstalled; gguf travels as a wheel). Preset `full` of
 # bench/quality/cocurve_smollm2.py, run with --device cuda --ranks 1.
 #
-# Estimate: 494 ablated units x 128 sequences = 63,232 ablations of ~0.415 dense forwards (results/cocurve-sweep-
+# Estimate: 494 ablated units x 128 sequences = 63,232 ablations of ~0.415 dense forwards (results/speed/cocurve-sweep-
 # cost.md) of 2048 tokens = ~26,200 dense forwards = ~54 M dense forward-tokens; SmolLM2-135M costs ~0.3 GFLOP
 # per token at 2048 context (weights + attention), so ~1.6e16 FLOP: ~4.5 minutes in float32 at 60 TFLOP/s,
 # ~9 at 30 (H200 float32 peak ~67; not measured yet), about a minute in TF32. The dense passes, the lambda path
@@ -23,10 +23,10 @@
 #   device 1: carry [".devcarry/a"], command `bash bench/quality/device_cocurve_full.sh receive`     (seconds)
 #   device 2: carry [".devcarry/b"], command `bash bench/quality/device_cocurve_full.sh`, timeout_s 560, at once after 1
 # `prepare` needs the corpora and the smollm2-135m alias here (the token file is `--stage pack` of the full preset;
-# the wheels (gguf, pydantic) come from `pip download` at the installed versions). Results go to $OUT (else results/): the rows
+# the wheels (gguf, pydantic) come from `pip download` at the installed versions). Results go to $OUT (else results/text/): the rows
 # (cocurve-smollm2.jsonl, preset full), the rendered page cocurve-smollm2-full.md + plot, the graph's summary
 # json, the probe, graph-full.npz, the chosen mask and the log (8 files). Back here: append the rows to
-# results/cocurve-smollm2.jsonl, put graph-full.npz in bench/_work/cocurve-smollm2/, then
+# results/text/cocurve-smollm2.jsonl, put graph-full.npz in bench/_work/cocurve-smollm2/, then
 # `python bench/quality/cocurve_smollm2.py --render`.
 #
 # Proven end to end on the CPU at a tiny size: `TINY=1 DEVICE=cpu bash bench/quality/device_cocurve_full.sh` runs the same
@@ -78,7 +78,7 @@ run)
     "$py" bench/quality/cocurve_smollm2.py --stage tiny-setup --work "$work"
     preset=tiny model="$work/tiny-model" inputs="$work/inputs-tiny.pt"
   else
-    out="${OUT:-results}"
+    out="${OUT:-results/text}"
     work="$stage/work"
     mkdir -p "$out" "$work"
     want=$(cat .devcarry/b/model.gguf.sha256)

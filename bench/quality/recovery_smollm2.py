@@ -1,5 +1,5 @@
 """Issue 30: recovery (LoRA distillation from the dense model) of pruned SmolLM2-135M.
-Writes results/recovery-smollm2.{jsonl,md} and results/recovery-smollm2-curve.png.
+Writes results/text/recovery-smollm2.{jsonl,md} and results/text/recovery-smollm2-curve.png.
 
     python bench/quality/recovery_smollm2.py                    # every row not yet done (resumable), then render
     python bench/quality/recovery_smollm2.py --rows wanda-50    # some rows
@@ -37,11 +37,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, fmt_zs, model_path, read_rows, run_logged
+from bench.common import START_COMMIT, WORK, append_row, fmt, fmt_zs, model_path, read_rows, results_dir, run_logged
 
-OUT_JSON = RESULTS / "recovery-smollm2.jsonl"
-OUT_MD = RESULTS / "recovery-smollm2.md"
-OUT_PNG = RESULTS / "recovery-smollm2-curve.png"
+OUT_JSON = results_dir("text") / "recovery-smollm2.jsonl"
+OUT_MD = results_dir("text") / "recovery-smollm2.md"
+OUT_PNG = results_dir("text") / "recovery-smollm2-curve.png"
 DIR = WORK / "recovery-smollm2"
 MODEL = "smollm2-135m"  # the page's model; --model picks a section's
 PRUNE = ["--calib", "c4", "--nsamples", "16", "--seqlen", "2048", "--seed", "0"]
@@ -74,8 +74,8 @@ ROWS = {  # name: the prune flags of the row
     "cocurve-30": ["--method", "cocurve", "--sparsity", "0.3"],
 }
 #: rows whose calibration is not ``PRUNE``'s: CoCurve's graph costs ~0.4 dense forwards per ablated unit and
-#: position window (results/cocurve-sweep-cost.md), ~1.4 h on 2 cores at 16 x 2048; it runs at the medium protocol
-#: of results/cocurve-smollm2-medium.md instead (graph on 16 x 512 C4 tokens, the last 16 of 32 windows held out
+#: position window (results/speed/cocurve-sweep-cost.md), ~1.4 h on 2 cores at 16 x 2048; it runs at the medium protocol
+#: of results/text/cocurve-smollm2-medium.md instead (graph on 16 x 512 C4 tokens, the last 16 of 32 windows held out
 #: for the lambda choice, 32 positions per window: the paper's position stride at 512 tokens)
 ROW_PRUNE = {"cocurve-30": ["--calib", "c4", "--nsamples", "32", "--seqlen", "512", "--heldout", "16",
                             "--positions", "32", "--seed", "0"]}

@@ -2,7 +2,7 @@
 bias, at 10/20/30/40%; WikiText-2 perplexity, parameter count, measured efficiency of the sliced model.
 
     nice -n 5 python bench/quality/structured_smollm2.py            # every row (resumes: rows already done are kept)
-    python bench/quality/structured_smollm2.py --render              # rebuild results/structured-smollm2.md
+    python bench/quality/structured_smollm2.py --render              # rebuild results/text/structured-smollm2.md
 
 Protocol (preset below, the same for every row): calibration = WikiText-2 *validation* text (COEC and
 FLAP calibrate on WikiText-2; the local data has no train split), 32 random windows of 2048 tokens, seed 0;
@@ -31,7 +31,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 from bench.common import (
-    RESULTS,
     WORK,
     append_row,
     find_dense_ppl,
@@ -39,6 +38,7 @@ from bench.common import (
     fmt,
     fmt_zs,
     read_rows,
+    results_dir,
     row_sink,
     zeroshot_cell,
 )
@@ -58,8 +58,8 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4)
 ROW_CACHE = WORK / f"structured-rows-{PRESET['name']}-structured.jsonl"
 STATS_PATH = WORK / (f"structured-stats-{PRESET['calib']}-{PRESET['nsamples']}x{PRESET['seqlen']}-"
                      f"seed{PRESET['seed']}.pt")
-OUT_JSON = RESULTS / "structured-smollm2.jsonl"
-OUT_MD = RESULTS / "structured-smollm2.md"
+OUT_JSON = results_dir("text") / "structured-smollm2.jsonl"
+OUT_MD = results_dir("text") / "structured-smollm2.md"
 SELECTIONS_5 = ("wanda-sp", "flap", "rcpu", "magnitude-sp", "random", "shortgpt")
 FULL_ROWS = (("wanda-sp", "none", 0.3),)  # the main row at the full protocol (COEC's headline sparsity)
 FULL_DATASETS = ("wikitext2", "c4")  # COEC Table 1 columns, for the main rows of both benches

@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 from bench.common import (
     PRESETS,
-    RESULTS,
     WORK,
     ZS_LIMIT,
     append_row,
@@ -34,6 +33,7 @@ from bench.common import (
     fmt_zs,
     merge_row_field,
     read_rows,
+    results_dir,
     run_child,
     zeroshot_cell,
 )
@@ -47,7 +47,7 @@ ROWS = {
     "wanda-2:4": ("wanda", 0.0, "2:4"),
     "sparsegpt-2:4": ("sparsegpt", 0.0, "2:4"),
 }
-OUT_JSON = RESULTS / "unstructured-smollm2.jsonl"
+OUT_JSON = results_dir("text") / "unstructured-smollm2.jsonl"
 # How each preset's rows were run (the row files cannot say it): wall-time comparability of the speed ratio.
 CAVEATS = {
     "full": "Both rows ran one after the other in their own processes with 1 torch thread each, while one other "
@@ -154,7 +154,7 @@ def render() -> None:
     m = rows[0]["machine"] if rows else {}
     lines += [f"Versions: {json.dumps(v)}. Machine: {m.get('cpu')}, {m.get('cores')} cores, "
               f"{m.get('torch_threads')} torch threads, no GPU.", ""]
-    (RESULTS / "unstructured-smollm2.md").write_text("\n".join(lines))
+    (results_dir("text") / "unstructured-smollm2.md").write_text("\n".join(lines))
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The vision models trained here and a first pruning check on them: ``results/vision-models.md`` (+ ``.jsonl``).
+"""The vision models trained here and a first pruning check on them: ``results/vision/vision-models.md`` (+ ``.jsonl``).
 
 No pretrained vision weights can be downloaded on these machines, so ``bench/tools/train_vision.py`` trains small
 Fashion-MNIST classifiers (cached outside the repository). This bench records, for each trained model, its shape,
@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.common import RESULTS, append_row, fmt, read_rows, stamped  # noqa: E402
+from bench.common import append_row, fmt, read_rows, results_dir, stamped  # noqa: E402
 
-OUT = RESULTS / "vision-models.jsonl"
-PAGE = RESULTS / "vision-models.md"
+OUT = results_dir("vision") / "vision-models.jsonl"
+PAGE = results_dir("vision") / "vision-models.md"
 ARCHS = ("vit", "deit", "dinov2", "siglip")
 #: the pruning rows of the main ViT: key -> (method, prune keywords)
 ROWS = {

@@ -1,4 +1,4 @@
-"""Per-tower pruning of the assembled VLM (issue 47 §4, first slice): ``results/cocurve-vlm.md`` (+ ``.jsonl``).
+"""Per-tower pruning of the assembled VLM (issue 47 §4, first slice): ``results/vlm/cocurve-vlm.md`` (+ ``.jsonl``).
 
 The VLM of ``bench/tools/train_vlm.py`` (SigLIP-shaped vision tower + SmolLM2-135M + trained projector) pruned one
 tower at a time with ``secateur prune --towers``: the language tower calibrated on image-caption pairs
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.common import RESULTS, append_row, read_rows, stamped  # noqa: E402
+from bench.common import append_row, read_rows, results_dir, stamped  # noqa: E402
 
-OUT = RESULTS / "cocurve-vlm.jsonl"
-PAGE = RESULTS / "cocurve-vlm.md"
+OUT = results_dir("vlm") / "cocurve-vlm.jsonl"
+PAGE = results_dir("vlm") / "cocurve-vlm.md"
 #: key -> (tower, method, sparsity); the language rows calibrate on caption pairs, the vision rows on images
 ROWS = {f"{t}-{m}-{int(100 * s)}": (t, m, s) for s in (0.2, 0.3, 0.5) for t, m in (
     ("language", "wanda-sp"), ("language", "magnitude-sp"), ("vision", "wanda-sp"), ("language", "wanda"))}
@@ -84,7 +84,8 @@ def dense_row(images: int) -> dict:
 
 def render(rows: list[dict]) -> str:
     out = ["# Pruning the assembled VLM one tower at a time (issue 47, first slice)", "",
-           "The VLM of [vision-models.md](vision-models.md) (SigLIP-shaped tower + SmolLM2-135M + trained projector), "
+           "The VLM of [vision-models.md](../vision/vision-models.md) "
+           "(SigLIP-shaped tower + SmolLM2-135M + trained projector), "
            "pruned with `secateur prune --towers language|vision` (language: calibrated on Fashion-MNIST "
            "image-caption pairs merged by the VLM itself; vision: on Fashion-MNIST images), scored with `secateur "
            "eval captions` on the same seed-0 draw of test images. Command: `python bench/quality/vlm_towers.py` "

@@ -1,4 +1,4 @@
-"""Dense SmolLM2-135M on the seven zero-shot tasks, full splits: results/zeroshot-smollm2.{json,md}.
+"""Dense SmolLM2-135M on the seven zero-shot tasks, full splits: results/text/zeroshot-smollm2.{json,md}.
 
     python bench/quality/zeroshot_smollm2.py                 # every task not yet done (resumable), then render
     python bench/quality/zeroshot_smollm2.py --limit 200     # a quick subset (written to a separate file)
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, fmt, run_child, stamped
+from bench.common import WORK, fmt, results_dir, run_child, stamped
 
 # small tasks first, so a partial run already has most of the suite
 ORDER = ["rte", "openbookqa", "winogrande", "arc_challenge", "arc_easy", "boolq", "hellaswag"]
@@ -62,7 +62,7 @@ def render(limit: int | None) -> None:
             "data": {t: r["data"]["sha256"] for t, r in runs.items()}, "versions": first["versions"],
             "machine": first["machine"]} | ({"commits": sorted({r["commit"] for r in runs.values()})}
                                            if all("commit" in r for r in runs.values()) else {})
-    (RESULTS / f"{stem}.json").write_text(json.dumps(blob, indent=1))
+    (results_dir("text") / f"{stem}.json").write_text(json.dumps(blob, indent=1))
     missing = [t for t in ORDER if t not in runs]
     lines = ["# Zero-shot accuracy of dense SmolLM2-135M", "",
              f"Made by `python bench/quality/zeroshot_smollm2.py{'' if limit is None else f' --limit {limit}'}` "
@@ -96,7 +96,7 @@ def render(limit: int | None) -> None:
                   f"tokens/s), one process per task, {m.get('torch_threads')} torch thread(s), "
                   f"{m.get('cpu')}, {m.get('cores')} cores, no GPU, other benchmarks running beside it.",
               f"Versions: {json.dumps(first['versions'])}.", ""]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    (results_dir("text") / f"{stem}.md").write_text("\n".join(lines))
 
 
 def main() -> None:

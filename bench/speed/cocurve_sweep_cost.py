@@ -17,7 +17,7 @@ ratio is taken against the mean of the two dense forwards around that sweep, and
 reported. Every repeat checks ``torch.equal`` on H and on the single-unit KLs of the
 two paths. A component breakdown (one group of ``unit_batch`` FFN units) shows where an ablation's time goes.
 The machine is shared: the load average before and after is recorded, and only the ratios are comparable.
-Writes ``results/cocurve-sweep-cost.json`` and ``results/cocurve-sweep-cost.md``.
+Writes ``results/speed/cocurve-sweep-cost.json`` and ``results/speed/cocurve-sweep-cost.md``.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # cocurve_sweep_ref: the "before" sweep
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens, stamped
+from bench.common import calib_tokens, results_dir, stamped
 
-OUT_JSON = RESULTS / "cocurve-sweep-cost.json"
-OUT_MD = RESULTS / "cocurve-sweep-cost.md"
+OUT_JSON = results_dir("speed") / "cocurve-sweep-cost.json"
+OUT_MD = results_dir("speed") / "cocurve-sweep-cost.md"
 QUICK = {"seqlen": 256, "positions": 32, "top_r": 256, "unit_batch": 8, "ffn_groups": 16}
 
 
@@ -204,7 +204,7 @@ NOTES = """## Notes
 * Changed (bit-identical): the ablation-independent parts of the features and KL (`p_0 = exp(log p_0)` over the
   whole vocabulary, `p~`, `sqrt(p~)`) are computed once per block of sequences instead of once per ablation.
   The gain (part of the features-and-KL column, itself a few % of an ablation) is below this machine's noise: the
-  per-repeat ratios overlap (`results/cocurve-sweep-cost.json`).
+  per-repeat ratios overlap (`results/speed/cocurve-sweep-cost.json`).
 * Tried and dropped: the last block's output projection, residuals and MLP on the sampled rows only (its
   attention core still over every position). Exact in real arithmetic and bit-identical here for the larger row
   counts probed (12..69, 256, 2048), but MKL rounds a product of fewer than 4 rows (with 2 threads: of 1-3, 5-7

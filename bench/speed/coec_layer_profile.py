@@ -9,7 +9,7 @@ once by forward hooks and cached under bench/_work/. Kept columns: RCPU's 30% se
 (:func:`bench.speed.coec_speed.kept_columns`: the top 70% channels of ``down_proj`` by ``||W_j||^2 C_jj``, the
 best KV groups of ``o_proj``). Each call is timed the way the structured pipeline makes it: ``coec(..., alpha=0.9)``
 (tempering inside), paper defaults, one torch thread, under cProfile; the page lists the call's own stage timings
-(tempering, setup, init, rounds) and the functions that own the time. Rows: results/coec-profile.jsonl.
+(tempering, setup, init, rounds) and the functions that own the time. Rows: results/speed/coec-profile.jsonl.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, append_row, calib_tokens, model_path, read_rows
+from bench.common import WORK, append_row, calib_tokens, model_path, read_rows, results_dir
 
-OUT_JSON = RESULTS / "coec-profile.jsonl"
-OUT_MD = RESULTS / "coec-profile.md"
+OUT_JSON = results_dir("speed") / "coec-profile.jsonl"
+OUT_MD = results_dir("speed") / "coec-profile.md"
 ROLES = {"attn_out": "o", "mlp_out": "down"}
 
 

@@ -6,13 +6,13 @@
 Every side prunes the same float32 HF folder on the same calibration token ids (C4 8 x 512, seed 0: the file
 ``bench/speed/sparsegpt_side_by_side.calibration`` makes; the report's sha256 must match) with the same selection
 (``--method rcpu --sparsity 0.3``, the families preset) and a different compensation: ``native`` (RCPU's left
-rotation + global scale), ``coec-r5`` (``--compensation coec --coec-rounds 5``, the row of results/families.md),
+rotation + global scale), ``coec-r5`` (``--compensation coec --coec-rounds 5``, the row of results/text/families.md),
 ``coec`` (the paper's 50 rounds). The sides alternate (reversed in odd repeats), each in a fresh process with
 ``--threads`` torch threads (with more than one, COEC's solves run beside the walk: see
 ``secateur.methods.compensation_pass.BlockCompensation``). Prune time: the calibration data and prune phases of the
 report (model loading and saving excluded); compensation: the summed solve seconds and the seconds the walk waited
 for them. WikiText-2 by ``secateur eval ppl`` (2048-token windows, the first ``--windows``). Rows:
-results/coec-side-by-side.jsonl.
+results/speed/coec-side-by-side.jsonl.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, git_commit, read_rows, run_logged
+from bench.common import START_COMMIT, WORK, append_row, fmt, git_commit, read_rows, results_dir, run_logged
 from bench.speed.sparsegpt_side_by_side import calibration, wikitext2
 
-OUT_JSON = RESULTS / "coec-side-by-side.jsonl"
-OUT_MD = RESULTS / "coec-side-by-side.md"
+OUT_JSON = results_dir("speed") / "coec-side-by-side.jsonl"
+OUT_MD = results_dir("speed") / "coec-side-by-side.md"
 SIDES = {"native": [], "coec-r5": ["--compensation", "coec", "--coec-rounds", "5"],
          "coec": ["--compensation", "coec"]}
 

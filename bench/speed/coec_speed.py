@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, stamped
+from bench.common import RESULTS, WORK, results_dir, stamped
 
 STATS = WORK / "structured-stats-wikitext2-16x2048-seed0.pt"
 GROUP_ROLE = {"attn_out": "o", "mlp_out": "down"}
@@ -130,12 +130,12 @@ def summarize(run_: dict) -> dict:
 def write_md(res: dict) -> None:
     lines = ["# COEC per-layer CPU cost (SmolLM2-135M, real statistics)", "",
              "Command: `python bench/speed/coec_speed.py --tag after` (per tag; this page is rendered from "
-             "`results/coec-speed.json`).", "",
+             "`results/speed/coec-speed.json`).", "",
              "Protocol: " + res["protocol"], "",
              "Machine: " + json.dumps(res["machine"]) + "  ", "Versions: " + json.dumps(res["versions"]), "",
              "**Note:** the machine (2 cores) was shared: other long benchmarks ran beside these measurements, "
              "under `nice -n 19` with one torch thread, so absolute times are indicative; the before/after "
-             "ratios were measured under the same conditions. (`results/compensation-smollm2.md` quotes ~10 s per "
+             "ratios were measured under the same conditions. (`results/text/compensation-smollm2.md` quotes ~10 s per "
              "down_proj round for the `before` code under heavier contention; it took 1.0 s here.)", "",
              "Runs: `before` = the implementation at commit " + res.get("before_commit", "?") + " (dense G_xx, "
              "fresh SVDs every step; timing instrumentation only), `after` = eigenbasis of G_xx + factored "
@@ -175,7 +175,7 @@ def write_md(res: dict) -> None:
                          f"(+ tempering {row['tempering_s']:.2f} s), rounds {row['rounds']}, right-solver iters "
                          f"{its_s}, L {row['objective_before']:.6g} -> {row['objective_after']:.6g}"
                          + (f", rel. weight diff vs ref {rd:.2e}" if rd is not None else ""))
-    (RESULTS / "coec-speed.md").write_text("\n".join(lines) + "\n")
+    (results_dir("speed") / "coec-speed.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -198,7 +198,7 @@ def main() -> None:
     r["args"] = {k: v for k, v in vars(args).items()}
     r["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     r["nice"] = os.nice(0)
-    path = RESULTS / "coec-speed.json"
+    path = results_dir("speed") / "coec-speed.json"
     res = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     res["protocol"] = ("real SmolLM2-135M weights and cached 16x2048 WikiText-2 input Grams; 30% column "
                        "pruning (down_proj top-70% channels by ||W_j||^2 C_jj, o_proj 2 of 3 KV groups); "

@@ -1,4 +1,4 @@
-"""CORP's speed targets on vision (issue 44 section 3): ``results/corp-vit-speed.md`` (+ ``.jsonl``).
+"""CORP's speed targets on vision (issue 44 section 3): ``results/speed/corp-vit-speed.md`` (+ ``.jsonl``).
 
 1. Prune time against one dense calibration forward: CORP joint 50% on the trained Fashion-MNIST ViT at 1000
    calibration images (the prune phase of the run, model load and image processing excluded) beside one dense
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.common import RESULTS, append_row, read_rows, stamped  # noqa: E402
+from bench.common import append_row, read_rows, results_dir, stamped  # noqa: E402
 
-OUT = RESULTS / "corp-vit-speed.jsonl"
-PAGE = RESULTS / "corp-vit-speed.md"
+OUT = results_dir("speed") / "corp-vit-speed.jsonl"
+PAGE = results_dir("speed") / "corp-vit-speed.md"
 WIDTHS = ((144, 4), (192, 3), (384, 6), (768, 12))  # (hidden, heads): ViT here, DeiT-Tiny, -Small, -Base widths
 
 

@@ -12,7 +12,7 @@ of one model plus the Python/torch runtime (no other model or statistics in the 
 before each measurement is recorded: run ``--measure`` when no other job shares the cores.
 
 ``--models cocurve`` measures the CoCurve and diagonal-control exports of ``bench/quality/cocurve_smollm2.py``
-(heterogeneous per-layer widths, saved by its rows stage) the same way, into ``results/cocurve-efficiency.jsonl``.
+(heterogeneous per-layer widths, saved by its rows stage) the same way, into ``results/speed/cocurve-efficiency.jsonl``.
 """
 
 from __future__ import annotations

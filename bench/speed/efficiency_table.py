@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, fmt, read_rows
+from bench.common import WORK, fmt, read_rows, results_dir
 
-OUT_JSON = RESULTS / "structured-efficiency.jsonl"
+OUT_JSON = results_dir("speed") / "structured-efficiency.jsonl"
 DIR = WORK / "efficiency"
 SPARSITIES = (0.1, 0.2, 0.3, 0.4)
 SETTINGS = {"prompt_len": 256, "new_tokens": 64, "warmup": 2, "repeats": 5, "batch_size": 1}
@@ -26,14 +26,14 @@ COCURVE_RHOS = (0.2, 0.3, 0.4, 0.5)
 MODEL_SETS = {  # name -> (results file, [(row name, model spec)])
     "wanda-sp": (OUT_JSON, [("dense", "smollm2-135m")]
                  + [(f"wanda-sp {rho:.0%}", str(folder(rho))) for rho in SPARSITIES]),
-    "cocurve": (RESULTS / "cocurve-efficiency.jsonl", [("dense", "smollm2-135m")]
+    "cocurve": (results_dir("speed") / "cocurve-efficiency.jsonl", [("dense", "smollm2-135m")]
                 + [(f"{m} {rho:.0%}", str(COCURVE_DIR / f"out-{m}-{round(rho * 100)}"))
                    for rho in COCURVE_RHOS for m in ("cocurve", "cocurve-diag")]),
 }
 
 
 def table(models: str = "wanda-sp") -> list[str]:
-    """Markdown lines for results/structured-smollm2.md (or cocurve-smollm2.md); empty when not measured."""
+    """Markdown lines for results/text/structured-smollm2.md (or cocurve-smollm2.md); empty when not measured."""
     out_json = MODEL_SETS[models][0]
     rows = read_rows(out_json)
     if not rows:

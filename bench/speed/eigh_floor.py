@@ -1,16 +1,16 @@
 """COEC's floor on this machine (issue 29 §3): the eigendecompositions no sharing removes, timed alone.
 
-    python bench/speed/eigh_floor.py                  # writes results/coec-floor.json and renders results/coec-floor.md
+    python bench/speed/eigh_floor.py   # writes results/speed/coec-floor.json, renders results/speed/coec-floor.md
     python bench/speed/eigh_floor.py --render
 
 COEC on a down_proj group of Qwen2.5-0.5B (RCPU 30%: 896 x 4864, 3405 inputs kept) takes two float64 symmetric
 eigendecompositions that are different matrices and cannot be shared: the 4864-wide Gram for the tempering (its
-fractional power) and the 3405-wide kept block for the right solve (results/coec-profile.md: ``eigh`` is 68 of the
+fractional power) and the 3405-wide kept block for the right solve (results/speed/coec-profile.md: ``eigh`` is 68 of the
 158 s of one such group). This times ``torch.linalg.eigh`` on one thread (as COEC's solves run) for those widths,
 float64 and float32, best of ``--repeats``, on the Gram of ``2 d`` Gaussian rows (the time depends on the width, not
 the spectrum, to within a few percent). The floor of a whole prune: ``layers x (t_4864 + t_3405) / workers`` with
 the solves of ``workers`` blocks side by side, against the native compensation's prune time of
-results/coec-side-by-side.jsonl (same model, calibration and threads).
+results/speed/coec-side-by-side.jsonl (same model, calibration and threads).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, read_rows, stamped
+from bench.common import read_rows, results_dir, stamped
 
-OUT = RESULTS / "coec-floor.json"
-MD = RESULTS / "coec-floor.md"
+OUT = results_dir("speed") / "coec-floor.json"
+MD = results_dir("speed") / "coec-floor.md"
 WIDTHS = {"tempered Gram (down_proj inputs)": 4864, "kept block (RCPU 30%)": 3405}
 LAYERS, WORKERS = 24, 2  # Qwen2.5-0.5B; the side-by-side rows ran on 2 threads
 
@@ -59,7 +59,7 @@ def measure(repeats: int) -> dict:
 def render() -> None:
     r = json.loads(OUT.read_text())
     t = {(x["d"], x["dtype"]): x["seconds"] for x in r["rows"]}
-    sides = read_rows(RESULTS / "coec-side-by-side.jsonl")
+    sides = read_rows(results_dir("speed") / "coec-side-by-side.jsonl")
     native = [x for x in sides if x["side"] == "native"]
     coec = [x for x in sides if x["side"] == "coec-r5"]
     L = ["# COEC's eigendecomposition floor (issue 29)", "",
@@ -75,7 +75,7 @@ def render() -> None:
           f"**{floor:.0f} s**, before any Stiefel round, attention group, Gram or forward."]
     if native:
         n = min(x["prune_s"] for x in native)
-        L.append(f"Against the native compensation's {n:.1f} s (results/coec-side-by-side.md): a floor of "
+        L.append(f"Against the native compensation's {n:.1f} s (results/speed/coec-side-by-side.md): a floor of "
                  f"**{floor / n:.2f}x**, {'above' if floor / n > 3 else 'below'} the issue's 3x target"
                  + (f"; measured {min(x['prune_s'] for x in coec) / n:.2f}x." if coec else "."))
     MD.write_text("\n".join(L) + "\n")

@@ -1,8 +1,8 @@
 """SparseGPT's factorization, before and after (issue 29 §2): ``U = chol(H^-1)`` upper, on the input widths of the
 models we prune, alternated in one process, best of ``--repeats``.
 
-    python bench/speed/factorization_speed.py            # writes results/solver-speed-factorization.json and renders
-    python bench/speed/factorization_speed.py --render   # results/solver-speed-factorization.md from the JSON
+    python bench/speed/factorization_speed.py    # writes results/speed/solver-speed-factorization.json and renders
+    python bench/speed/factorization_speed.py --render   # results/speed/solver-speed-factorization.md from the JSON
 
 before: ``chol(cholesky_inverse(chol(H)), upper)`` (4d^3/3 flops, every call on one thread);
 after: :func:`secateur.linalg.chol_inverse_upper` (one Cholesky of the reversed ``H`` and a recursive triangular
@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, stamped
+from bench.common import results_dir, stamped
 
-OUT = RESULTS / "solver-speed-factorization.json"
-MD = RESULTS / "solver-speed-factorization.md"  # results/solver-speed.md is written by hand and quotes it
+OUT = results_dir("speed") / "solver-speed-factorization.json"
+# results/speed/solver-speed.md is written by hand and quotes it
+MD = results_dir("speed") / "solver-speed-factorization.md"
 WIDTHS = {"smollm2 q/k/v/o/gate/up": 576, "qwen2.5-0.5b q/k/v/o/gate/up": 896, "smollm2 down": 1536,
           "llama-7b q/k/v/o/gate/up": 4096, "qwen2.5-0.5b down": 4864}
 
@@ -86,7 +87,8 @@ def render() -> None:
           "exact factor relative to its norm; `tests/test_compensate_linalg.py` checks the two agree within 50 times "
           "that on generated matrices (sizes across the recursion's leaf, condition numbers up to 1e8). On the tiny "
           "models of every family the SparseGPT weights and masks are unchanged bit for bit "
-          "(`results/digests-check.md`, session 13): the float64 differences do not reach the float32 weights.",
+          "(`results/reliability/digests-check.md`, session 13): the float64 differences do not reach the float32 "
+          "weights.",
           ""]
     MD.write_text("\n".join(L) + "\n")
     print(f"wrote {MD}")

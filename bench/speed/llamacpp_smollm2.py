@@ -3,7 +3,7 @@
     make deploy                                                      # llama-cpp-python, built once ([deploy] extra)
     nice -n 5 python bench/speed/llamacpp_smollm2.py --prepare             # prune + export GGUF for every row
     python bench/speed/llamacpp_smollm2.py --measure --repeats 3           # ppl + speed, each model in its own process
-    python bench/speed/llamacpp_smollm2.py --render                        # results/llamacpp-smollm2.md
+    python bench/speed/llamacpp_smollm2.py --render                        # results/deploy/llamacpp-smollm2.md
     python bench/speed/llamacpp_smollm2.py --measure --rows cocurve-30 --types f16   # one row, dense beside it
 
 On an AMX Xeon where llama.cpp's AMX int8 matmul crashes (ggml-org/llama.cpp#20824), measure q8_0 with
@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, append_row, fmt, read_rows, smollm2_wikitext_windows
+from bench.common import WORK, append_row, fmt, read_rows, results_dir, smollm2_wikitext_windows
 
-JSONL = RESULTS / "llamacpp-smollm2.jsonl"
-MD = RESULTS / "llamacpp-smollm2.md"
+JSONL = results_dir("deploy") / "llamacpp-smollm2.jsonl"
+MD = results_dir("deploy") / "llamacpp-smollm2.md"
 OUT = WORK / "llamacpp"
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
 ROWS: dict[str, list[str]] = {

@@ -38,13 +38,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import append_row, fmt, read_rows  # bench/common.py: stdlib + torch only at import
+from bench.common import append_row, fmt, read_rows, results_dir  # bench/common.py: stdlib + torch only at import
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "bench" / "_work"
-RESULTS = ROOT / "results"
-OUT_JSON = RESULTS / "llmcompressor-smollm2.jsonl"
-OUR_JSON = RESULTS / "unstructured-smollm2.jsonl"
+OUT_JSON = results_dir("deploy") / "llmcompressor-smollm2.jsonl"
+OUR_JSON = results_dir("text") / "unstructured-smollm2.jsonl"
 MAIN_PY = ROOT / ".venv" / "bin" / "python"
 
 
@@ -328,7 +327,7 @@ def render() -> None:
         lines.append("")
     lines += _versions_lines(theirs_all, ours_all)
     lines += ["", *NOTES, ""]
-    (RESULTS / "llmcompressor-smollm2.md").write_text("\n".join(lines))
+    (results_dir("deploy") / "llmcompressor-smollm2.md").write_text("\n".join(lines))
 
 
 def _intro_lines() -> list[str]:

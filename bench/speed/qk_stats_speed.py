@@ -26,10 +26,10 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, fmt, stamped
+from bench.common import fmt, results_dir, stamped
 
-OUT_JSON = RESULTS / "qk-stats-speed.json"
-OUT_MD = RESULTS / "qk-stats-speed.md"
+OUT_JSON = results_dir("speed") / "qk-stats-speed.json"
+OUT_MD = results_dir("speed") / "qk-stats-speed.md"
 VARIANTS = ("base", "M", "R", "C", "MR", "MC", "RC", "MRC")
 
 

@@ -2,7 +2,7 @@
 
     nice -n 5 python bench/speed/qk_wanda_speed.py                      # 1 window x 2048 -> 32 x 64, 5 repeats
     python bench/speed/qk_wanda_speed.py --windows 4 --repeats 7 --modes dense-block
-    python bench/speed/qk_wanda_speed.py --render                       # rebuild results/qk-wanda-speed.md
+    python bench/speed/qk_wanda_speed.py --render                       # rebuild results/speed/qk-wanda-speed.md
 
 Protocol (App. M, adapted): SmolLM2-135M float32, QK-only pruning at 50%: row-wise Wanda on W_Q, W_K versus
 shared-budget QK-Wanda (base score), C4 calibration windows (seed 0) cut into 64-token sequences, both
@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens, fmt, stamped
+from bench.common import RESULTS, calib_tokens, fmt, results_dir, stamped
 
-OUT_JSON = RESULTS / "qk-wanda-speed.json"
-OUT_MD = RESULTS / "qk-wanda-speed.md"
+OUT_JSON = results_dir("speed") / "qk-wanda-speed.json"
+OUT_MD = results_dir("speed") / "qk-wanda-speed.md"
 
 
 def measure(windows: int, segment: int, repeats: int, modes: list[str], sparsity: float, chunk: int) -> dict:

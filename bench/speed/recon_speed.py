@@ -12,7 +12,7 @@ same three errors (slice, refit, refit cast to bfloat16), alternated ``--repeats
 the largest absolute difference of the relative errors (the bound ReconError's docstring states: a few
 ``d eps``).
 
-    python bench/speed/recon_speed.py            # -> results/recon-speed.json / .md
+    python bench/speed/recon_speed.py            # -> results/speed/recon-speed.json / .md
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, stamped
+from bench.common import results_dir, stamped
 
 
 def direct(w0: torch.Tensor, c: torch.Tensor, kept: torch.Tensor, w_new: torch.Tensor) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
            "seconds": times, "median_s": {k: sorted(v)[len(v) // 2] for k, v in times.items()},
            "relative_errors": ref, "max_abs_difference": diff, "threads": torch.get_num_threads(),
            "loadavg_1m_before": os.getloadavg()[0], "versions": versions(), "machine": machine()}
-    (RESULTS / "recon-speed.json").write_text(json.dumps(stamped(row), indent=1) + "\n")
+    (results_dir("speed") / "recon-speed.json").write_text(json.dumps(stamped(row), indent=1) + "\n")
     m = row["median_s"]
     md = ["# Calibration-error diagnostic: direct form vs ReconError", "",
           "Made by `python bench/speed/recon_speed.py` (`recon-speed.json`): one Llama-2-7B down_proj "
@@ -87,7 +87,7 @@ def main() -> None:
           f"| `ReconError` (W0 C once) | {m['recon_error']:.1f} | {m['recon_error'] / 3:.1f} |", "",
           f"Speed-up {m['direct'] / m['recon_error']:.2f}x; the relative errors ({', '.join(f'{v:.6f}' for v in ref)}) "
           f"agree to {diff:.1e} (absolute).", ""]
-    (RESULTS / "recon-speed.md").write_text("\n".join(md))
+    (results_dir("speed") / "recon-speed.md").write_text("\n".join(md))
     print("\n".join(md))
 
 

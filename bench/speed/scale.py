@@ -2,8 +2,8 @@
 
     python bench/tools/get_models.py && python bench/tools/make_7b.py      # the real GGUFs and the 7B-shaped folder,
     once
-    nice -n 5 python bench/speed/scale.py --rows smollm2|wanda,...    # rows appended to results/scale.jsonl
-    python bench/speed/scale.py --render                              # results/scale.md
+    nice -n 5 python bench/speed/scale.py --rows smollm2|wanda,...    # rows appended to results/speed/scale.jsonl
+    python bench/speed/scale.py --render                              # results/speed/scale.md
 
 Every secateur row is one fresh ``secateur prune`` process (its report's ``peak_rss_mb`` is the process's
 ``ru_maxrss``: model load, calibration, pruning and export included). llm-compressor rows run its ``oneshot``
@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, WORK, append_row, fmt, read_rows
+from bench.common import WORK, append_row, fmt, read_rows, results_dir
 from bench.common import run_logged as _run
 
-JSONL = RESULTS / "scale.jsonl"
-MD = RESULTS / "scale.md"
+JSONL = results_dir("speed") / "scale.jsonl"
+MD = results_dir("speed") / "scale.md"
 PRESET = {"name": "scale-quick", "calib": "c4 8 x 512, seed 0", "ppl": "wikitext2 nonoverlap-512, first 2 windows"}
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
@@ -312,7 +312,7 @@ def render() -> None:
                  f"{fmt(r.get('prune_wall_s') or r.get('prune_s'), 0)} | {_per_block(r)} | {real} | "
                  f"{fmt(w.get('ppl')) if w.get('ppl') else w.get('error', '-')} | {note.strip() or '-'} |")
     L += ["", "Machine: 2 cores, 24 GiB (shared with other work while these ran: load averages are in "
-          "`results/scale.jsonl`), torch 2.13.0+cpu. Rows not listed were not run yet; `bench/speed/scale.py` "
+          "`results/speed/scale.jsonl`), torch 2.13.0+cpu. Rows not listed were not run yet; `bench/speed/scale.py` "
           "resumes.", "",
           "Notes: `planned GiB` is the memory plan the run printed before it started plus the process's own RSS "
           "then; the measured peak is up to 0.35 GiB above it (the calibration text and the tokenizer are not in the "

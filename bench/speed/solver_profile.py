@@ -11,8 +11,8 @@ Stages (exclusive seconds of the functions named, from the profile's per-functio
 twice): forward (the blocks' own kernels: linear, attention, norms, activations), statistics (Gram and norm
 accumulation), factorization (Cholesky, its inverse, eigendecompositions, solves), solver loop (the OBS loop's
 Python and small kernels), selection (sort, top-k), copies and casts, other. The machine rate is the best of 5
-float32 and float64 matmuls of 2048 x 2048 on this process's threads. Rows: results/solver-profile.jsonl, page
-results/solver-profile.md. ``qwen2.5-0.5b`` is the GGUF ``bench/tools/get_models.py`` assembles.
+float32 and float64 matmuls of 2048 x 2048 on this process's threads. Rows: results/speed/solver-profile.jsonl, page
+results/speed/solver-profile.md. ``qwen2.5-0.5b`` is the GGUF ``bench/tools/get_models.py`` assembles.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, append_row, model_path, read_rows
+from bench.common import append_row, model_path, read_rows, results_dir
 
-OUT_JSON = RESULTS / "solver-profile.jsonl"
-OUT_MD = RESULTS / "solver-profile.md"
+OUT_JSON = results_dir("speed") / "solver-profile.jsonl"
+OUT_MD = results_dir("speed") / "solver-profile.md"
 
 # stage <- substrings of a profile entry (file:function or the built-in's name); first match wins
 STAGES = [

@@ -1,6 +1,6 @@
 """SparseGPT's OBS loop: column by column against sub-blocks of 16 columns (issue 29, first step).
 
-    python bench/speed/sparsegpt_loop_speed.py        # -> results/sparsegpt-loop-speed.json, printed as a table
+    python bench/speed/sparsegpt_loop_speed.py        # -> results/speed/sparsegpt-loop-speed.json, printed as a table
 
 Times :func:`secateur.compensate.sparsegpt.sparsegpt_prune` (50% unstructured and 2:4, damping 1%) on the
 projection shapes of SmolLM2-135M and Qwen2.5-0.5B with a Gram of 4096 random tokens, one thread, alternating
@@ -27,7 +27,7 @@ from secateur.budgets.masks import deletion_count  # noqa: E402
 from secateur.compensate import sparsegpt  # noqa: E402
 from secateur.runinfo import machine  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[2] / "results" / "sparsegpt-loop-speed.json"
+OUT = Path(__file__).resolve().parents[2] / "results" / "speed" / "sparsegpt-loop-speed.json"
 SHAPES = {"smollm2 q/o": (576, 576), "smollm2 k/v": (192, 576), "smollm2 gate/up": (1536, 576),
           "smollm2 down": (576, 1536), "qwen2.5-0.5b q/o": (896, 896), "qwen2.5-0.5b gate/up": (4864, 896),
           "qwen2.5-0.5b down": (896, 4864)}
@@ -72,7 +72,7 @@ def main() -> None:
 
 
 def render(rec: dict) -> None:
-    """``results/sparsegpt-loop-speed.md`` from the record."""
+    """``results/speed/sparsegpt-loop-speed.md`` from the record."""
     m = rec["machine"]
     lines = ["# SparseGPT's OBS loop: column by column vs sub-blocks of 16 (issue 29, first step)", "",
              f"`{rerunnable(rec['command'])}` at {rec['commit']}, {m.get('cpu')} ({m.get('cores')} cores), 1 "

@@ -12,7 +12,8 @@ its own venv (``bench/_work/llmc-venv``, see ``bench/speed/requirements-llmcompr
 ``llmcompressor_compare.py --one`` (SparseGPTModifier, dampening 0.01, block 128, sequential pipeline over decoder
 layers). Prune time: llm-compressor = its ``oneshot`` call; secateur = calibration data + prune phases of its
 report (both exclude model loading and saving). WikiText-2 perplexity of both outputs by the same
-``secateur eval ppl`` command (2048-token windows, the first ``--windows``). Rows: results/sparsegpt-side-by-side.jsonl.
+``secateur eval ppl`` command (2048-token windows, the first ``--windows``).
+Rows: results/speed/sparsegpt-side-by-side.jsonl.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, START_COMMIT, WORK, append_row, fmt, git_commit, model_path, read_rows, run_logged
+from bench.common import START_COMMIT, WORK, append_row, fmt, git_commit, model_path, read_rows, results_dir, run_logged
 
-OUT_JSON = RESULTS / "sparsegpt-side-by-side.jsonl"
-OUT_MD = RESULTS / "sparsegpt-side-by-side.md"
+OUT_JSON = results_dir("speed") / "sparsegpt-side-by-side.jsonl"
+OUT_MD = results_dir("speed") / "sparsegpt-side-by-side.md"
 LLMC_PY = WORK / "llmc-venv" / "bin" / "python"
 COMPARE = Path(__file__).resolve().parent / "llmcompressor_compare.py"
 

@@ -6,7 +6,7 @@ In one process, alternating so that machine load affects every measurement alike
 the calibration set through the blocks (no LM head: pruning never needs it), then Wanda in the engine's
 ``sequential`` mode (one forward) and ``dense-block`` mode (the original Wanda order: two forwards),
 then SparseGPT. Medians over repeats; the model is reloaded (untimed) before each prune.
-Writes results/speed-ratio-{N}x{L}.{json,md}.
+Writes results/speed/speed-ratio-{N}x{L}.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import RESULTS, calib_tokens, stamped
+from bench.common import RESULTS, calib_tokens, results_dir, stamped
 
 
 def commit() -> str:
@@ -80,12 +80,13 @@ def main() -> None:
            "engine_split_last": engine_split, "versions": versions(),
            "machine": machine()}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(json.dumps(stamped(out), indent=2, default=str))
+    blob = json.dumps(stamped(out), indent=2, default=str)
+    (results_dir("speed") / f"speed-ratio-{a.nsamples}x{a.seqlen}.json").write_text(blob)
     write_page(a, manifest, med, ratios, out)
 
 
 def write_page(a: argparse.Namespace, manifest: dict, med: dict, ratios: dict, out: dict) -> None:
-    """results/speed-ratio-{N}x{L}.md from the medians and ratios (also printed)."""
+    """results/speed/speed-ratio-{N}x{L}.md from the medians and ratios (also printed)."""
     lines = ["# Pruning time against one dense forward of the calibration set", "",
              "Made by `python bench/speed/speed_ratio.py "
              f"--nsamples {a.nsamples} --seqlen {a.seqlen} --repeats {a.repeats} --threads {a.threads} "
@@ -102,7 +103,7 @@ def write_page(a: argparse.Namespace, manifest: dict, med: dict, ratios: dict, o
               "this one, which is why the repeats alternate)."]
     lines += ["", f"Target for Wanda: <= 1.5. Machine: {out['machine']['cpu']}, {out['machine']['cores']} cores; "
               f"versions {json.dumps(out['versions'])}.", ""]
-    (RESULTS / f"speed-ratio-{a.nsamples}x{a.seqlen}.md").write_text("\n".join(lines))
+    (results_dir("speed") / f"speed-ratio-{a.nsamples}x{a.seqlen}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -17,7 +17,7 @@ len(context tokens) + len(continuation tokens) (the same count for every scorer)
 request log-likelihoods are compared (max |diff|, argmax mismatches) as a by-product. One warm-up of
 each scorer on two documents before timing. torch threads = ``--threads`` (default 1: on a shared
 2-core machine two threads under contention run several times slower than one).
-Writes results/zeroshot-speed.{json,md}.
+Writes results/speed/zeroshot-speed.{json,md}.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
-from bench.common import stamped
+from bench.common import results_dir, stamped
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "results" / "speed"
 
 
 def _time(fn):
@@ -175,9 +175,8 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     if a.no_write:
         return
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "zeroshot-speed.json").write_text(json.dumps(stamped(out), indent=1))
-    (RESULTS / "zeroshot-speed.md").write_text(render(out))
+    (results_dir("speed") / "zeroshot-speed.json").write_text(json.dumps(stamped(out), indent=1))
+    (results_dir("speed") / "zeroshot-speed.md").write_text(render(out))
     print(f"wrote {RESULTS / 'zeroshot-speed.md'}")
 
 

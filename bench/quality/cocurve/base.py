@@ -69,7 +69,7 @@ def _configure() -> None:
     DEVICE = env.get("COCURVE_DEVICE", "cpu")
     MODEL = env.get("COCURVE_MODEL", "smollm2-135m")
     INPUTS = env.get("COCURVE_INPUTS") or None
-    RESULTS_DIR = Path(env.get("COCURVE_RESULTS") or RESULTS)
+    RESULTS_DIR = Path(env.get("COCURVE_RESULTS") or RESULTS / "text")
     OUT_JSON = RESULTS_DIR / "cocurve-smollm2.jsonl"
     OUT_MD = RESULTS_DIR / "cocurve-smollm2.md"
     OUT_PNG = RESULTS_DIR / "cocurve-smollm2-alloc.png"

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from bench.common import (
-    RESULTS,
     read_rows,
+    results_dir,
 )
 from bench.quality.cocurve import base as run
 from bench.quality.cocurve.base import COMP_CALIB, PRESETS, config, corpora_ids, load
@@ -64,7 +64,7 @@ def dry_run(preset: str, rhos: list[float], methods: list[str], coec_methods: li
     cfg = config(p)
     T, ng, nh, nt = p["seqlen"], p["n_graph"], p["n_heldout"], p.get("n_test", 0)
     n_units, n_abl_units = _eligible_units(cfg)
-    cost = json.loads((RESULTS / "cocurve-sweep-cost.json").read_text())
+    cost = json.loads((results_dir("speed") / "cocurve-sweep-cost.json").read_text())
     ratio = cost["median"]["new"]["ratio"]  # one ablation / one dense forward of the same tokens (0.415)
     pl, ps, total_w, first_w, full_c = _ppl_windows(p)
     ppl_row = sum(first_w.values()) * pl
@@ -174,7 +174,7 @@ def _wall_estimate(sweep, parts, ppl_parts, s_T: float, s_L: float, ranks: int, 
 
 def _report_plan(plan: dict, preset: str, n_abl: int, ratio: float, T: int, n_rows: int, total: float,
                  hours: float, hours_2: float, s_T: float, rate: dict) -> None:
-    """Print the plan and its one-line summary; write results/cocurve-smollm2-{preset}-plan.json."""
+    """Print the plan and its one-line summary; write results/text/cocurve-smollm2-{preset}-plan.json."""
     print(json.dumps(plan, indent=1), flush=True)
     (run.RESULTS_DIR / f"cocurve-smollm2-{preset}-plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     print(f"{preset}: {n_abl} ablations x {ratio:.3f} = {n_abl * ratio:.0f} dense forwards of {T} tokens for the "

@@ -56,7 +56,7 @@ COMPENSATORS: dict[str, Compensator] = {
 #: the float64 n x n matrices (n: the widest compensated input) each structured ``--compensation`` holds at once,
 #: the solver term of the streamed memory plan (:func:`secateur.models.memory.structured_prune_plan`):
 #: coec: four matrices + LAPACK's eigh workspace (syevd: 1 + 6n + 2n^2 doubles), measured at 7B widths
-#: (results/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj); ls: G_xx + ridge,
+#: (results/speed/scale.md: a plan with 4 fell 2.0 GiB short of the peak on an 11008-wide down_proj); ls: G_xx + ridge,
 #: its symmetrized copy and Cholesky factor, and the error diagnostic (W0 C, W0 and C_KK, base.ReconError): a plan
 #: with 2 fell 1.54 GiB short at 7B widths; rcpu, corp: the Gram and one product; none, bias: none.
 SOLVER_MATRICES: dict[str, int] = {"none": 0, "bias": 0, "ls": 4, "grail": 4, "rcpu": 2, "corp": 2, "coec": 6}

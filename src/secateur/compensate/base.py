@@ -169,7 +169,7 @@ class ReconError:
     ``W0 C`` (one ``d_out x d x d`` product) is formed once and shared by every candidate, each of which then
     costs one ``d_out x k x k`` product; the direct form costs ``d_out x d x d`` per candidate, plus as much
     again for ``Y`` (at 7B widths the direct form took 146 of 271 s of a 2-block Wanda-sp + LS prune,
-    cProfile; results/scale.md). The slice-only
+    cProfile; results/speed/scale.md). The slice-only
     error is taken directly from the pruned columns: ``tr(W0_P C_PP W0_P^T)``.
     Rounding: each inner product is a sum of float64 products in :func:`secateur.linalg.det_sum`'s fixed order
     (the result does not depend on the thread count); the expansion cancels terms of size <= about ``Y`` when

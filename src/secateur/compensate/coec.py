@@ -39,7 +39,7 @@ wins and the choice is marked **[paper>spec]**; choices neither document fixes a
   products and a ``b x b`` eigh). Forming the Gram is safe here: under the step cap ``Z`` has singular values in
   ``[1, sqrt(2)]``, so ``Z Z^T`` has condition number <= 2 and the factor is orthonormal to a few ulps (tested
   against the SVD polar factor). On Qwen2.5-0.5B's down_proj the right solve took 43% less time
-  (results/coec-profile.md); the weights agree with the Newton-Schulz ones to round-off.
+  (results/speed/coec-profile.md); the weights agree with the Newton-Schulz ones to round-off.
 * **[impl]** monotonicity safeguards: every right-solver step is backtracked (halved, at most 30
   times) until the solver objective does not increase, and the returned weight is the best iterate of
   the paper's objective ``L`` over the alternation (the slice-only ``W_K`` included). Without the
@@ -50,7 +50,7 @@ wins and the choice is marked **[paper>spec]**; choices neither document fixes a
 
 Speed (**[impl]**, same algorithm and results up to round-off; tested against a straightforward reference
 implementation in ``tests/test_compensate_coec.py``, agreement ~1e-13 relative; timings in
-``results/coec-speed.md``):
+``results/speed/coec-speed.md``):
 
 * **eigenbasis of G_xx**: :func:`coec` diagonalizes ``G_xx = E diag(mu) E^T`` once per call (the eigh that
   the step size needs for ``lmax(G_xx)`` anyway) and runs Alg. 1 on ``W E``, ``G_yx E``, ``diag(mu)``,

@@ -30,7 +30,7 @@ compensation, so an update error ``e`` raises the layer objective ``tr(dW H dW^T
 about ``PROBE_TOL^2`` relative; masks can differ only where two saliencies agree to within the float32 error
 (tests/test_sparsegpt_precision.py; generated layers: objectives within 2e-6 relative, no mask flips). Where the
 saliencies are dense with near-ties - Qwen2.5-0.5B calibrated on 4096 tokens, fewer than down_proj's 4864 inputs -
-1.9% of block 0's mask entries differ from the float64 solve's, at equal perplexity (results/solver-speed.md).
+1.9% of block 0's mask entries differ from the float64 solve's, at equal perplexity (results/speed/solver-speed.md).
 
 Removing a single weight ``w_j`` with the optimal compensation raises ``tr(dW H dW^T)`` by exactly
 ``w_j^2 / [H^-1]_jj`` (the OBS closed form) - tested.

@@ -30,7 +30,7 @@ only, and ``position_ids`` restart every branch at the prefix length, so each br
 exactly the activations of its own full sequence. The lm_head runs only on the scored positions.
 ``strategy="plain"`` runs each request as its own right-padded row without a mask (the harness's
 layout) -- the fallback for models that reject 4-D masks. Measured with SmolLM2-135M on CPU
-(bench/speed/zeroshot_speed.py, results/zeroshot-speed.md): packed is about 2x plain and 1.9x lm-eval's
+(bench/speed/zeroshot_speed.py, results/speed/zeroshot-speed.md): packed is about 2x plain and 1.9x lm-eval's
 HFLM on the same requests. A KV-cache variant (context once, cache copied per continuation) runs the
 same tokens plus cache copies and two forwards per batch, so it was not kept.
 

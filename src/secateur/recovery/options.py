@@ -19,7 +19,7 @@ class RecoverOptions:
     """Every setting of a recovery run (the CLI flags, the API keywords). Defaults: LoRA r 16, alpha 32, dropout 0
     on every attention and MLP projection; top-64 distillation KL from the run's base model; 65,536 tokens of C4
     calibration documents in windows of 512, one window per step (128 steps); AdamW lr 1e-3, cosine schedule, 10%
-    warmup. Chosen by measurement (results/recovery-smollm2.md): on SmolLM2 Wanda-sp 30% the earlier batch 4 / lr
+    warmup. Chosen by measurement (results/text/recovery-smollm2.md): on SmolLM2 Wanda-sp 30% the earlier batch 4 / lr
     2e-4 (32 steps) took the held-out KL only 0.99 -> 0.85; batch 1 / lr 1e-3 reaches 0.73 in the same tokens and
     a third of the peak memory."""
 

@@ -14,7 +14,7 @@ Inputs (``RUN_DIRS``), each one of
   merge task by task), ``qk-error-eq49`` (QK error). Hugging Face files (config, tokenizer, ...) are
   skipped; a structured run's ``secateur_selection.json`` supplies kept widths when the report's
   ``details`` have none; anything else is listed as ignored. A file that is not valid JSON is an error.
-* a **JSONL results file** from ``bench/`` (``results/*.jsonl``): one run per row, with keys such as
+* a **JSONL results file** from ``bench/`` (``results/*/*.jsonl``): one run per row, with keys such as
   ``row``/``key``, ``method``, ``sparsity``/``rho``, ``preset``, ``wikitext2``/``c4``/``ptb`` or
   ``ppl: {dataset: {...}}``, ``realized_sparsity``/``realized``, ``prune_s``, ``peak_rss_mb``,
   ``calibration``. A later row with the same ``(preset, row)`` replaces an earlier one (as the bench

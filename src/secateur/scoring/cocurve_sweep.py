@@ -47,7 +47,7 @@ one ``log_softmax`` over a group's stacked logits (bit-identical here, but ``uni
 of a ``[P, V]`` float64 block for no measurable gain).
 
 Cost floor: the re-run of layers ``l+1 .. L-1`` over full sequences is about 90% of an ablation
-(``results/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
+(``results/speed/cocurve-sweep-cost.md``), so with exact re-runs one ablation costs at least the mean re-run
 depth's share of the dense layers (SmolLM2-135M, quick preset: 14.5 of 30 layers, 0.40 dense forwards).
 
 Positions (issue 45): every position of each window by default (``positions_per_seq=None``: the features of all
