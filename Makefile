@@ -37,7 +37,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not real" $(FAST)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 
 # llama.cpp for the GGUF exports (extra [deploy]): llama-cpp-python builds its vendored llama.cpp from source,
 # ~30+ minutes on 2 cores, once. Not needed by `make test` (tests/test_llamacpp.py skips without it).
