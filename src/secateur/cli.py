@@ -133,10 +133,16 @@ def _prune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--eval-ppl", default=None, metavar="DATASET",
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
-    p.add_argument("--towers", default=None, metavar="vision|language|vision=R,language=R",
-                   help="a vision-language model (LLaVA): the towers to prune, each at --sparsity or its own ratio "
-                        "R; the vision tower calibrates on images, the language tower on text or image-caption pairs "
-                        "(both: --calib fashion-mnist-captions); the projector and heads are never pruned")
+    p.add_argument("--towers", default=None, metavar="joint|vision|language|vision=R,language=R",
+                   help="a vision-language model (LLaVA). joint: ONE --sparsity over the units of both towers (vision "
+                        "heads + MLP channels, language KV groups + MLP channels; budget = removable parameters); "
+                        "cocurve/cocurve-diag build one teacher-KL graph over both towers, ablating each unit through "
+                        "the whole VLM and scoring caption tokens only (the last --heldout pairs choose lambda); "
+                        "wanda-sp/flap/magnitude-sp/random rank their raw per-parameter scores across both towers; "
+                        "--calib fashion-mnist-captions; the report and a printed line say how much of each tower "
+                        "went (joint:language / joint:vision: the same over one tower's units). Otherwise the towers "
+                        "pruned one at a time, each at --sparsity or its own ratio R (vision: images, language: text "
+                        "or image-caption pairs). The projector, embeddings and heads are never pruned")
     p.add_argument("--stream", action="store_true",
                    help="one decoder block in memory at a time: load it from the model's safetensors, prune it, "
                         "write it to --out, free it (a model larger than memory; magnitude, wanda, sparsegpt and "
@@ -174,6 +180,10 @@ def _cmd_prune(args) -> int:
           f"({rs['of_all_parameters']:.4f} of all parameters); prune time {report['timings']['phases']['prune']:.1f}s")
     from secateur.budgets.allocate import shortfall_note
 
+    if (report.get("vlm") or {}).get("budget"):  # --towers joint: where the one budget went
+        from secateur.vlm_joint import budget_line
+
+        print(budget_line(report["vlm"]["budget"]).removeprefix("secateur: "))
     if report["kind"] == "structured" and (note := shortfall_note(report["details"], report["target_sparsity"])):
         print(f"secateur: note: {note}", file=sys.stderr)
     for res in report.get("perplexity") or []:
@@ -306,6 +316,9 @@ def _cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="secateur", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Training-free pruning of language models and vision transformers.")
+    from secateur import __version__
+
+    p.add_argument("--version", action="version", version=f"secateur {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     _prune_parser(sub)

@@ -359,18 +359,20 @@ def tiny_vlm_processor():
                           chat_template=CHAT_TEMPLATE, image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
 
 
-def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
-    """A float32 random LLaVA (CLIP vision tower 2 x 32, Llama 2 x 32 with 2 KV heads) in eval mode, its image token
-    the processor's; the last vision block feeds the projector (``vision_feature_layer=-1``) and every patch and the
-    CLS token are image features (``full``), so no unit of the vision tower is unused."""
+def tiny_vlm(family: str = "llava", seed: int = 0, layers: int = 2) -> torch.nn.Module:
+    """A float32 random LLaVA (CLIP vision tower ``layers`` x 32, Llama ``layers`` x 32 with 2 KV heads) in eval mode,
+    its image token the processor's; the last vision block feeds the projector (``vision_feature_layer=-1``) and
+    every patch and the CLS token are image features (``full``), so no unit of the vision tower is unused.
+    ``layers = 5``: one layer of each tower outside CoCurve's protected first and last two (``--towers joint``)."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     if family not in VLM_FAMILIES:
         raise ValueError(f"no tiny VLM of family {family!r}")
     image_id = tiny_vlm_processor().tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    vc = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    vc = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
                           image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
-    tc = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    tc = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                     num_attention_heads=4,
                      num_key_value_heads=2, max_position_embeddings=256)
     cfg = LlavaConfig(vision_config=vc, text_config=tc, image_token_index=image_id, vision_feature_layer=-1,
                       vision_feature_select_strategy="full", image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + 1)
@@ -378,7 +380,7 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
     return LlavaForConditionalGeneration(cfg).eval()
 
 
-def save_tiny_vlm(family: str, path, seed: int = 0) -> str:
-    tiny_vlm(family, seed).save_pretrained(path)
+def save_tiny_vlm(family: str, path, seed: int = 0, layers: int = 2) -> str:
+    tiny_vlm(family, seed, layers).save_pretrained(path)
     tiny_vlm_processor().save_pretrained(path)
     return str(path)

@@ -47,6 +47,8 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
         raise SecateurError("--towers runs in one process, resident: drop --procs/--stream/--resume")
     cfg = SimpleNamespace(**_config(opts.model))
     plan = check_tower(cfg, opts.towers, opts.sparsity)
+    if plan[0][0].startswith("joint"):
+        return _prune_joint(opts, plan[0][0])
     towers = [t for t, _ in plan]
     captions = is_caption_source(opts.calib)
     if captions and towers == ["vision"]:
@@ -83,6 +85,37 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     return type(res)(report, vlm, proc)
 
 
+def _load(opts):
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    try:
+        vlm = AutoModelForImageTextToText.from_pretrained(opts.model, dtype=getattr(torch, opts.dtype))
+        proc = AutoProcessor.from_pretrained(opts.model)
+    except (OSError, ValueError, KeyError) as e:
+        raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
+                            "check the folder's weights and processor files") from None
+    return vlm.eval(), proc
+
+
+def _prune_joint(opts, spec: str):
+    """``--towers joint`` / ``joint:<tower>``: one budget over the towers' joint inventory (:mod:`secateur.vlm_joint`):
+    checked before loading, pruned, saved atomically with its processor and report."""
+    from secateur.api import PruneResult
+    from secateur.safe_write import check_output_dir
+    from secateur.vlm_joint import check_joint, parse_joint, prune_joint, save
+
+    check_joint(opts)
+    if opts.out:
+        check_output_dir(opts.out, opts.overwrite)
+    vlm, proc = _load(opts)
+    rep, routes, files = prune_joint(opts, vlm, proc, parse_joint(spec))
+    rep["options"] = opts.to_dict()
+    if opts.out:
+        save(opts.out, opts.overwrite, vlm, proc, rep, routes, files)
+    return PruneResult(rep, vlm, proc)
+
+
 def _one_tower(opts, run_pipeline: Callable, vlm, proc, tower: str, ratio: float, captions: bool):
     """One tower through the pipeline in memory at ``ratio``; its sizes written back into the VLM's config."""
     part = tower_model(vlm, tower)
@@ -101,17 +134,25 @@ def _one_tower(opts, run_pipeline: Callable, vlm, proc, tower: str, ratio: float
     return res
 
 
-def write_back(vlm, tower: str, model) -> None:
-    """Put the pruned tower's sizes into the VLM's config (the modules are the VLM's already); refuse per-layer
-    widths, which a stock VLM config cannot express."""
+def write_back(vlm, tower: str, model, per_layer: bool = False) -> str:
+    """Put the pruned tower's sizes into the VLM's config (the modules are the VLM's already); returns the route.
+    Per-layer widths: refused (the per-tower runs), or with ``per_layer`` (``--towers joint``) the tower's sub-config
+    becomes its family's per-layer config (``secateur_<family>``, :mod:`secateur.models.hetero`), which the VLM's
+    ``AutoModel.from_config`` builds in a process that imported secateur."""
     from secateur.export.sliced import export_config
 
     cfg, route = export_config(model)
-    if route != "stock":
-        raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} config "
-                            "cannot express: use an unstructured method or a uniform allocation for a VLM tower")
     key = "vision_config" if tower == "vision" else "text_config"
+    if route != "stock":
+        if not per_layer:
+            raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} "
+                                "config cannot express: use an unstructured method or a uniform allocation for a VLM "
+                                "tower, or --towers joint (per-layer configs)")
+        d = {k: v for k, v in cfg.to_dict().items() if k not in ("auto_map", "architectures")}
+        setattr(vlm.config, key, type(cfg).from_dict(d))
+        return route
     sub = getattr(vlm.config, key)
     for k, v in cfg.to_dict().items():
         if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype"):
             setattr(sub, k, v)
+    return route

@@ -150,18 +150,20 @@ def paired_choice(per_seq: list[list[float]], reference: int = 0) -> dict:
     return {"chosen": chosen, "reference": reference, "diff": d_mean, "paired_se": d_se, "beats_reference": beats}
 
 
-def select_heldout(adapter: Adapter, inv: Inventory, masks: list[torch.Tensor], teacher: HeldoutKL,
-                   rule: str = "min") -> dict:
+def select_heldout(adapter: Adapter | None, inv: Inventory, masks: list[torch.Tensor], teacher: HeldoutKL,
+                   rule: str = "min", masker=None) -> dict:
     """Evaluate every mask by held-out teacher KL; ``chosen``: the first argmin (``rule='min'``, ``masks`` ordered
     by lambda) or the paired one-SE rule against ``masks[0]`` (``rule='paired'``); ``best`` is the argmin either
-    way, ``per_sequence[k]`` mask ``k``'s per-sequence KLs and ``paired`` the paired statistics against mask 0."""
+    way, ``per_sequence[k]`` mask ``k``'s per-sequence KLs and ``paired`` the paired statistics against mask 0.
+    ``masker(mask)``: the context that applies a mask (default :func:`masked` on ``adapter`` and ``inv``); ``teacher``
+    is anything with :meth:`HeldoutKL.evaluate`'s result (a VLM's caption-token KL)."""
     if rule not in RULES:
         raise SecateurError(f"unknown held-out rule {rule!r}; choose from {', '.join(RULES)}")
     if not masks:
         raise SecateurError("no candidate mask to select from")
     evals = []
     for r in masks:
-        with masked(adapter, inv, r):
+        with masked(adapter, inv, r) if masker is None else masker(r):
             evals.append(teacher.evaluate())
     kls = [e["kl"] for e in evals]
     best = min(range(len(kls)), key=lambda i: (kls[i], i))

@@ -43,6 +43,17 @@ def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, tor
     return ids, target
 
 
+def caption_target(tok, vlm_config, ids: torch.Tensor) -> torch.Tensor:
+    """The ``target`` of :func:`caption_ids` recovered from its ``ids``: True from the first caption token through
+    the first EOS after the image tokens and ``PROMPT`` (the captions themselves hold no EOS; the right padding after
+    that EOS is not a target)."""
+    head = int(vlm_config.image_seq_length) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])
+    t = torch.arange(ids.shape[1])[None, :]
+    is_eos = (ids == tok.eos_token_id) & (t >= head)
+    first = torch.where(is_eos, t, ids.shape[1]).min(dim=1, keepdim=True).values
+    return (t >= head) & (t <= first)
+
+
 def named_class(text: str) -> str | None:
     """The class a caption names (the longest class name it contains: 't-shirt' before 'shirt'), or None."""
     t = text.lower()

@@ -212,10 +212,11 @@ class CoCurveSelection:
     info: dict
 
 
-def candidate_family(graph: CoPruningGraph, rho: float, cfg: CoCurveConfig, diagonal: bool = False
-                     ) -> tuple[list, dict]:
-    """The candidate masks for budget ``rho`` (the first is always the lambda = 0 mask) and how they were found."""
-    guard = cfg.guard(rho)
+def candidate_family(graph: CoPruningGraph, rho: float, cfg: CoCurveConfig, diagonal: bool = False,
+                     guard: Guard | None = None) -> tuple[list, dict]:
+    """The candidate masks for budget ``rho`` (the first is always the lambda = 0 mask) and how they were found
+    (``guard``: default ``cfg.guard(rho)``; a VLM's joint graph protects each tower's first and last layers)."""
+    guard = guard or cfg.guard(rho)
     if diagonal:
         return lambda_path(graph, rho, guard, (0.0,)), {"family": "diagonal"}
     quota = None
@@ -233,18 +234,20 @@ def candidate_family(graph: CoPruningGraph, rho: float, cfg: CoCurveConfig, diag
 
 
 def select(graph: CoPruningGraph, inv: Inventory, rho: float, adapter: Adapter | None = None,
-           teacher: HeldoutKL | None = None, cfg: CoCurveConfig | None = None, diagonal: bool = False
-           ) -> CoCurveSelection:
+           teacher: HeldoutKL | None = None, cfg: CoCurveConfig | None = None, diagonal: bool = False,
+           guard: Guard | None = None, masker=None) -> CoCurveSelection:
     """Lambda family + held-out teacher-KL choice (``diagonal``: lambda = 0 only) for budget ``rho``.
 
-    Without a ``teacher`` the family must have a single mask (the diagonal control always does)."""
+    Without a ``teacher`` the family must have a single mask (the diagonal control always does). ``guard``: default
+    ``cfg.guard(rho)``; ``masker(removed)``: the context in which ``teacher.evaluate()`` sees a mask (default the
+    adapter's column masks, :func:`secateur.budgets.heldout.masked`; a VLM's joint inventory masks both towers)."""
     cfg = cfg or CoCurveConfig()
     cfg.validate()
     if len(graph) != len(inv):
         raise SecateurError(f"graph has {len(graph)} units, the inventory {len(inv)}")
-    guard = cfg.guard(rho)
+    guard = guard or cfg.guard(rho)
     t0 = time.perf_counter()
-    cands, fam = candidate_family(graph, rho, cfg, diagonal)
+    cands, fam = candidate_family(graph, rho, cfg, diagonal, guard)
     costs = graph.costs
     deployed = {}
     if cfg.deploy is not None:  # every candidate made servable before the held-out choice measures it
@@ -265,10 +268,10 @@ def select(graph: CoPruningGraph, inv: Inventory, rho: float, adapter: Adapter |
         rows.append(row)
     chosen, one_se, t_sel, choice = 0, [0], 0.0, {"rule": cfg.choice, "chosen": 0, "best": 0}
     if teacher is not None:
-        if adapter is None:
+        if adapter is None and masker is None:
             raise SecateurError("held-out selection needs the adapter")
         t1 = time.perf_counter()
-        res = select_heldout(adapter, inv, [c.removed for c in cands], teacher, rule=cfg.choice)
+        res = select_heldout(adapter, inv, [c.removed for c in cands], teacher, rule=cfg.choice, masker=masker)
         t_sel = time.perf_counter() - t1
         chosen, one_se = res["chosen"], res["one_se_set"]
         p = res["paired"]
@@ -435,6 +438,11 @@ class CoCurveOptions(CompensationOptions):
     deploy: str | None = knob("vllm: every candidate mask keeps the same query heads in every layer that keeps "
                               "attention (vLLM's DeciLM; secateur export vllm), the FFN groups making up the budget",
                               choices=("vllm",))
+    # issue 47 (API only): the guard, for small models (a tiny VLM's towers) and ablations of the paper's guard
+    cocurve_protect: int | None = knob("layers protected at each end of the model (of each tower of a VLM); default 2",
+                                       flag=None, type=int)
+    cocurve_cap: float | None = knob("per-layer removal cap as a multiple of the budget, at most 1 (default 1.5)",
+                                     flag=None, type=float)
 
 
 def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
@@ -458,6 +466,14 @@ def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
                   family=family, split=o.cocurve_split or "joint", choice=o.cocurve_choice or "paired",
                   max_candidates=MAX_CANDIDATES if o.cocurve_max_candidates is None
                   else int(o.cocurve_max_candidates) or None, deploy=getattr(o, "deploy", None))
+    if o.cocurve_protect is not None:
+        if int(o.cocurve_protect) < 0:
+            raise SecateurError(f"cocurve_protect must be >= 0 layers, not {o.cocurve_protect}")
+        cfg = replace(cfg, protect_first=int(o.cocurve_protect), protect_last=int(o.cocurve_protect))
+    if o.cocurve_cap is not None:
+        if not float(o.cocurve_cap) > 0:
+            raise SecateurError(f"cocurve_cap must be > 0 (a multiple of the budget), not {o.cocurve_cap}")
+        cfg = replace(cfg, cap_factor=float(o.cocurve_cap))
     cfg.validate()
     ccfg = o.compensation_config()
     ccfg.validate()

@@ -482,6 +482,21 @@ def define_family(family: str, layout: FamilyLayout, config_class: type, model_c
                                                     exist_ok=True)
 
 
+def define_backbone(family: str, base_class: type) -> None:
+    """A text family's headless decoder (``LlamaModel``) as a per-layer ``Secateur<Base>`` class of the family's
+    per-layer config, registered with ``AutoModel``: the language model a vision-language model builds from its
+    ``text_config`` (``AutoModel.from_config``), so a VLM whose language tower has per-layer widths (``secateur prune
+    --towers joint``) reloads with one ``from_pretrained`` (issue 47)."""
+    cfg = HETERO_CLASSES[family][0]
+    mdl = type(f"Secateur{base_class.__name__}", (_HeteroModel, base_class),
+               {"__module__": __name__, "config_class": cfg})
+    HETERO_MODELS[base_class.__name__], AUTO_CLASSES[base_class.__name__] = mdl, "AutoModel"
+    globals()[mdl.__name__] = mdl
+    _share_conversions(base_class, mdl)
+    if _OWN_MODULE:
+        transformers.AutoModel.register(cfg, mdl, exist_ok=True)
+
+
 def _share_conversions(stock: type, mdl: type) -> None:
     """Give ``Secateur<Stock>`` the checkpoint key conversions of its stock class (transformers looks them up by class
     name: ViT folders are saved in the older ``encoder.layer.N`` format and renamed on load)."""

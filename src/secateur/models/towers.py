@@ -15,7 +15,7 @@ tower's hidden width (what the projector reads and writes) is never sliced by an
 consistent. A pruned tower is saved back into the VLM's config only where the stock config can express it
 (every layer the same widths: :func:`secateur.vlm_run.write_back`, above the export stage); per-layer widths inside
 a VLM are refused in one line before anything is written. The joint inventory over both towers (one budget, one
-CoCurve graph) is the next slice and is not here.
+CoCurve graph, ``--towers joint``) is :mod:`secateur.vlm_joint`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,22 @@ def is_vlm(config) -> bool:
     return getattr(config, "model_type", None) in VLM_TYPES
 
 
-TOWERS_FIX = ("--towers takes vision, language, or both with a ratio each: vision=0.2,language=0.3 (a tower "
-              "without a ratio takes --sparsity)")
+TOWERS_FIX = ("--towers takes vision, language, both with a ratio each: vision=0.2,language=0.3 (a tower "
+              "without a ratio takes --sparsity), or joint (one --sparsity over both towers' units; joint:language "
+              "or joint:vision for one tower's units alone)")
 
 
 def parse_towers(spec: str, sparsity: float) -> list[tuple[str, float]]:
     """``--towers`` -> ``[(tower, ratio)]`` in the data's order (vision first: the language tower then calibrates
     through the pruned vision tower): ``vision``, ``language``, ``vision,language`` (each at ``sparsity``) or
-    ``vision=0.2,language=0.3``. One line on anything else."""
+    ``vision=0.2,language=0.3``; ``joint`` / ``joint:language`` / ``joint:vision`` -> ``[(spec, sparsity)]`` (one
+    budget over those towers' units, :mod:`secateur.vlm_joint`). One line on anything else."""
     from secateur.errors import check_fraction
 
+    s = str(spec).strip()
+    if s == "joint" or s in (f"joint:{t}" for t in TOWERS):
+        check_fraction(float(sparsity))
+        return [(s, float(sparsity))]
     out: dict[str, float] = {}
     for part in str(spec).split(","):
         name, _, ratio = part.strip().partition("=")
@@ -68,8 +74,8 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
                                 f"is {mt!r}; drop --towers")
         return []
     if tower is None:
-        raise SecateurError(f"{mt!r} is a vision-language model and one budget over both towers is not supported yet; "
-                            "name the towers to prune with --towers vision, language or vision=R,language=R")
+        raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers joint (one "
+                            "budget over both towers), vision, language or vision=R,language=R")
     return parse_towers(tower, sparsity)
 
 

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -302,6 +303,20 @@ class _Plan:
             by_layer.setdefault(s.layer, []).append(s)
         return cls(len(inv), specs, ablated, {s.index: j for j, s in enumerate(specs)}, by_layer)
 
+    @classmethod
+    def of_units(cls, M: int, layer_of: torch.Tensor, units: torch.Tensor | None) -> _Plan:
+        """The plan of a :func:`source_sweep`: units by index only (the source knows how to ablate them)."""
+        idx = range(M) if units is None else torch.nonzero(units).flatten().tolist()
+        specs = [_UnitSpec(int(i), int(layer_of[i]), False, torch.zeros(0, dtype=torch.long)) for i in idx]
+        if not specs:
+            raise SecateurError("no unit to ablate")
+        ablated = torch.zeros(M, dtype=torch.bool)
+        ablated[[s.index for s in specs]] = True
+        by_layer: dict[int, list[_UnitSpec]] = {}
+        for s in specs:
+            by_layer.setdefault(s.layer, []).append(s)
+        return cls(M, specs, ablated, {s.index: j for j, s in enumerate(specs)}, by_layer)
+
 
 class _Teacher:
     """The dense logits of one block of sequences at the sampled positions and their top-r support.
@@ -370,14 +385,18 @@ def subsample_index(pos: torch.Tensor, seqlen: int, cfg: SweepConfig) -> torch.T
     return idx if 0 < idx.numel() < pos.numel() else None
 
 
-def _window_grams(phi: torch.Tensor, n: int, first: int, n_specs: int, rows: torch.Tensor | None = None
-                  ) -> list[torch.Tensor | None]:
+def _window_grams(phi: torch.Tensor, n: int, first: int, n_specs: int, rows: torch.Tensor | None = None,
+                  sizes: list[int] | None = None) -> list[torch.Tensor | None]:
     """The Grams of the even / odd windows of a block (``phi``'s rows are ``[window, position, support]``);
-    ``rows``: only these rows of each window. A parity with no window of the block is None."""
-    per = phi.shape[0] // n
+    ``rows``: only these rows of each window; ``sizes``: the rows of each window when they differ (a source sweep's
+    windows score different numbers of positions; default: ``phi``'s rows split evenly). A parity with no window of
+    the block is None."""
+    if sizes is None:
+        sizes = [phi.shape[0] // n] * n
+    starts = [sum(sizes[:j]) for j in range(n)]
     parts = [torch.zeros(n_specs, n_specs, dtype=torch.float64) for _ in range(2)]
     for j in range(n):
-        w = phi[j * per:(j + 1) * per]
+        w = phi[starts[j]:starts[j] + sizes[j]]
         parts[(first + j) % 2] += gram(w if rows is None else w[rows])
     return [h if any((first + j) % 2 == k for j in range(n)) else None for k, h in enumerate(parts)]
 
@@ -398,14 +417,9 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
         clock["n_abl"] += _ablate_layer(walker, plan, teacher, li, hs, cfg, phi, kl)
     t2 = time.perf_counter()
     del hs
+    piece = _piece(plan, phi, kl, teacher, x.shape[0], first)
     sel = torch.tensor([sp.index for sp in plan.specs])
-    full = _embed(gram(phi), sel, plan.M)
-    halves = None
     n = x.shape[0]
-    if n > 1:  # one Gram per window over its rows of phi (contiguous: rows are [window, position, support])
-        halves = [None if h is None else _embed(h, sel, plan.M) for h in _window_grams(phi, n, first, len(sel))]
-    piece = {"gram": full, "kl": kl, "mass": teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1),
-             "halves": halves}
     if sub is not None:  # the subsample's rows of each window: positions sub, every support entry
         r = teacher.idx.shape[-1]
         rows = (sub[:, None] * r + torch.arange(r)[None, :]).flatten()
@@ -414,6 +428,20 @@ def _sweep_block(walker: _Walker, plan: _Plan, x: torch.Tensor, cfg: SweepConfig
     clock["abl"] += t2 - t1
     clock["gram"] += time.perf_counter() - t2
     return piece
+
+
+def _piece(plan: _Plan, phi: torch.Tensor, kl: torch.Tensor, teacher: _Teacher, n: int, first: int,
+           sizes: list[int] | None = None) -> dict:
+    """One block's reduction piece: its ``M x M`` Gram, KL sums, support mass sum and (``n > 1`` windows) the Grams
+    of its even / odd windows (``sizes``: rows of ``phi`` per window when they differ)."""
+    sel = torch.tensor([sp.index for sp in plan.specs])
+    full = _embed(gram(phi), sel, plan.M)
+    halves = None
+    if n > 1:  # one Gram per window over its rows of phi (contiguous: rows are [window, position, support])
+        halves = [None if h is None else _embed(h, sel, plan.M)
+                  for h in _window_grams(phi, n, first, len(sel), sizes=sizes)]
+    return {"gram": full, "kl": kl, "mass": teacher.p_sup.sum(-1).to(torch.float64).sum().reshape(1),
+            "halves": halves}
 
 
 def _embed(g: torch.Tensor, sel: torch.Tensor, M: int) -> torch.Tensor:
@@ -507,6 +535,27 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
     sub = subsample_index(pos, T, cfg)
     _, kw = adapter.capture_inputs(ids[:1])
     walker = _Walker(model, adapter, kw, pos)
+
+    def run_block(s: int, e: int, clock: dict) -> dict:  # looked up at call time: tests replace _sweep_block
+        return _sweep_block(walker, plan, ids[s:e].to(device), cfg, clock, s, sub)
+
+    fold, clock, blocks, n_resumed = _fold_blocks(run_block, N, plan, cfg, lambda s, e: P)
+    world = dist.rank_world()[1]
+    extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T,
+             "positions_per_window": P, "resumed_blocks": n_resumed}
+    half_pos = ((N + 1) // 2 * P, N // 2 * P)
+    sub_half_pos = None
+    if sub is not None:
+        Ps = int(sub.numel())
+        extra["subsample_positions_per_window"] = Ps
+        sub_half_pos = ((N + 1) // 2 * Ps, N // 2 * Ps)
+    return _finish(fold, plan, len(blocks), N * P, half_pos, clock, extra, sub_half_pos)
+
+
+def _fold_blocks(run_block, N: int, plan: _Plan, cfg: SweepConfig, positions_of) -> tuple:
+    """The sweep's block loop (module docstring: rounds of ``W`` blocks, block-ordered fold, resumable pieces):
+    ``run_block(s, e, clock)`` computes the piece of windows ``s .. e-1``; ``positions_of(s, e)`` is what a saved
+    piece must have recorded to be reused. Returns ``(fold, clock, blocks, resumed blocks)``."""
     rank, world = dist.rank_world()
     blocks = [(b, s, min(s + cfg.seqs_per_block, N)) for b, s in enumerate(range(0, N, cfg.seqs_per_block))]
     fold = _Fold(plan.M)
@@ -522,6 +571,7 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
                 b, s, e = round_[rank]
                 name = f"{stage}-block{b}.pt"
                 saved = ck.load(name) if ck is not None and ck.has(name) else None
+                P = positions_of(s, e)
                 if saved is not None and saved.get("positions") == P:
                     piece = saved
                     for k in clock:
@@ -529,7 +579,7 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
                     resumed += 1
                 else:
                     before = dict(clock)
-                    piece = _sweep_block(walker, plan, ids[s:e].to(device), cfg, clock, s, sub)
+                    piece = run_block(s, e, clock)
                     if ck is not None:
                         ck.save(name, {**piece, "positions": P, "clock": {k: clock[k] - before[k] for k in clock}})
                     if cfg.progress:
@@ -537,16 +587,81 @@ def ablation_sweep(model: nn.Module, adapter: Adapter, inv: Inventory, ids: torc
                               f"ablations {clock['abl']:.1f}s", flush=True)
             for j, (_, s, e) in enumerate(round_):
                 fold.add(piece if j == rank else None, s, e - s)
-    n_resumed = int(dist.sum_floats([float(resumed)])[0])
-    extra = {"world_size": world, "n_blocks": len(blocks), "tokens_per_block": cfg.seqs_per_block * T,
-             "positions_per_window": P, "resumed_blocks": n_resumed}
-    half_pos = ((N + 1) // 2 * P, N // 2 * P)
-    sub_half_pos = None
-    if sub is not None:
-        Ps = int(sub.numel())
-        extra["subsample_positions_per_window"] = Ps
-        sub_half_pos = ((N + 1) // 2 * Ps, N // 2 * Ps)
-    return _finish(fold, plan, len(blocks), N * P, half_pos, clock, extra, sub_half_pos)
+    return fold, clock, blocks, int(dist.sum_floats([float(resumed)])[0])
+
+
+class AblationSource(Protocol):
+    """Where a :func:`source_sweep`'s model and loss come from: any model whose units can be ablated one at a time
+    (a vision-language model's two towers, :mod:`secateur.vlm_joint`) and whose scored positions it chooses (a
+    caption's tokens). Rows of the logits are window-major: window ``s``'s scored positions, then ``s + 1``'s, ..."""
+
+    def positions(self, i: int) -> int:
+        """Scored positions of window ``i``."""
+
+    def dense_logits(self, s: int, e: int) -> torch.Tensor:
+        """float32 logits ``[R, V]`` of the dense model at the scored positions of windows ``s .. e-1``."""
+
+    def ablated_logits(self, s: int, e: int, units: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(units), R, V]``: the same rows with each unit alone removed."""
+
+
+def _source_block(source: AblationSource, plan: _Plan, s: int, e: int, cfg: SweepConfig,
+                  clock: dict[str, float]) -> dict:
+    """:func:`_sweep_block` for a source: the dense logits and each ablation's logits come from ``source``; the
+    teacher, Fisher features, KLs and the block's piece are the very code of the layered sweep."""
+    t0 = time.perf_counter()
+    teacher = _Teacher(source.dense_logits(s, e)[None], cfg)
+    clock["dense"] += time.perf_counter() - t0
+    phi = torch.zeros(teacher.idx.numel(), len(plan.specs), dtype=torch.float64)
+    kl = torch.zeros(plan.M, dtype=torch.float64)
+    t1 = time.perf_counter()
+    for c in range(0, len(plan.specs), cfg.unit_batch):
+        group = plan.specs[c:c + cfg.unit_batch]
+        z = source.ablated_logits(s, e, [sp.index for sp in group])
+        for k, sp in enumerate(group):
+            f, kl[sp.index] = teacher.response(z[k][None])
+            phi[:, plan.col_of[sp.index]] = f.reshape(-1)
+        clock["n_abl"] += len(group)
+        del z
+    t2 = time.perf_counter()
+    r = teacher.idx.shape[-1]
+    piece = _piece(plan, phi, kl, teacher, e - s, s, [source.positions(i) * r for i in range(s, e)])
+    clock["abl"] += t2 - t1
+    clock["gram"] += time.perf_counter() - t2
+    return piece
+
+
+def source_sweep(source: AblationSource, n_windows: int, layer_of: torch.Tensor, cfg: SweepConfig | None = None,
+                 units: torch.Tensor | None = None) -> SweepResult:
+    """The single-unit ablation sweep of :func:`ablation_sweep` over ``n_windows`` windows of a source whose
+    windows score different numbers of positions ``P_i`` (``layer_of [M]``: each unit's layer; ``units``: the units
+    to ablate, default all). Same features, ``H = (1 / sum_i P_i) sum Phi^T Phi`` (the paper's Gram estimator over
+    the scored positions), the same block loop, fold, split halves and resumable pieces (``positions``: the block's
+    ``P_i``). Every ablation is whatever the source computes (a full forward: no upper-layer shortcut), and there is
+    no memory plan and no position subsample (``positions_per_seq`` and ``subsample_check`` are refused)."""
+    cfg = cfg or SweepConfig()
+    if cfg.positions_per_seq is not None or cfg.subsample_check is not None:
+        raise SecateurError("a source sweep scores the positions its source chooses: positions_per_seq and "
+                            "subsample_check do not apply")
+    if cfg.top_r < 1 or cfg.unit_batch < 1 or cfg.seqs_per_block < 1:
+        raise SecateurError("top_r, unit_batch and seqs_per_block must be >= 1")
+    if cfg.center not in CENTERS:
+        raise SecateurError(f"center must be one of {CENTERS}, not {cfg.center!r}")
+    M = int(layer_of.numel())
+    plan = _Plan.of_units(M, layer_of, units)
+    sizes = [int(source.positions(i)) for i in range(n_windows)]
+    if min(sizes, default=0) < 1:
+        raise SecateurError("every window of a source sweep needs at least one scored position")
+
+    def run_block(s: int, e: int, clock: dict) -> dict:
+        return _source_block(source, plan, s, e, cfg, clock)
+
+    with torch.no_grad():
+        fold, clock, blocks, n_resumed = _fold_blocks(run_block, n_windows, plan, cfg, lambda s, e: sizes[s:e])
+    extra = {"world_size": dist.rank_world()[1], "n_blocks": len(blocks), "positions_per_window": sizes,
+             "resumed_blocks": n_resumed}
+    half_pos = (sum(sizes[0::2]), sum(sizes[1::2]))
+    return _finish(fold, plan, len(blocks), sum(sizes), half_pos, clock, extra)
 
 
 # --- memory ------------------------------------------------------------------------------------------

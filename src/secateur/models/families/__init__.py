@@ -83,6 +83,21 @@ for _cls in ADAPTERS.values():
                          _cls.auto_class)
 
 
+def _backbone_class(family: str) -> type | None:
+    """The headless decoder class ``AutoModel`` builds for a text family (``LlamaModel``), or None."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(family)
+    return getattr(transformers, name, None) if isinstance(name, str) else None
+
+
+for _cls in ADAPTERS.values():  # a VLM's language model with per-layer widths (hetero.define_backbone)
+    if _cls.modality == "text" and (_base := _backbone_class(_cls.family)) is not None \
+            and _base is not _cls.model_class:
+        hetero.define_backbone(_cls.family, _base)
+
+
 def supported_model_types() -> list[str]:
     return sorted(ADAPTERS)
 
