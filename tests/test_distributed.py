@@ -560,3 +560,25 @@ def test_one_file_checkpoint_of_one_process_resumes_split(inputs, alone, tmp_pat
     resumed = _jobs(tmp_path / "b", 2, [("resumed", _argv(inputs, out, args, "--resume"), None, {})])
     assert [r["resumed"][2][:2] for r in resumed] == [[1, 2], [1, 2]]
     assert not checkpoint_dir(out).exists() and folder_digest(out) == alone["sparsegpt-50"]["resident"]
+
+
+def test_supervisor_sees_a_later_rank_die_while_an_earlier_one_waits(monkeypatch, tmp_path, capsys):
+    """``--procs``: rank 1 dies at once while rank 0 would wait for it (in a rendezvous, up to
+    SECATEUR_DIST_TIMEOUT): the supervisor must notice rank 1 within its polling, stop rank 0 and name rank 1.
+    Regression: ``any(c.poll() is None ...)`` stopped at live rank 0, so rank 1's death went unseen for 600 s."""
+    from secateur import launch
+
+    popen = subprocess.Popen
+
+    def fake_popen(argv, env, **kw):
+        code = "import time; time.sleep(120)" if env["RANK"] == "0" else "import os; os.kill(os.getpid(), 9)"
+        return popen([sys.executable, "-c", code], env=env, **kw)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
+    started = time.monotonic()
+    assert launch.supervise(["prune"], 2) == 2
+    assert time.monotonic() - started < 60  # rank 0 sleeps 120 s: only stopping it ends the run this soon
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 1: ended by SIGKILL" in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -214,7 +214,9 @@ def supervise(argv: list[str], procs: int) -> int:
                 quiet = None if rank == 0 else subprocess.DEVNULL
                 children.append(subprocess.Popen([sys.executable, "-m", "secateur", *_without_procs(argv)], env=env,
                                                   stdout=quiet, stderr=quiet))
-            while any(c.poll() is None for c in children):
+            # every child polled each time (a list, not any(): any() stops at the first live rank, so a dead
+            # rank behind it went unseen until the live one gave up at SECATEUR_DIST_TIMEOUT)
+            while None in [c.poll() for c in children]:
                 order += [r for r, c in enumerate(children) if c.returncode not in (None, 0) and r not in order]
                 if order:
                     _stop(children, settle=True)
