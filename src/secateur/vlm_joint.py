@@ -225,10 +225,12 @@ class CaptionKL:
         self.logp0 = [torch.log_softmax(caption_logits(vlm, data, i, i + 1), -1) for i in range(len(data))]
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
+    def evaluate(self, model: nn.Module | None = None) -> dict:
+        """``model``: another VLM to score against the dense teacher (a sliced and saved one); default the
+        teacher's own VLM as it currently computes (masks)."""
         per_seq = []
         for i, lp in enumerate(self.logp0):
-            lq = torch.log_softmax(caption_logits(self.vlm, self.data, i, i + 1), -1)
+            lq = torch.log_softmax(caption_logits(model or self.vlm, self.data, i, i + 1), -1)
             per_seq.append(float((lp.exp() * (lp - lq)).sum(-1).to(torch.float64).sum()) / lp.shape[0])
         return {"kl": sum(per_seq) / len(per_seq), "se": standard_error(per_seq), "per_sequence": per_seq,
                 "tokens": int(sum(lp.shape[0] for lp in self.logp0))}

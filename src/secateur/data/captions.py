@@ -77,14 +77,15 @@ def is_caption_source(name: str) -> bool:
     return name in SOURCES
 
 
-def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None
+def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None, split: str = "train"
                   ) -> tuple[torch.Tensor, torch.Tensor, CaptionManifest]:
-    """``(input_ids [n, T], pixel_values [n, C, H, W], manifest)`` of ``n`` Fashion-MNIST caption pairs."""
+    """``(input_ids [n, T], pixel_values [n, C, H, W], manifest)`` of ``n`` Fashion-MNIST caption pairs (``split``:
+    ``train`` for calibration; ``test`` for a held-out measure such as the benches' caption-token teacher KL)."""
     from secateur.data.images import processed_images
 
     vc = vlm.config.vision_config
     imgs = processed_images("fashion-mnist", processor.image_processor, int(vc.num_channels), int(vc.patch_size), n=n,
-                            seed=seed, split="train", data_dir=data_dir, need_labels=True)
+                            seed=seed, split=split, data_dir=data_dir, need_labels=True)
     rng = np.random.default_rng([seed, 47])
     caps = [TEMPLATES[int(t)].format(NAMES[int(c)])
             for t, c in zip(rng.integers(0, len(TEMPLATES), len(imgs.labels)), imgs.labels, strict=True)]
