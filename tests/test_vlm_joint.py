@@ -296,3 +296,17 @@ def test_bad_inputs_one_line_exit_2_nothing_written(tmp_path, capsys, extra, mat
            if not ln.startswith(("secateur: note:", "[transformers]"))]  # notes and library warnings aside
     assert len(err) == 1 and match in err[0], err
     assert not out.exists()
+
+
+def test_blocks_of_several_pairs_give_the_same_graph(run):
+    """Pairs score different numbers of caption positions; a block of 3 pairs (one forward per unit for the three)
+    sums the same per-pair Grams, so H and the split halves agree with one pair per block up to summation order."""
+    vlm, _, ji, graph_data, graph, _ = run
+    g3 = joint_graph(vlm, ji, graph_data, replace(CFG, sweep=replace(CFG.sweep, seqs_per_block=3)))
+    sizes = [int(graph_data.rows(i).numel()) for i in range(len(graph_data))]
+    assert len(set(sizes)) > 1  # the captions have different lengths
+    scale = float(graph.H.diagonal().max())
+    torch.testing.assert_close(g3.H, graph.H, rtol=1e-6, atol=1e-9 * scale)
+    for a, b in zip(g3.halves, graph.halves, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9 * scale)
+    assert g3.meta["n_positions"] == graph.meta["n_positions"] == sum(sizes)

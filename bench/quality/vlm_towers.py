@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(key, row.get("eval", row.get("refused")), flush=True)
                 PAGE.write_text(render(read_rows(OUT)))
         teacher = heldout_teacher(cache())
-        for row in joint_rows(cache(), done, a.nsamples + 16, a.images, teacher):
+        # CoCurve: 8 pairs per forward of each ablation (the same H up to summation order; tests/test_vlm_joint.py)
+        for row in joint_rows(cache(), done, a.nsamples + 16, a.images, teacher, seqs_per_block=8):
             append_row(OUT, row, unique_key=True)
             print(row["key"], row.get("budget", {}).get("by_tower"), row.get("eval", row.get("refused")), flush=True)
             PAGE.write_text(render(read_rows(OUT)))
