@@ -310,3 +310,26 @@ def test_blocks_of_several_pairs_give_the_same_graph(run):
     for a, b in zip(g3.halves, graph.halves, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9 * scale)
     assert g3.meta["n_positions"] == graph.meta["n_positions"] == sum(sizes)
+
+
+def test_a_saved_joint_graph_serves_every_budget_and_the_language_block(run, tmp_path):
+    """H does not depend on the budget: a saved joint graph is reused (checked against the pairs and units), and its
+    language block is the graph a language-only sweep builds (the same ablations, teacher and positions)."""
+    from secateur.errors import SecateurError
+    from secateur.vlm_joint import _pairs_sha256, reused_graph
+
+    vlm, _, ji, graph_data, graph, _ = run
+    graph.meta["calibration"]["sha256"] = sha = _pairs_sha256(graph_data)
+    graph.save(tmp_path / "g.npz")
+    again = reused_graph(str(tmp_path / "g.npz"), ji, sha, CFG)
+    assert torch.equal(again.H, graph.H) and torch.equal(again.ablated, graph.ablated)
+    lji = joint_inventory(vlm, ("language",))
+    block = reused_graph(str(tmp_path / "g.npz"), lji, sha, CFG)
+    fresh = joint_graph(vlm, lji, graph_data, CFG)
+    scale = float(fresh.H.diagonal().max())
+    torch.testing.assert_close(block.H, fresh.H, rtol=1e-9, atol=1e-12 * scale)
+    assert torch.equal(block.costs, fresh.costs) and torch.equal(block.layer_of, fresh.layer_of)
+    with pytest.raises(SecateurError, match="other caption pairs"):
+        reused_graph(str(tmp_path / "g.npz"), ji, "0" * 64, CFG)
+    with pytest.raises(SecateurError, match="other CoCurve settings"):
+        reused_graph(str(tmp_path / "g.npz"), ji, sha, replace(CFG, n_ffn_groups=8))

@@ -13,8 +13,10 @@ magnitude-sp at 20% and 30% with ONE budget over both towers' units (CoCurve: on
 caption tokens only, the last 16 of the 64 + 16 pairs choose lambda), each followed by its language-only control at
 matched parameters (``--towers joint:language`` at :func:`secateur.vlm_joint.matched_ratio` of the joint row: the
 same count of parameters removed, within one unit); each row records where the budget went (fraction of each tower)
-and the caption-token teacher KL on 16 held-out test pairs beside the caption scores. They run when the assembled VLM
-exists and are skipped with a message otherwise.
+and the caption-token teacher KL on 16 held-out test pairs beside the caption scores. One sweep serves every CoCurve
+row (the first keeps its joint graph beside the VLM, ``fmnist-llava-joint-graph.npz``; the others reuse it, the
+language-only rows its language block). They run when the assembled VLM exists and are skipped with a message
+otherwise.
 
     python bench/quality/vlm_towers.py              # every row not yet recorded (resumable row by row)
     python bench/quality/vlm_towers.py --render     # the page from the recorded rows
@@ -97,8 +99,9 @@ def heldout_teacher(model: str | Path, n: int = HELDOUT_PAIRS):
 
 
 def joint_row(key: str, model: str | Path, spec: str, method: str, s: float, nsamples: int, images: int, teacher,
-              **knobs) -> dict:
-    """One ``--towers joint`` (or ``joint:language``) row: prune, save, reload, score captions and held-out KL."""
+              keep_graph: Path | None = None, **knobs) -> dict:
+    """One ``--towers joint`` (or ``joint:language``) row: prune, save, reload, score captions and held-out KL;
+    ``keep_graph``: where to keep a CoCurve run's joint graph for the next CoCurve rows."""
     from transformers import AutoModelForImageTextToText
 
     from secateur import api
@@ -116,6 +119,11 @@ def joint_row(key: str, model: str | Path, spec: str, method: str, s: float, nsa
             return stamped(base | {"refused": str(e), "load_avg_1_5_15": _load()})
         wall = time.perf_counter() - t
         rep = res.report
+        if keep_graph is not None and (out / "cocurve_graph.npz").exists():
+            import shutil
+
+            keep_graph.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / "cocurve_graph.npz", keep_graph)
         ev = eval_captions(str(out), max_images=images)
         kl = teacher.evaluate(AutoModelForImageTextToText.from_pretrained(out).eval())
     d = rep["details"]
@@ -129,16 +137,25 @@ def joint_row(key: str, model: str | Path, spec: str, method: str, s: float, nsa
 
 
 def joint_rows(model: str | Path, done: set[str], nsamples: int, images: int, teacher, keys: dict | None = None,
-               **cocurve_knobs):
+               graph: Path | None = None, **cocurve_knobs):
     """Each joint row not in ``done``, then its language-only row at matched parameters (yields the rows);
-    ``cocurve_knobs`` go to the CoCurve runs only."""
+    ``cocurve_knobs`` go to the CoCurve runs only. ``graph``: the first CoCurve run's joint graph is kept there and
+    every later CoCurve run (CoCurve-diag, the other budget, the language-only rows: its language block) reuses it
+    (``cocurve_graph``; H does not depend on the budget): one sweep for all of them."""
     from secateur.vlm_joint import matched_ratio
+
+    def knobs_of(method: str) -> tuple[dict, Path | None]:
+        if not method.startswith("cocurve"):
+            return {}, None
+        if graph is not None and graph.exists():
+            return cocurve_knobs | {"cocurve_graph": str(graph)}, None
+        return cocurve_knobs, graph
 
     for key, (method, s) in (keys or JOINT).items():
         row = None
-        knobs = cocurve_knobs if method.startswith("cocurve") else {}
         if key not in done:
-            row = joint_row(key, model, "joint", method, s, nsamples, images, teacher, **knobs)
+            knobs, keep = knobs_of(method)
+            row = joint_row(key, model, "joint", method, s, nsamples, images, teacher, keep, **knobs)
             yield row
         lang = key.replace("joint-", "language-only-")
         if lang not in done:
@@ -147,6 +164,7 @@ def joint_rows(model: str | Path, done: set[str], nsamples: int, images: int, te
             if row is None or "budget" not in row:
                 continue
             r = matched_ratio(row["budget"])
+            knobs, keep = knobs_of(method)
             out = joint_row(lang, model, "joint:language", method, r, nsamples, images, teacher, **knobs)
             yield out | {"matched_to": key, "matched_removed_params": row["budget"]["removed_params"]}
 
@@ -246,7 +264,7 @@ def tiny(images: int) -> int:
         teacher = heldout_teacher(model, 4)
         keys = {k: v for k, v in JOINT.items() if v[1] == 0.2}
         rows: list[dict] = []
-        for row in joint_rows(model, set(), 4, images, teacher, keys, heldout=2, top_r=32):
+        for row in joint_rows(model, set(), 4, images, teacher, keys, Path(tmp) / "graph.npz", heldout=2, top_r=32):
             rows.append(row)
             b = row.get("budget", {})
             print(row["key"], row.get("refused") or {t: round(d["fraction"], 4) for t, d in b["by_tower"].items()},
@@ -282,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                 PAGE.write_text(render(read_rows(OUT)))
         teacher = heldout_teacher(cache())
         # CoCurve: 8 pairs per forward of each ablation (the same H up to summation order; tests/test_vlm_joint.py)
-        for row in joint_rows(cache(), done, a.nsamples + 16, a.images, teacher, seqs_per_block=8):
+        graph = cache().parent / "fmnist-llava-joint-graph.npz"  # one sweep for every CoCurve row
+        for row in joint_rows(cache(), done, a.nsamples + 16, a.images, teacher, None, graph, seqs_per_block=8):
             append_row(OUT, row, unique_key=True)
             print(row["key"], row.get("budget", {}).get("by_tower"), row.get("eval", row.get("refused")), flush=True)
             PAGE.write_text(render(read_rows(OUT)))

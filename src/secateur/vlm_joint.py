@@ -289,6 +289,60 @@ def joint_graph(vlm: nn.Module, ji: JointInventory, data: CaptionData, cfg=None)
     return g
 
 
+def _pairs_sha256(data: CaptionData) -> str:
+    import hashlib
+
+    return hashlib.sha256(data.ids.numpy().tobytes() + data.pixels.float().numpy().tobytes()).hexdigest()
+
+
+def reused_graph(path: str, ji: JointInventory, pairs_sha: str, cfg):
+    """The graph of an earlier joint run (``cocurve_graph.npz``), checked to be this run's: the same graph pairs
+    (sha256 of their ids and pixels), sweep settings and units (costs, layers); a graph over both towers also serves
+    a one-tower run (``--towers joint:language``): its block of that tower's units, the same ablations and teacher,
+    so the very entries a one-tower sweep computes."""
+    from secateur.scoring.cocurve_graph import CoPruningGraph
+
+    try:
+        g = CoPruningGraph.load(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise SecateurError(f"cocurve_graph {path}: not a readable graph ({e}); pass a run's cocurve_graph.npz") \
+            from None
+    meta = g.meta
+    if (meta.get("calibration") or {}).get("sha256") != pairs_sha:
+        raise SecateurError(f"cocurve_graph {path} was built on other caption pairs (another --nsamples, --seed or "
+                            "--heldout); rebuild it or match them")
+    keys = ("n_ffn_groups", "protect_first", "protect_last", "ablate_protected")
+    was, now = meta.get("config") or {}, cfg.to_dict()
+    same = ("top_r", "renormalize", "center")  # the sweep's other knobs change the summation order only
+    if any(was.get(k) != now[k] for k in keys) or any((was.get("sweep") or {}).get(k) != now["sweep"][k]
+                                                       for k in same):
+        raise SecateurError(f"cocurve_graph {path} was built with other CoCurve settings ({', '.join(keys)}); "
+                            "rebuild it or match them")
+    spans = meta.get("towers") or {}
+    if any(p.name not in spans for p in ji.parts):
+        raise SecateurError(f"cocurve_graph {path} holds no units of the {'/'.join(p.name for p in ji.parts)} tower")
+    idx = torch.cat([torch.arange(*spans[p.name]) for p in ji.parts])
+    lo = {p.name: int(g.layer_of[spans[p.name][0]]) for p in ji.parts}
+    layer_of = torch.cat([g.layer_of[torch.arange(*spans[p.name])] - lo[p.name] + p.layer_offset for p in ji.parts])
+    if idx.numel() != len(ji) or not torch.equal(g.costs[idx], ji.inv.costs) \
+            or not torch.equal(layer_of, ji.inv.layer_of):
+        raise SecateurError(f"cocurve_graph {path} does not match this model's units; rebuild it")
+    sub = (lambda t: None if t is None else t[idx][:, idx]) if idx.numel() != len(g) else (lambda t: t)
+    vec = (lambda t: None if t is None else t[idx]) if idx.numel() != len(g) else (lambda t: t)
+    halves = None if g.halves is None else (sub(g.halves[0]), sub(g.halves[1]))
+    out = CoPruningGraph(H=sub(g.H), costs=ji.inv.costs.clone(), layer_of=ji.inv.layer_of.clone(),
+                         is_attn=vec(g.is_attn), n_layers=ji.inv.n_layers, ablated=vec(g.ablated),
+                         kl_single=vec(g.kl_single), meta={**meta, "reused_from": str(path),
+                                                           "towers": {p.name: [p.offset, p.offset + len(p.inv)]
+                                                                      for p in ji.parts}}, halves=halves)
+    out.meta["lambda_min"] = out.check_psd()
+    if idx.numel() != len(g):  # the diagnostic of the block used, not of the whole graph
+        from secateur.methods.cocurve import graph_split_half
+
+        out.meta["split_half"] = graph_split_half(out)
+    return out
+
+
 def select_joint(graph, ji: JointInventory, rho: float, teacher: CaptionKL | None, cfg=None,
                  diagonal: bool = False):
     """Text CoCurve's selection (:func:`secateur.methods.cocurve.select`: the lambda family and the held-out choice)
@@ -420,7 +474,13 @@ def prune_joint(opts, vlm: nn.Module, proc, towers: tuple[str, ...]) -> tuple[di
         ji = joint_inventory(vlm, towers, COCURVE_KINDS, cfg.n_ffn_groups)
         check_feasible(ji, rho, ji.guard(rho, cfg.protect_first, cfg.protect_last, cfg.cap_factor))
         graph_data, held = data.split(len(data) - cfg.heldout)
-        graph = joint_graph(vlm, ji, graph_data, cfg)
+        pairs_sha = _pairs_sha256(graph_data)
+        reuse = opts.method_options.cocurve_graph
+        if reuse is not None:
+            graph = reused_graph(reuse, ji, pairs_sha, cfg)
+        else:
+            graph = joint_graph(vlm, ji, graph_data, cfg)
+            graph.meta["calibration"]["sha256"] = pairs_sha
         res = select_joint(graph, ji, rho, CaptionKL(vlm, held), cfg, diagonal=opts.method == "cocurve-diag")
         removed = res.removed
         details = {"lambda": res.lam, "candidates": res.candidates, "chosen": res.chosen,

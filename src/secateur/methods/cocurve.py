@@ -443,6 +443,8 @@ class CoCurveOptions(CompensationOptions):
                                        flag=None, type=int)
     cocurve_cap: float | None = knob("per-layer removal cap as a multiple of the budget, at most 1 (default 1.5)",
                                      flag=None, type=float)
+    cocurve_graph: str | None = knob("a cocurve_graph.npz of a --towers joint run on the same VLM and pairs, reused "
+                                     "instead of the sweep (H does not depend on the budget)", flag=None, type=str)
 
 
 def cocurve_config(opts) -> tuple[CoCurveConfig, CompensationConfig]:
@@ -500,6 +502,8 @@ def run(name: str, model: nn.Module, adapter: Adapter, calib_ids: torch.Tensor, 
     from secateur.models import hetero
 
     blocks.resident_only(f"--method {name}")
+    if opts.method_options.cocurve_graph is not None:
+        raise SecateurError("cocurve_graph reuses a vision-language model's joint graph (--towers joint); drop it")
     cfg, ccfg = cocurve_config(opts)
     n = calib_ids.shape[0]
     if n <= cfg.heldout:
