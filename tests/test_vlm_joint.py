@@ -122,6 +122,8 @@ def test_one_budget_met_within_one_unit(run):
         assert RHO * b["removable"] <= b["removed_params"] < RHO * b["removable"] + b["max_unit_cost"], m
         assert sum(t["removed_params"] for t in b["by_tower"].values()) == b["removed_params"]
         assert sum(t["removable"] for t in b["by_tower"].values()) == b["removable"]
+        for t, d in b["by_tower"].items():  # the per-layer records add up to the tower's
+            assert sum(r["removed_params"] for r in b["per_layer"] if r["tower"] == t) == d["removed_params"]
         prot = set(inv.protected(CFG.protect_first, CFG.protect_last))
         assert not any(int(li) in prot for li in inv.inv.layer_of[removed].tolist()), m
     assert bji.inv.total_cost == ji.inv.total_cost  # FFN groups or channels: the same removable parameters

@@ -231,6 +231,8 @@ def render_joint(rows: list[dict]) -> list[str]:
            "| run | method | target | removed params | vision | language | params | caption accuracy | multiple choice "
            "| caption ppl | held-out KL | lambda |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if (PAGE.parent / BUDGET_PNG).exists() and any("eval" in r for r in joint):
+        out[3:3] = [f"![where the budget went]({BUDGET_PNG})", ""]
     if not any("eval" in r for r in joint):
         return out[:3] + ["Not run yet: the assembled VLM (`bench/tools/train_vlm.py`) is needed; the command "
                           "above records these rows after the per-tower ones. The path is verified end to end on a "
@@ -249,6 +251,23 @@ def render_joint(rows: list[dict]) -> list[str]:
     ref = [r for r in joint if "refused" in r]
     out += [""] + [f"* refused: `{r['towers']}` `{r['method']}` {r['sparsity']:.0%}: {r['refused']}" for r in ref]
     return out
+
+
+BUDGET_PNG = "cocurve-vlm-budget.png"
+
+
+def budget_plot(rows: list[dict], path: Path, sparsity: float = 0.3) -> bool:
+    """Where the joint budget went at ``sparsity`` (:func:`secateur.plots.plot_tower_budget`), one line per joint
+    method; False when no such row is recorded."""
+    from secateur.plots import plot_tower_budget
+
+    series = {r["method"]: r["budget"]["per_layer"] for r in rows
+              if r.get("joint") and r["towers"] == "joint" and r["sparsity"] == sparsity and "per_layer" in
+              r.get("budget", {})}
+    if not series:
+        return False
+    plot_tower_budget(series, path, f"one budget of {sparsity:.0%} over both towers: where it went")
+    return True
 
 
 def tiny(images: int) -> int:
@@ -270,6 +289,8 @@ def tiny(images: int) -> int:
             print(row["key"], row.get("refused") or {t: round(d["fraction"], 4) for t, d in b["by_tower"].items()},
                   row.get("eval", {}).get("caption_ppl"), row.get("heldout_kl"), flush=True)
         print("\n".join(render_joint(rows)))
+        png = Path(tmp) / BUDGET_PNG
+        print(f"budget plot: {budget_plot(rows, png, 0.2) and png.stat().st_size} bytes")
     return 0
 
 
@@ -305,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             append_row(OUT, row, unique_key=True)
             print(row["key"], row.get("budget", {}).get("by_tower"), row.get("eval", row.get("refused")), flush=True)
             PAGE.write_text(render(read_rows(OUT)))
+        if budget_plot(read_rows(OUT), PAGE.parent / BUDGET_PNG):  # add it to results/README.md's vlm files
+            print(f"wrote {PAGE.parent / BUDGET_PNG}")
     PAGE.write_text(render(read_rows(OUT)))
     print(f"wrote {PAGE}")
     return 0

@@ -4,6 +4,7 @@
   the layout of QK-Wanda's Fig. 3 / Figs. 4-6, with the requested sparsity as a dotted line.
 * :func:`plot_block_errors` -- a per-block metric (e.g. relative QK error, Eq. 49) for several methods.
 * :func:`plot_ppl_vs_sparsity` -- perplexity against target sparsity, one line per method (``secateur report``).
+* :func:`plot_tower_budget` -- where one budget over a VLM's two towers went: per layer, % removed, a panel per tower.
 
 Inputs are plain dicts so results read back from JSON plot the same way. matplotlib is an optional
 dependency (extra ``plots``); importing this module without it raises ImportError.
@@ -123,3 +124,24 @@ def plot_ppl_vs_sparsity(series: dict[str, list[tuple[float, float]]], dense: fl
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return _save(fig, None)
+
+
+def plot_tower_budget(series: Mapping[str, Sequence[Mapping]], path: str | Path | None = None, title: str = ""
+                      ) -> bytes:
+    """Where a ``--towers joint`` budget went (``secateur.vlm_joint``): one panel per tower (vision, language), x =
+    the tower's layer, y = % of the layer's removable parameters removed, one line per series (label -> a run's
+    ``budget["per_layer"]`` records with ``tower``, ``layer``, ``fraction``). Returns the PNG bytes."""
+    towers = [t for t in ("vision", "language") if any(r["tower"] == t for rows in series.values() for r in rows)]
+    fig = Figure(figsize=(9.0, 3.6))
+    axes = [fig.add_subplot(1, len(towers), k + 1) for k in range(len(towers))]
+    for ax, tower in zip(axes, towers, strict=True):
+        for label, rows in series.items():
+            pts = sorted((r["layer"], 100 * r["fraction"]) for r in rows if r["tower"] == tower)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, lw=1.4, label=label)
+        ax.set_xlabel(f"{tower} layer")
+        ax.set_ylabel("% of the layer's removable parameters removed")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

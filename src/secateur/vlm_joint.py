@@ -150,10 +150,20 @@ class JointInventory:
         return out
 
     def budget(self, removed: torch.Tensor, rho: float) -> dict:
+        """The one budget's arithmetic: totals, realized fraction, per tower and per layer (``per_layer``: each
+        tower's layers in order, ``layer`` the tower's own index)."""
         c = self.inv.costs
         rem, tot = int(c[removed].sum()), int(c.sum())
+        per_layer = []
+        for p in self.parts:
+            r, pc, lo = p.take(removed), p.inv.costs, p.inv.layer_of
+            for li in range(p.inv.n_layers):
+                on = lo == li
+                t, x = int(pc[on].sum()), int(pc[on & r].sum())
+                per_layer.append({"tower": p.name, "layer": li, "removable": t, "removed_params": x,
+                                  "fraction": x / t if t else 0.0})
         return {"target": rho, "removable": tot, "removed_params": rem, "realized": rem / tot,
-                "max_unit_cost": int(c.max()), "by_tower": self.by_tower(removed)}
+                "max_unit_cost": int(c.max()), "by_tower": self.by_tower(removed), "per_layer": per_layer}
 
 
 def joint_inventory(vlm: nn.Module, towers: tuple[str, ...] = TOWERS, kinds: tuple[str, ...] = COCURVE_KINDS,
