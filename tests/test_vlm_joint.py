@@ -282,6 +282,7 @@ def test_per_tower_options_split_the_budget_as_asked(tmp_path):
     (["--towers", "joint:bogus", "--method", "wanda-sp"], "--towers takes"),
     (["--towers", "joint", "--method", "cocurve", "--nsamples", "4"], "--nsamples > 16"),
     (["--towers", "joint", "--method", "cocurve", "--compensation", "ls"], "no compensation"),
+    (["--towers", "joint", "--method", "wanda-sp", "--eval-ppl", "wikitext2"], "eval captions"),
     (["--towers", "joint", "--method", "magnitude-sp", "--sparsity", "0.3"], "infeasible"),  # 2 layers: all protected
 ])
 def test_bad_inputs_one_line_exit_2_nothing_written(tmp_path, capsys, extra, match):
@@ -290,6 +291,7 @@ def test_bad_inputs_one_line_exit_2_nothing_written(tmp_path, capsys, extra, mat
     if "wikitext2" not in extra:
         _fmnist_or_skip()
     folder = save_tiny_vlm("llava", tmp_path / "v")
+    capsys.readouterr()  # the save's progress bars
     out = tmp_path / "out"
     argv = ["prune", "--model", folder, "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet",
             "--out", str(out)]

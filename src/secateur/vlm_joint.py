@@ -458,6 +458,8 @@ def check_joint(opts) -> None:
         raise SecateurError("--towers joint has no compensation yet; drop --compensation")
     if getattr(o, "positions", None) not in (None, "all"):
         raise SecateurError("--towers joint scores every caption token; drop --positions")
+    if opts.eval_ppl is not None:
+        raise SecateurError("--eval-ppl measures a text model; score the saved VLM with secateur eval captions")
 
 
 def prune_joint(opts, vlm: nn.Module, proc, towers: tuple[str, ...]) -> tuple[dict, dict, dict[str, bytes]]:
