@@ -337,3 +337,16 @@ def test_a_saved_joint_graph_serves_every_budget_and_the_language_block(run, tmp
         reused_graph(str(tmp_path / "g.npz"), ji, "0" * 64, CFG)
     with pytest.raises(SecateurError, match="other CoCurve settings"):
         reused_graph(str(tmp_path / "g.npz"), ji, sha, replace(CFG, n_ffn_groups=8))
+
+
+def test_unused_vision_blocks_are_named():
+    """LLaVA's default ``vision_feature_layer=-2`` never reads the last vision block (issue 47's pitfall); the tiny
+    VLM reads the last block (-1): nothing unused."""
+    from secateur.vlm_joint import unused_vision_layers
+
+    vlm = tiny_vlm(layers=4)
+    assert unused_vision_layers(vlm) == []
+    vlm.config.vision_feature_layer = -2
+    assert unused_vision_layers(vlm) == [3]
+    vlm.config.vision_feature_layer = [1, -3]
+    assert unused_vision_layers(vlm) == [2, 3]

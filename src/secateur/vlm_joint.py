@@ -515,10 +515,21 @@ def prune_joint(opts, vlm: nn.Module, proc, towers: tuple[str, ...]) -> tuple[di
                                  "pruned_weights": n_before - n_after, "targeted_weights": budget["removable"]},
            "vlm": {"model": opts.model if isinstance(opts.model, str) else None, "towers": opts.towers,
                    "joint_towers": list(towers), "model_type": vlm.config.model_type, "budget": budget,
-                   "routes": routes, "params_before": n_before, "params_after": n_after},
+                   "routes": routes, "params_before": n_before, "params_after": n_after,
+                   "unused_vision_layers": unused_vision_layers(vlm)},
            "details": details, "calibration": dict(manifest), "timings": {"phases": {"prune": wall}},
            "removed_mask": [int(i) for i in torch.nonzero(removed).flatten()]}
     return rep, routes, files
+
+
+def unused_vision_layers(vlm: nn.Module) -> list[int]:
+    """The vision blocks whose output the VLM never reads: LLaVA takes the hidden state of ``vision_feature_layer``
+    (default ``-2``: the last block is unused, issue 47's pitfall), so every block after it is free to remove (its
+    units have zero rows in CoCurve's ``H``); a list of layers (several feature layers) reads up to the deepest."""
+    layer = getattr(vlm.config, "vision_feature_layer", -1)
+    n = int(vlm.config.vision_config.num_hidden_layers)
+    deepest = max((x % (n + 1) for x in layer), default=n) if isinstance(layer, list | tuple) else int(layer) % (n + 1)
+    return list(range(deepest, n))  # hidden_states[k] is the output of block k - 1
 
 
 def cross_tower_edges(graph, ji: JointInventory) -> dict | None:
