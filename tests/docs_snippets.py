@@ -90,7 +90,7 @@ class Command:
     extra: dict = field(default_factory=dict)
 
 
-SKIP = re.compile(r"<!--\s*test:\s*skip\s*\((?P<why>[^)]*)\)\s*-->")
+SKIP = re.compile(r"<!--\s*test:\s*skip\s*\((?P<why>.*)\)\s*-->")
 
 
 def blocks(page: Path) -> list[Block]:

@@ -6,6 +6,7 @@
   fields shown as ``{...}``), grouped by the input it is about, each group naming the page that explains it;
 * ``results/``: the results tree (its index ``results/README.md``, every study page and the files they link) joins
   the site under ``results/``;
+* Sphinx roles in docstrings (``:func:``, ``:class:``, ...) dropped in front of their code span;
 * links to repository files outside ``docs/`` (written relative to the page on disk, so they also work when the
   Markdown is read on a forge): a file under ``results/`` becomes its page in the site; any other existing file
   becomes its repository path as text; a link to a file that does not exist is left alone, so ``mkdocs build
@@ -280,3 +281,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return m.group(0)  # a broken link: left for mkdocs to report
 
     return LINK.sub(fix, markdown)
+
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|data|attr|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """Docstrings use Sphinx roles (``:func:`name```); mkdocstrings renders them as Markdown, which leaves the role
+    in front of the code span: drop it."""
+    return SPHINX_ROLE.sub("", html)
