@@ -121,3 +121,29 @@ def test_markdown_links_resolve_on_disk():
             if not target.exists() and target not in GENERATED:
                 broken.append(f"{md.relative_to(ROOT)}: {link}")
     assert not broken, "\n".join(broken)
+
+
+def test_every_documented_secateur_name_exists():
+    """Every dotted ``secateur.x.y`` name in a code span of README.md or docs/ is a module or an attribute that
+    exists (the README once named ``secateur.export.hf.load_masks`` after it had moved to
+    ``secateur.masks_file.load_masks``)."""
+    import importlib
+
+    missing = []
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for name in sorted(set(re.findall(r"`(secateur(?:\.[A-Za-z_]\w*)+)", md.read_text(encoding="utf-8")))):
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[i:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    missing.append(f"{md.relative_to(ROOT)}: {name}")
+                break
+            else:
+                missing.append(f"{md.relative_to(ROOT)}: {name}")
+    assert not missing, "\n".join(missing)
