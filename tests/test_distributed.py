@@ -582,3 +582,32 @@ def test_supervisor_sees_a_later_rank_die_while_an_earlier_one_waits(monkeypatch
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rank 1: ended by SIGKILL" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rank, says", [(1, "rank 0 did not answer"), (0, r"did not connect to this one \(rank 0\)")])
+def test_a_rendezvous_nobody_answers_ends_within_the_join_timeout(monkeypatch, rank, says):
+    """A rank alone at ``MASTER_ADDR:MASTER_PORT`` (rank 0 never started, or the others never came) gives up after
+    ``SECATEUR_JOIN_TIMEOUT``, not after the collectives' ten minutes, in one line naming the address."""
+    from secateur.calib.dist import free_port
+
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("SECATEUR_JOIN_TIMEOUT", "2")
+    monkeypatch.delenv("SECATEUR_DIST_TIMEOUT", raising=False)
+    started = time.monotonic()
+    with pytest.raises(SecateurError, match=f"MASTER_PORT {port}: .*{says}.*SECATEUR_JOIN_TIMEOUT=2 s"):
+        dist.init_from_env()
+    assert time.monotonic() - started < 30 and not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-5", "inf", "nan"])
+def test_join_timeout_must_be_positive_seconds(monkeypatch, raw):
+    monkeypatch.setenv("SECATEUR_JOIN_TIMEOUT", raw)
+    with pytest.raises(SecateurError, match="SECATEUR_JOIN_TIMEOUT.*set e.g. 120"):
+        dist.join_timeout_s()
+    monkeypatch.delenv("SECATEUR_JOIN_TIMEOUT")
+    monkeypatch.setenv("SECATEUR_DIST_TIMEOUT", "15")
+    assert dist.join_timeout_s() == 15 and dist.timeout_s() == 15  # a short collective bound shortens the join

@@ -41,6 +41,8 @@ from secateur.models.blocks import Shard
 
 #: seconds a rank waits for the others in one collective (``SECATEUR_DIST_TIMEOUT`` overrides it)
 DEFAULT_TIMEOUT_S = 600.0
+#: seconds the ranks wait to meet at the rendezvous (``SECATEUR_JOIN_TIMEOUT`` overrides it)
+DEFAULT_JOIN_TIMEOUT_S = 120.0
 
 
 #: overrides the backend :func:`init_from_env` picks (gloo, nccl): e.g. gloo for several ranks on one GPU, which
@@ -69,15 +71,29 @@ def ordered_block_sum(local: dict[int, torch.Tensor], n_blocks: int, shape: tupl
     return out
 
 
-def timeout_s() -> float:
-    raw = os.environ.get("SECATEUR_DIST_TIMEOUT")
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
     try:
-        t = float(raw) if raw else DEFAULT_TIMEOUT_S
+        t = float(raw) if raw else default
     except ValueError:
-        raise SecateurError(f"SECATEUR_DIST_TIMEOUT={raw!r} is not a number of seconds; set e.g. 600") from None
-    if t <= 0:
-        raise SecateurError(f"SECATEUR_DIST_TIMEOUT must be positive, got {raw}; set e.g. 600")
+        raise SecateurError(f"{name}={raw!r} is not a number of seconds; set e.g. {default:g}") from None
+    if not t > 0 or t == float("inf"):
+        raise SecateurError(f"{name} must be a positive number of seconds, got {raw}; set e.g. {default:g}")
     return t
+
+
+def timeout_s() -> float:
+    """Seconds a rank waits for the others in one collective (``SECATEUR_DIST_TIMEOUT``, default 600)."""
+    return _seconds("SECATEUR_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)
+
+
+def join_timeout_s() -> float:
+    """Seconds the ranks wait for each other to meet at ``MASTER_ADDR:MASTER_PORT`` (``SECATEUR_JOIN_TIMEOUT``;
+    default the smaller of 120 s and :func:`timeout_s`). Separate from the collective timeout: every rank joins
+    right after its options are checked, before any model is loaded, so the ranks meet within seconds of each
+    other; an address where nobody listens (rank 0 not started, a wrong host, a firewalled port) is reported
+    after this bound instead of after the collective timeout's ten minutes."""
+    return _seconds("SECATEUR_JOIN_TIMEOUT", min(DEFAULT_JOIN_TIMEOUT_S, timeout_s()))
 
 
 def env_world() -> tuple[int, int, int]:
@@ -143,13 +159,22 @@ def init_from_env(device: str = "cpu") -> bool:
                 f"or set {BACKEND_ENV}=gloo to share the GPUs")
         torch.cuda.set_device(local % gpus)  # gloo may share a GPU between processes
     addr, port = rendezvous()
+    join, collective = join_timeout_s(), timeout_s()
     try:
-        tdist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s()))
+        # the store first, bounded by the join timeout (rank 0 serves it and waits for every other rank to
+        # connect; the others connect to it), then the group on it with the collectives' own timeout
+        store = tdist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timedelta(seconds=join),
+                               wait_for_workers=True, multi_tenant=True)
+        store.set_timeout(timedelta(seconds=collective))
+        tdist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                 timeout=timedelta(seconds=collective))
     except (RuntimeError, ValueError) as e:  # DistStoreError / DistNetworkError: nobody answered at the address
         first = (str(e).strip().splitlines() or [""])[0][:160]
-        raise SecateurError(f"could not join the other processes at MASTER_ADDR {addr}, MASTER_PORT {port} "
-                            f"({type(e).__name__}: {first}); check that rank 0 runs there and the port is reachable "
-                            f"(each rank waits SECATEUR_DIST_TIMEOUT={timeout_s():g} s)") from None
+        who = (f"the other {world - 1} process(es) did not connect to this one (rank 0)" if rank == 0 else
+               "rank 0 did not answer")
+        raise SecateurError(f"could not join the other processes at MASTER_ADDR {addr}, MASTER_PORT {port}: {who} "
+                            f"within SECATEUR_JOIN_TIMEOUT={join:g} s ({type(e).__name__}: {first}); check that "
+                            "every rank runs with the same MASTER_ADDR/MASTER_PORT and the port is reachable") from None
     return True
 
 
