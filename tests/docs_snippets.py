@@ -147,6 +147,13 @@ def needs_data(argv: list[str]) -> bool:
     return any(w in DATA_WORDS for w in argv) or any(w.startswith("fashion-mnist") for w in argv)
 
 
+PY_DATA_WORDS = ("fashion-mnist", "eval_zeroshot", "qk_error", "eval_accuracy", "eval_features", "eval_captions")
+
+
+def python_needs_data(src: str) -> bool:
+    return any(w in src for w in PY_DATA_WORDS)
+
+
 def shrink(argv: list[str], model_for, text_file: str, where: str) -> list[str]:
     """``argv`` with tiny models, the local text file and capped sizes in place of the documented ones."""
     out = list(argv)
