@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -90,10 +91,13 @@ def problem(code: int, err: str, before: dict, after: dict, allowed_new: Iterabl
 
 
 def record(kind: str, code: int, verdict: str | None) -> None:
+    """One JSON line per case in ``SECATEUR_FUZZ_LOG``: its class, exit code (-1: a hang), verdict, and the test it
+    came from (pytest's ``PYTEST_CURRENT_TEST``, so the bench can tie a test's outcome to its cases)."""
     log = os.environ.get("SECATEUR_FUZZ_LOG")
     if log:
+        test = re.sub(r" \((?:setup|call|teardown)\)$", "", os.environ.get("PYTEST_CURRENT_TEST", ""))
         with open(log, "a") as f:
-            f.write(json.dumps({"class": kind, "exit": code, "ok": verdict is None,
+            f.write(json.dumps({"class": kind, "exit": code, "ok": verdict is None, "test": test or None,
                                 "problem": None if verdict is None else verdict[:300]}) + "\n")
 
 
