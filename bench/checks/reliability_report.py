@@ -291,19 +291,22 @@ def round_three_section(f: dict | None) -> list[str]:
                "a fault or beside another has the bits of the run alone.")
     out.append("")
     for name, found in held.items():
-        files = ", ".join(f"`{x}`" for x in GROUPS[name][0])
         if not found:
-            out.append(f"* `{name}` ({files}): **not in the record**; run `python bench/checks/reliability_fuzz.py "
-                       f"--only {name}`.")
-            continue
-        run, g = found
-        stopped = " **stopped by its --timeout: the cases after the last logged one were not run**" \
-            if g.get("timed_out") else ""
-        out.append(f"* `{name}` ({files}): `{rerunnable(run['command'])}` at `{run['commit']}`, {run['date']}, on "
+            out.append(f"* `{name}` ({', '.join(f'`{x}`' for x in GROUPS[name][0])}): **not in the record**; run "
+                       f"`python bench/checks/reliability_fuzz.py --only {name}`.")
+    for run in list({id(f[0]): f[0] for f in held.values() if f}.values()):  # each run once, its groups after it
+        parts = []
+        for name, (r, g) in ((n, f) for n, f in held.items() if f):
+            if r is run:
+                stopped = " **stopped by its --timeout: the cases after the last logged one were not run**" \
+                    if g.get("timed_out") else ""
+                parts.append(f"`{name}` ({', '.join(f'`{x}`' for x in g['files'])}) {g['seconds']:g} s, pytest: "
+                             f"{g['pytest_summary']} (rc {g['pytest_rc']}){stopped}")
+        out.append(f"* `{rerunnable(run['command'])}` at `{run['commit']}`, {run['date']}, on "
                    f"{run.get('machine', '?')} ({run.get('cores', '?')} cores), load "
                    f"{' / '.join(str(x) for x in run['load_before'])} before, "
-                   f"{' / '.join(str(x) for x in run['load_after'])} after; {g['seconds']:g} s, pytest: "
-                   f"{g['pytest_summary']} (rc {g['pytest_rc']}){stopped}.")
+                   f"{' / '.join(str(x) for x in run['load_after'])} after, {run.get('seconds', '?')} s in all: "
+                   f"{'; '.join(parts)}.")
     groups = [found[1] for found in held.values() if found]
     classes = {k: c for g in groups for k, c in g["classes"].items()}
     tot = {k: sum(c.get(k, 0) for c in classes.values())
