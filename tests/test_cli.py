@@ -123,3 +123,27 @@ def test_parser_errors_are_one_line_whatever_the_value(argv, value, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("secateur: error: ") and len(err.splitlines()) == 1, err
+
+
+
+def test_the_error_line_ends_with_the_page_that_explains_its_input(tmp_path, capfd, monkeypatch):
+    """Issue 48: each one-line error names its docs page, chosen by the module that raised it (secateur.errors.
+    TOPICS), and that page exists; the exception the API raises keeps the message alone."""
+    from pathlib import Path
+
+    from secateur.calib.dist import rendezvous
+    from secateur.errors import TOPICS, SecateurError, docs_page
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    assert all((docs / page).is_file() for _, _, page in TOPICS)
+    for k, v in {"MASTER_ADDR": "nowhere.invalid", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["eval", "ppl", "--model", str(tmp_path), "--dataset", "wikitext2"]) == 2
+    line = capfd.readouterr().err.strip()
+    assert "\n" not in line and line.endswith("(docs/distributed.md)") and "MASTER_ADDR" in line, line
+    with pytest.raises(SecateurError) as e:
+        rendezvous()
+    assert "docs/" not in str(e.value) and docs_page(e.value) == "distributed.md"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["prune", "--model", str(tmp_path), "--method", "wanda", "--sparsity", "1.5"]) == 2
+    assert capfd.readouterr().err.strip().endswith("(docs/errors.md)")  # raised in secateur/errors.py

@@ -23,57 +23,13 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
+from secateur.errors import TOPICS, topic
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 SRC = ROOT / "src" / "secateur"
 RESULT_SUFFIXES = {".md", ".png", ".json", ".jsonl", ".txt", ".svg", ".csv", ".html"}
 
-# module path prefix (under src/secateur) -> (the input it is about, the page that explains it)
-ERROR_TOPICS = [
-    ("cli.py", "Command line", "reference/cli.md"),
-    ("options.py", "Options and recipes", "concepts/export.md"),
-    ("schemas/", "Files read back (recipes, reports, manifests)", "errors.md"),
-    ("launch.py", "Several processes (--procs, torchrun)", "distributed.md"),
-    ("calib/dist.py", "Several processes (--procs, torchrun)", "distributed.md"),
-    ("calib/resume.py", "Checkpoints and --resume", "concepts/export.md"),
-    ("calib/", "Calibration", "protocols.md"),
-    ("data/images.py", "Images (--calib, --dataset)", "vision.md"),
-    ("data/captions.py", "Image-caption pairs (VLM)", "vlm.md"),
-    ("data/", "Text data (--calib, --dataset, --data-dir)", "protocols.md"),
-    ("models/streaming.py", "Models larger than memory (--stream)", "streaming.md"),
-    ("models/memory.py", "Memory plans", "streaming.md"),
-    ("models/towers.py", "Vision-language models (--towers)", "vlm.md"),
-    ("vlm_run.py", "Vision-language models (--towers)", "vlm.md"),
-    ("vlm_joint.py", "Vision-language models: one budget (--towers joint)", "vlm-joint.md"),
-    ("masks_file.py", "Outputs (--out, --overwrite)", "concepts/export.md"),
-    ("api.py", "Python API", "reference/api.md"),
-    ("extras.py", "Optional extras (pip install secateur[...])", "getting-started.md"),
-    ("models/", "Models (--model, GGUF, families)", "models.md"),
-    ("methods/qk_wanda.py", "QK-Wanda", "methods/qk-wanda.md"),
-    ("scoring/qk", "QK-Wanda", "methods/qk-wanda.md"),
-    ("calib/qk.py", "QK-Wanda", "methods/qk-wanda.md"),
-    ("methods/cocurve.py", "CoCurve", "methods/cocurve.md"),
-    ("scoring/cocurve", "CoCurve", "methods/cocurve.md"),
-    ("budgets/greedy.py", "CoCurve", "methods/cocurve.md"),
-    ("budgets/heldout.py", "CoCurve", "methods/cocurve.md"),
-    ("methods/corp_qk.py", "CORP", "methods/corp.md"),
-    ("scoring/corp.py", "CORP", "methods/corp.md"),
-    ("compensate/corp.py", "CORP", "methods/corp.md"),
-    ("compensate/", "Compensators", "concepts/compensators.md"),
-    ("budgets/", "Budgets and allocation", "concepts/budgets.md"),
-    ("structured/", "Units and slicing", "concepts/units.md"),
-    ("methods/", "Methods and their options", "methods/index.md"),
-    ("scoring/", "Methods and their options", "methods/index.md"),
-    ("eval/", "Evaluation (secateur eval)", "protocols.md"),
-    ("export/gguf", "Export to GGUF (llama.cpp)", "concepts/export.md"),
-    ("export/vllm.py", "Export for vLLM", "concepts/deployment.md"),
-    ("export/", "Outputs (--out, --overwrite)", "concepts/export.md"),
-    ("safe_write.py", "Outputs (--out, --overwrite)", "concepts/export.md"),
-    ("files.py", "Outputs (--out, --overwrite)", "concepts/export.md"),
-    ("recovery/", "Recovery (secateur recover)", "recovery.md"),
-    ("report/", "Reports (secateur report)", "report.md"),
-    ("", "Everything else", "errors.md"),
-]
 
 
 # ---------------------------------------------------------------------------------------------- CLI reference
@@ -199,10 +155,7 @@ def error_messages() -> list[tuple[str, int, str]]:
 
 
 def _topic(rel: str) -> tuple[str, str]:
-    for prefix, title, page in ERROR_TOPICS:
-        if rel.startswith(prefix):
-            return title, page
-    raise AssertionError(rel)
+    return topic(rel)
 
 
 def troubleshooting() -> str:
@@ -218,7 +171,7 @@ def troubleshooting() -> str:
            "with the page that explains that input. Search this page (or the site) for the words of your line. "
            "Every row of the tested table of fixable inputs, run through a real process: "
            "[reliability table](../results/reliability/reliability-table.md).", ""]
-    order = {title: i for i, (_, title, _) in enumerate(ERROR_TOPICS)}
+    order = {title: i for i, (_, title, _) in enumerate(TOPICS)}
     for (title, page), items in sorted(groups.items(), key=lambda kv: order[kv[0][0]]):
         out += [f"## {title}", "", f"Explained in [{page}](../{page}).", ""]
         seen = set()

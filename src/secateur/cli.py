@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from secateur import launch, stall
-from secateur.errors import SecateurError, one_line
+from secateur.errors import SecateurError, docs_page, one_line
 from secateur.interrupts import Terminated, as_interrupts, interrupt_in
 
 EPILOG = textwrap.dedent("""\
@@ -428,7 +428,7 @@ def _main(argv: list[str]) -> int:
         if (stop := interrupt_in(e)) is not None:  # a library's cleanup raised over the interrupt (zipfile's close)
             return _interrupted(stop)
         if isinstance(e, SecateurError):  # one process: "secateur: error: ..."; several: "... rank R: ..."
-            return launch.fail("error", str(e), 2)
+            return launch.fail("error", f"{e} (docs/{docs_page(e)})", 2)
         if _out_of_memory(e):
             what = type(e).__name__ + (f": {str(e).strip().splitlines()[0][:120]}" if str(e).strip() else "")
             return launch.fail("error", OOM.format(what=what), 2)
