@@ -256,9 +256,10 @@ def row_sink(path: Path, on_new, describe):
     return emit
 
 
-def smollm2_wikitext_windows(seqlen: int, windows: int) -> tuple[list[list[int]], list[int], str]:
-    """secateur's first ``windows`` nonoverlap WikiText-2 windows of ``seqlen`` for SmolLM2's tokenizer, as the engine
-    benches (llama.cpp, vLLM) feed them: (window ids, scored count per window, protocol id)."""
+def smollm2_wikitext_windows(seqlen: int, windows: int, model: str = "smollm2-135m"
+                             ) -> tuple[list[list[int]], list[int], str]:
+    """secateur's first ``windows`` nonoverlap WikiText-2 windows of ``seqlen`` for ``model``'s tokenizer (SmolLM2's by
+    default), as the engine benches (llama.cpp, vLLM) feed them: (window ids, scored count per window, protocol id)."""
     from transformers import AutoTokenizer
 
     from secateur.data.sources import eval_text
@@ -266,7 +267,7 @@ def smollm2_wikitext_windows(seqlen: int, windows: int) -> tuple[list[list[int]]
     from secateur.eval.ppl import eval_windows, protocol_id
     from secateur.models.loading import resolve
 
-    tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m", "float32")[0])
+    tok = AutoTokenizer.from_pretrained(resolve(model, "float32")[0])
     ids = eval_ids(eval_text("wikitext2"), tok)
     ids, plan, rule, _ = eval_windows(ids, seqlen, None, windows, tok, None)
     plan = plan[:windows]

