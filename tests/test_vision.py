@@ -31,7 +31,7 @@ from secateur.testing import VISION_FAMILIES, random_pixels, save_tiny, tiny_vis
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BACKBONES = ("siglip_vision_model", "clip_vision_model")  # vision towers: no classifier
+BACKBONES = ("siglip_vision_model", "clip_vision_model", "idefics3_vision", "smolvlm_vision")  # towers: no classifier
 #: (family, headless) for every model class of a family: the task model and, where it differs, the backbone
 MODELS = [(f, False) for f in VISION_FAMILIES] + [(f, True) for f in VISION_FAMILIES if ADAPTERS[f].more_classes]
 N_IMAGES = 8
@@ -39,7 +39,7 @@ STRUCTURED = {"wanda-sp": ["--compensation", "ls"], "flap": [], "corp": [], "sho
 #: tokens entering block 0 of a 16 x 16 image in 4 x 4 patches: 16 patches + CLS (+ DeiT's distillation token;
 #: SigLIP has no CLS)
 TOKENS = {"vit": 17, "deit": 18, "dinov2": 17, "siglip_vision_model": 16, "clip_vision_model": 17, "siglip": 16,
-          "clip": 17}
+          "clip": 17, "idefics3_vision": 16, "smolvlm_vision": 16}
 
 
 def _auto(family: str, headless: bool = False):

@@ -77,13 +77,17 @@ def _vision_configs() -> dict[str, Callable[[int], PretrainedConfig]]:
                                            text_config=_TINY_TEXT, num_labels=10),
         "clip": lambda n: T.CLIPConfig(vision_config=_vision(n, intermediate_size=64), text_config=_TINY_TEXT,
                                        projection_dim=16, num_labels=10),
+        # the vision towers of Idefics3 / SmolVLM (SigLIP blocks, no pooling head): headless backbones
+        "idefics3_vision": lambda n: T.Idefics3VisionConfig(**_vision(n, intermediate_size=64)),
+        "smolvlm_vision": lambda n: T.SmolVLMVisionConfig(**_vision(n, intermediate_size=64)),
     }
 
 
 # The vision encoder families (``model_type`` -> config builder ``(layers)``; pixel values in, class logits or
 # features out).
 VISION_TINY_CONFIGS: dict[str, Callable[[int], PretrainedConfig]] = {}
-VISION_FAMILIES = ("vit", "deit", "dinov2", "siglip_vision_model", "clip_vision_model", "siglip", "clip")
+VISION_FAMILIES = ("vit", "deit", "dinov2", "siglip_vision_model", "clip_vision_model", "siglip", "clip",
+                   "idefics3_vision", "smolvlm_vision")
 
 
 def tiny_vision_model(family: str, seed: int = 0, layers: int = 2, headless: bool = False) -> torch.nn.Module:
@@ -337,50 +341,90 @@ def folder_digest(path) -> str:
     return h.hexdigest()
 
 
-# --- tiny vision-language models (issue 47): save_tiny("llava", path) writes one with its processor ---
-VLM_FAMILIES = ("llava",)
+# --- tiny vision-language models (issue 47): save_tiny("llava" | "idefics3" | "smolvlm", path) writes one with its
+# processor ---
+VLM_FAMILIES = ("llava", "idefics3", "smolvlm")
 
 IMAGE_SIZE, PATCH = 28, 7  # a 4 x 4 patch grid: 16 patches + CLS = 17 image tokens with the "full" feature strategy
 IMAGE_TOKEN = "<image>"
 CHAT_TEMPLATE = ("{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>"
                  "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}")
+#: Idefics3 / SmolVLM: the 4 x 4 patch grid pixel-shuffled by 2: 4 image tokens per image
+SCALE_FACTOR = 2
+IDEFICS3_SPECIAL = ("<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>")
 
 
-def tiny_vlm_processor():
-    """A LLaVA processor: CLIP image processor at 28 x 28, the character tokenizer of :func:`secateur.testing.
-    tiny_tokenizer` plus ``<image>`` (id 98), the full feature strategy (the CLS token is an image token too)."""
-    from transformers import CLIPImageProcessor, LlavaProcessor
+def tiny_vlm_processor(family: str = "llava"):
+    """The tiny VLM's processor (offline): the character tokenizer of :func:`secateur.testing.tiny_tokenizer` plus
+    the family's image tokens, an image processor at 28 x 28 and a chat template.
 
+    * ``llava``: CLIP image processor, ``<image>`` (id 98), the full feature strategy (the CLS token is an image
+      token too);
+    * ``idefics3`` / ``smolvlm``: ``Idefics3ImageProcessorPil`` (no tiling: ``do_image_splitting=False``, longest
+      edge 28) and ``Idefics3Processor`` with ``<fake_token_around_image>`` (98), ``<image>`` (99),
+      ``<end_of_utterance>`` (100), ``<global-img>`` (101). SmolVLM gets Idefics3's processor too: its own needs
+      ``num2words`` and a video processor (torchvision), neither importable here, and writes the same prompt for one
+      untiled image (``<fake_token_around_image><global-img><image>...<fake_token_around_image>``)."""
+    if family not in VLM_FAMILIES:
+        raise ValueError(f"no tiny VLM processor of family {family!r}")
     tok = tiny_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    ip = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-                            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-    return LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="full",
-                          chat_template=CHAT_TEMPLATE, image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
+    if family == "llava":
+        from transformers import CLIPImageProcessor, LlavaProcessor
+
+        tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+        ip = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE,
+                                                                                "width": IMAGE_SIZE},
+                                image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        return LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH,
+                              vision_feature_select_strategy="full", chat_template=CHAT_TEMPLATE,
+                              image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    tok.add_special_tokens({"additional_special_tokens": list(IDEFICS3_SPECIAL)})
+    ip = Idefics3ImageProcessorPil(do_resize=True, size={"longest_edge": IMAGE_SIZE},
+                                   max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=False,
+                                   image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    return Idefics3Processor(image_processor=ip, tokenizer=tok, chat_template=CHAT_TEMPLATE,
+                             image_seq_len=(IMAGE_SIZE // PATCH) ** 2 // SCALE_FACTOR ** 2)
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0, layers: int = 2) -> torch.nn.Module:
-    """A float32 random LLaVA (CLIP vision tower ``layers`` x 32, Llama ``layers`` x 32 with 2 KV heads) in eval mode,
-    its image token the processor's; the last vision block feeds the projector (``vision_feature_layer=-1``) and
-    every patch and the CLS token are image features (``full``), so no unit of the vision tower is unused.
+    """A float32 random VLM in eval mode, its image token the processor's (:func:`tiny_vlm_processor`).
+
+    * ``llava``: CLIP vision tower ``layers`` x 32, Llama ``layers`` x 32 with 2 KV heads; the last vision block
+      feeds the projector (``vision_feature_layer=-1``) and every patch and the CLS token are image features
+      (``full``), so no unit of the vision tower is unused;
+    * ``idefics3`` / ``smolvlm``: their SigLIP-like vision tower ``layers`` x 32 (2 heads of 16, MLP 64, 28 x 28
+      images in 7 x 7 patches), the connector (pixel shuffle by 2 + a linear map), Llama ``layers`` x 32 with 2 KV
+      heads; biases and norms made non-trivial.
+
     ``layers = 5``: one layer of each tower outside CoCurve's protected first and last two (``--towers joint``)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    import transformers as T
 
     if family not in VLM_FAMILIES:
         raise ValueError(f"no tiny VLM of family {family!r}")
-    image_id = tiny_vlm_processor().tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    vc = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                          image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
-    tc = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                     num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=256)
-    cfg = LlavaConfig(vision_config=vc, text_config=tc, image_token_index=image_id, vision_feature_layer=-1,
-                      vision_feature_select_strategy="full", image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + 1)
+    tok = tiny_vlm_processor(family).tokenizer
+    image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    tc = T.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(seed)
-    return LlavaForConditionalGeneration(cfg).eval()
+    if family == "llava":
+        vc = T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                                image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
+        cfg = T.LlavaConfig(vision_config=vc, text_config=tc, image_token_index=image_id, vision_feature_layer=-1,
+                            vision_feature_select_strategy="full", image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + 1)
+        return T.LlavaForConditionalGeneration(cfg).eval()
+    vc = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
+              image_size=IMAGE_SIZE, patch_size=PATCH)
+    config_class, model_class = ((T.Idefics3Config, T.Idefics3ForConditionalGeneration) if family == "idefics3"
+                                 else (T.SmolVLMConfig, T.SmolVLMForConditionalGeneration))
+    cfg = config_class(vision_config=vc, text_config=tc.to_dict(), image_token_id=image_id, scale_factor=SCALE_FACTOR,
+                       pad_token_id=tok.eos_token_id)
+    cfg._attn_implementation = "sdpa"
+    return _nontrivial(model_class(cfg))
 
 
 def save_tiny_vlm(family: str, path, seed: int = 0, layers: int = 2) -> str:
     tiny_vlm(family, seed, layers).save_pretrained(path)
-    tiny_vlm_processor().save_pretrained(path)
+    tiny_vlm_processor(family).save_pretrained(path)
     return str(path)

@@ -68,7 +68,7 @@ from secateur.budgets.allocate import Guard, allocate_global
 from secateur.budgets.heldout import masked, standard_error
 from secateur.errors import SecateurError
 from secateur.models.adapters import Adapter, get_adapter
-from secateur.models.towers import TOWERS, tower_model
+from secateur.models.towers import TOWERS, tower_model, vlm_inputs
 from secateur.structured.units import Inventory, inventory
 
 COCURVE = ("cocurve", "cocurve-diag")
@@ -221,7 +221,7 @@ class CaptionData:
 @torch.no_grad()
 def caption_logits(vlm: nn.Module, data: CaptionData, s: int, e: int) -> torch.Tensor:
     """float32 logits ``[R, V]`` of pairs ``s .. e-1`` at their caption positions (pair-major), one VLM forward."""
-    z = vlm(input_ids=data.ids[s:e], pixel_values=data.pixels[s:e], use_cache=False).logits.float()
+    z = vlm(**vlm_inputs(vlm, data.ids[s:e], data.pixels[s:e]), use_cache=False).logits.float()
     return torch.cat([z[j, data.rows(s + j)] for j in range(e - s)])
 
 

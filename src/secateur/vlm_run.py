@@ -62,7 +62,7 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(opts.model, dtype=getattr(__import__("torch"), opts.dtype))
         proc = AutoProcessor.from_pretrained(opts.model)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
                             "check the folder's weights and processor files") from None
     vlm.eval()
@@ -92,7 +92,7 @@ def _load(opts):
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(opts.model, dtype=getattr(torch, opts.dtype))
         proc = AutoProcessor.from_pretrained(opts.model)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
                             "check the folder's weights and processor files") from None
     return vlm.eval(), proc
@@ -140,10 +140,16 @@ def write_back(vlm, tower: str, model, per_layer: bool = False) -> str:
     becomes its family's per-layer config (``secateur_<family>``, :mod:`secateur.models.hetero`), which the VLM's
     ``AutoModel.from_config`` builds in a process that imported secateur."""
     from secateur.export.sliced import export_config
+    from secateur.models.towers import vlm_type
 
     cfg, route = export_config(model)
     key = "vision_config" if tower == "vision" else "text_config"
     if route != "stock":
+        if tower == "vision" and not vlm_type(vlm.config).vision_per_layer:
+            raise SecateurError(f"the pruned vision tower has per-layer widths (or fewer heads), which a "
+                                f"{vlm.config.model_type} folder cannot reload (it builds its vision tower from its "
+                                "own class): prune its vision tower with the same widths in every layer and all "
+                                "heads kept (MLP channels, a uniform allocation), or --towers joint:language")
         if not per_layer:
             raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} "
                                 "config cannot express: use an unstructured method or a uniform allocation for a VLM "

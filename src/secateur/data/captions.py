@@ -25,14 +25,60 @@ HELD_OUT_TEMPLATES = ("a close-up photo of a {}.", "this is a {}.")  # evaluatio
 PROMPT = "Caption:"
 
 
-def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, target)``: the VLM's image tokens + ``PROMPT`` + each caption + EOS, right-padded with EOS; ``target``
-    is True on the caption's tokens and its EOS (what caption losses and perplexities score)."""
+#: the tokens Idefics3 / SmolVLM processors put around one image that is not split into tiles
+IDEFICS3_IMAGE_TOKENS = ("<fake_token_around_image>", "<global-img>")
+
+
+def image_head(tok, vlm_config) -> list[int]:
+    """The ids one image becomes in the VLM's input, as its processor writes them: LLaVA ``<image> x
+    image_seq_length``; Idefics3 / SmolVLM (one global image, no tiles) ``<fake_token_around_image> <global-img>
+    <image> x (grid / scale_factor^2) <fake_token_around_image>``."""
+    from secateur.models.towers import image_seq_length, image_token_id
+
+    image = [image_token_id(vlm_config)] * image_seq_length(vlm_config)
+    if getattr(vlm_config, "model_type", None) == "llava":
+        return image
+    fake, glob = (_token_id(tok, t) for t in IDEFICS3_IMAGE_TOKENS)
+    return [fake, glob, *image, fake]
+
+
+def _token_id(tok, token: str) -> int:
+    i = tok.convert_tokens_to_ids(token)
+    if i is None or i == tok.unk_token_id:
+        raise SecateurError(f"the VLM's tokenizer has no {token} token, which its processor puts around an image; "
+                            "save the model's processor (tokenizer and image processor) in its folder")
+    return int(i)
+
+
+def check_processor(processor, vlm_config) -> None:
+    """One line on a processor the caption paths cannot use: no image processor or tokenizer, no EOS, or no image
+    token (the processor's ``image_token`` must be the token of the VLM config's image token id)."""
+    from secateur.models.towers import image_token_id, vlm_type
+
+    missing = [a for a in ("image_processor", "tokenizer") if getattr(processor, a, None) is None]
+    if missing:
+        raise SecateurError(f"the VLM's processor ({type(processor).__name__}) has no {' or '.join(missing)}; "
+                            "image-caption pairs need both: save the model's processor in its folder")
+    tok, want = processor.tokenizer, image_token_id(vlm_config)
+    token = getattr(processor, "image_token", None)
+    got = None if token is None else tok.convert_tokens_to_ids(token)
+    if got is None or got == tok.unk_token_id or int(got) != want:
+        raise SecateurError(f"the VLM's processor ({type(processor).__name__}) has no image token for id {want} "
+                            f"(config {vlm_type(vlm_config).image_token}; its image_token is {token!r}, id {got}): "
+                            "save the model's own processor, whose tokenizer holds the image token, in its folder")
     if tok.eos_token_id is None:
         raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
                             "its tokenizer_config.json")
-    head = [int(vlm_config.image_token_index)] * int(vlm_config.image_seq_length) + \
-        tok(PROMPT, add_special_tokens=False)["input_ids"]
+
+
+def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, target)``: the VLM's image tokens (:func:`image_head`) + ``PROMPT`` + each caption + EOS,
+    right-padded with EOS; ``target`` is True on the caption's tokens and its EOS (what caption losses and
+    perplexities score)."""
+    if tok.eos_token_id is None:
+        raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
+                            "its tokenizer_config.json")
+    head = image_head(tok, vlm_config) + tok(PROMPT, add_special_tokens=False)["input_ids"]
     rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in captions]
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
@@ -47,7 +93,7 @@ def caption_target(tok, vlm_config, ids: torch.Tensor) -> torch.Tensor:
     """The ``target`` of :func:`caption_ids` recovered from its ``ids``: True from the first caption token through
     the first EOS after the image tokens and ``PROMPT`` (the captions themselves hold no EOS; the right padding after
     that EOS is not a target)."""
-    head = int(vlm_config.image_seq_length) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])
+    head = len(image_head(tok, vlm_config)) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])
     t = torch.arange(ids.shape[1])[None, :]
     is_eos = (ids == tok.eos_token_id) & (t >= head)
     first = torch.where(is_eos, t, ids.shape[1]).min(dim=1, keepdim=True).values
@@ -83,6 +129,7 @@ def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None, split: str =
     ``train`` for calibration; ``test`` for a held-out measure such as the benches' caption-token teacher KL)."""
     from secateur.data.images import processed_images
 
+    check_processor(processor, vlm.config)
     vc = vlm.config.vision_config
     imgs = processed_images("fashion-mnist", processor.image_processor, int(vc.num_channels), int(vc.patch_size), n=n,
                             seed=seed, split=split, data_dir=data_dir, need_labels=True)

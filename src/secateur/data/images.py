@@ -434,6 +434,11 @@ def _run_processor(processor, imgs: list[np.ndarray], source: str, channels: int
         raise SecateurError(f"the image processor ({type(processor).__name__}) refused the images of {source} "
                             f"({type(e).__name__}: {one_line(str(e).splitlines()[0] if str(e) else '')}); check "
                             "preprocessor_config.json (image_mean/image_std: one value per channel)") from None
+    if isinstance(px, torch.Tensor) and px.ndim == 5:  # Idefics3 / SmolVLM: [samples, images, C, H, W]
+        if px.shape[1] == 1:
+            px = px[:, 0]
+        elif px.shape[0] == 1 and px.shape[1] == len(imgs):  # a flat list is one sample of len(imgs) images
+            px = px[0]
     if not isinstance(px, torch.Tensor) or px.ndim != 4 or px.shape[1] != channels:
         raise SecateurError(f"the image processor ({type(processor).__name__}) made pixels of shape "
                             f"{list(getattr(px, 'shape', []))} from {source}; the model takes [N, {channels}, H, W]: "

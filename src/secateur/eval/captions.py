@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from secateur.data.captions import HELD_OUT_TEMPLATES, NAMES, PROMPT, TEMPLATES, caption_ids, named_class
+from secateur.data.captions import HELD_OUT_TEMPLATES, NAMES, PROMPT, TEMPLATES, caption_ids, image_head, named_class
 from secateur.errors import SecateurError
+from secateur.models.towers import vlm_inputs
 from secateur.safe_write import check_writable_output, write_file_atomic
 from secateur.schemas.api import checked_call
 
@@ -33,7 +34,7 @@ PROTOCOL = "fashion-mnist test captions: greedy 8 tokens, held-out-template perp
 def caption_nll(vlm: nn.Module, pixel_values: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-sequence summed negative log-likelihood of the ``target`` tokens (``[N]``): the LM head on the positions
     that predict a target token only (a 49k-row product over every position would be most of the cost)."""
-    h = vlm.model(input_ids=ids, pixel_values=pixel_values).last_hidden_state
+    h = vlm.model(**vlm_inputs(vlm, ids, pixel_values)).last_hidden_state
     pred = target[:, 1:]  # position t predicts token t + 1
     logp = torch.log_softmax(vlm.lm_head(h[:, :-1][pred]).float(), -1)
     ll = logp.gather(-1, ids[:, 1:][pred][:, None])[:, 0]
@@ -48,12 +49,12 @@ def caption_scores(vlm: nn.Module, tok, pixel_values: torch.Tensor, labels: np.n
     hit = mc = 0
     nll = toks = 0.0
     prompt = caption_ids(tok, vlm.config, [""])[0]
-    prompt = prompt[:, :vlm.config.image_seq_length + len(tok(PROMPT, add_special_tokens=False)["input_ids"])]
+    prompt = prompt[:, :len(image_head(tok, vlm.config)) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])]
     for s in range(0, len(labels), batch):
         x, y = pixel_values[s:s + batch], labels[s:s + batch]
         n = len(y)
         ids = prompt.repeat(n, 1)
-        out = vlm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=x, max_new_tokens=8,
+        out = vlm.generate(**vlm_inputs(vlm, ids, x), attention_mask=torch.ones_like(ids), max_new_tokens=8,
                            do_sample=False, pad_token_id=tok.eos_token_id)
         texts = tok.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
         hit += sum(named_class(t) == NAMES[int(c)] for t, c in zip(texts, y, strict=True))
@@ -101,8 +102,11 @@ def eval_captions(model: str | os.PathLike, max_images: int = 200, seed: int = 0
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(model).eval()
         proc = AutoProcessor.from_pretrained(model)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{model}: the VLM or its processor does not load ({str(e).splitlines()[0]})") from None
+    from secateur.data.captions import check_processor
+
+    check_processor(proc, vlm.config)
     vc = vlm.config.vision_config
     imgs = processed_images("fashion-mnist", proc.image_processor, int(vc.num_channels), int(vc.patch_size),
                             n=max_images, seed=seed, split="test", data_dir=data_dir, need_labels=True)
@@ -125,7 +129,8 @@ def register_cli(eval_subparsers) -> None:
     p = eval_subparsers.add_parser(
         "captions", help="caption accuracy, caption perplexity and multiple-choice accuracy of a VLM",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("--model", required=True, help="vision-language model folder (LLaVA) with its processor")
+    p.add_argument("--model", required=True, help="vision-language model folder (LLaVA, Idefics3, SmolVLM) with its "
+                   "processor")
     p.add_argument("--max-images", type=int, default=200, metavar="N",
                    help="Fashion-MNIST test images drawn with --seed (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)

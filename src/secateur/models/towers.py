@@ -2,10 +2,14 @@
 
 A LLaVA-style VLM (``LlavaForConditionalGeneration``: ``model.vision_tower``, ``model.multi_modal_projector``,
 ``model.language_model``, ``lm_head``) is a vision encoder of a supported family (CLIP or SigLIP vision tower), a
-projector and a decoder of a supported family. :func:`tower_model` hands one tower to the ordinary pipeline as a
+projector and a decoder of a supported family; so are Idefics3 and SmolVLM (``Idefics3ForConditionalGeneration`` /
+``SmolVLMForConditionalGeneration``: vision blocks ``model.vision_model.encoder.layers.N``, the connector
+``model.connector`` (pixel shuffle + projection), language blocks ``model.text_model.layers.N``; :class:`VLMType`
+holds each class's paths and differences). :func:`tower_model` hands one tower to the ordinary pipeline as a
 model of its own family, sharing the VLM's modules (pruning it prunes the VLM in place):
 
-* ``vision``: the vision tower module itself (a ``CLIPVisionModel`` / ``SiglipVisionModel``), calibrated on images
+* ``vision``: the vision tower module itself (a ``CLIPVisionModel`` / ``SiglipVisionModel`` /
+  ``Idefics3VisionTransformer``), calibrated on images
   through the VLM's image processor;
 * ``language``: a ``*ForCausalLM`` of the text config's family built on the meta device whose decoder and LM head
   are the VLM's own modules (no weight is copied), calibrated on text through the VLM's tokenizer.
@@ -20,14 +24,73 @@ CoCurve graph, ``--towers joint``) is :mod:`secateur.vlm_joint`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from secateur.errors import SecateurError
 
-#: VLM model_type -> (vision tower path, language model path, LM head path), from the VLM class
-VLM_TYPES = {"llava": ("model.vision_tower", "model.language_model", "lm_head")}
+
+@dataclass(frozen=True)
+class VLMType:
+    """Where a VLM class keeps its towers (module paths from the ``*ForConditionalGeneration``, read from the
+    installed transformers) and the few ways the families differ.
+
+    ``connector``: the projector between the towers (never pruned). ``image_token``: the config key of the image
+    token id. ``image_dim``: the VLM's forward takes pixel values ``[N, 1, C, H, W]`` (one image per sequence,
+    Idefics3 / SmolVLM) instead of ``[N, C, H, W]``; secateur keeps ``[N, C, H, W]`` and adds the dimension at the
+    call (:func:`vlm_inputs`). ``vision_per_layer``: the VLM builds its vision tower from the vision config through
+    an Auto factory, so a per-layer ``secateur_<family>`` vision config reloads (LLaVA); Idefics3 and SmolVLM build
+    it from their own class (``Idefics3VisionTransformer._from_config``), so per-layer vision widths cannot be saved
+    in their folder and are refused in one line before anything is written (uniform widths: the stock config)."""
+
+    vision: str
+    language: str
+    head: str
+    connector: str
+    image_token: str = "image_token_index"
+    image_dim: bool = False
+    vision_per_layer: bool = True
+
+
+_IDEFICS3 = VLMType("model.vision_model", "model.text_model", "lm_head", "model.connector", "image_token_id",
+                    image_dim=True, vision_per_layer=False)
+#: VLM model_type -> its :class:`VLMType` (``LlavaForConditionalGeneration``, ``Idefics3ForConditionalGeneration``,
+#: ``SmolVLMForConditionalGeneration``)
+VLM_TYPES: dict[str, VLMType] = {
+    "llava": VLMType("model.vision_tower", "model.language_model", "lm_head", "model.multi_modal_projector"),
+    "idefics3": _IDEFICS3,
+    "smolvlm": _IDEFICS3,
+}
 TOWERS = ("vision", "language")  # in the data's order
+
+
+def vlm_type(config) -> VLMType:
+    mt = getattr(config, "model_type", None)
+    if mt not in VLM_TYPES:
+        raise SecateurError(f"{mt!r} is not a supported vision-language model ({', '.join(VLM_TYPES)})")
+    return VLM_TYPES[mt]
+
+
+def image_token_id(config) -> int:
+    """The id of the token that stands for one image feature in the VLM's input ids."""
+    return int(getattr(config, vlm_type(config).image_token))
+
+
+def image_seq_length(config) -> int:
+    """Image tokens per image, from the VLM's config: LLaVA's ``image_seq_length``; Idefics3 / SmolVLM: the patch
+    grid shrunk by the connector's pixel shuffle, ``(image_size / patch)^2 / scale_factor^2``."""
+    if getattr(config, "model_type", None) == "llava":
+        return int(config.image_seq_length)
+    vc = config.vision_config
+    return int((vc.image_size // vc.patch_size) ** 2 // config.scale_factor ** 2)
+
+
+def vlm_inputs(vlm, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> dict:
+    """The VLM forward's keyword arguments for ``input_ids [N, T]`` and one image per sequence ``[N, C, H, W]``."""
+    px = pixel_values[:, None] if vlm_type(vlm.config).image_dim else pixel_values
+    return {"input_ids": input_ids, "pixel_values": px}
 
 
 def is_vlm(config) -> bool:
@@ -89,7 +152,8 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
     """The model of ``tower``'s own family that shares ``vlm``'s modules (see the module docstring)."""
     from secateur.models.families import family_class
 
-    vpath, lpath, head = VLM_TYPES[vlm.config.model_type]
+    t = vlm_type(vlm.config)
+    vpath, lpath, head = t.vision, t.language, t.head
     if tower == "vision":
         model = _get(vlm, vpath)
     else:
@@ -131,8 +195,7 @@ def merged_embeddings(vlm: nn.Module, input_ids: torch.Tensor, pixel_values: tor
                       chunk: int = 8) -> torch.Tensor:
     """The language model's input embeddings for image + text sequences, as the VLM's own forward merges them (its
     image features scattered into the image-token positions): captured at the language model's entry."""
-    _, lpath, _ = VLM_TYPES[vlm.config.model_type]
-    lm = _get(vlm, lpath)
+    lm = _get(vlm, vlm_type(vlm.config).language)
     got: list[torch.Tensor] = []
 
     class _Stop(Exception):
@@ -146,7 +209,7 @@ def merged_embeddings(vlm: nn.Module, input_ids: torch.Tensor, pixel_values: tor
     try:
         for s in range(0, input_ids.shape[0], chunk):
             try:
-                vlm.model(input_ids=input_ids[s:s + chunk], pixel_values=pixel_values[s:s + chunk])
+                vlm.model(**vlm_inputs(vlm, input_ids[s:s + chunk], pixel_values[s:s + chunk]))
             except _Stop:
                 pass
     finally:

@@ -51,7 +51,8 @@ from secateur.models.hetero import FamilyLayout
 
 # The family modules of this package, in registration order.
 FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gemma3", "phi3",
-                  "vit", "deit", "dinov2", "siglip", "clip", "siglip_classifier", "clip_classifier")
+                  "vit", "deit", "dinov2", "siglip", "clip", "siglip_classifier", "clip_classifier",
+                  "idefics3", "smolvlm")
 
 
 def _load() -> dict[str, type[Adapter]]:

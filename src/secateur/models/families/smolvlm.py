@@ -1,0 +1,17 @@
+"""SmolVLM's vision tower (``model_type = "smolvlm_vision"``): ``SmolVLMVisionTransformer``, Idefics3's encoder under
+SmolVLM's names (``SmolVLMForConditionalGeneration.model.vision_model``; issue 47)."""
+
+from __future__ import annotations
+
+from transformers import SmolVLMVisionConfig
+from transformers.models.smolvlm.modeling_smolvlm import SmolVLMVisionTransformer
+
+from secateur.models.families.idefics3 import Idefics3VisionAdapter
+
+
+class SmolVLMVisionAdapter(Idefics3VisionAdapter):
+    family = "smolvlm_vision"
+    config_class, model_class = SmolVLMVisionConfig, SmolVLMVisionTransformer
+
+
+ADAPTER = SmolVLMVisionAdapter

@@ -1,0 +1,282 @@
+"""Issue 47 §1, the VLM families beyond LLaVA: Idefics3 and SmolVLM (``Idefics3ForConditionalGeneration`` /
+``SmolVLMForConditionalGeneration``: vision blocks ``model.vision_model.encoder.layers.N``, the connector
+``model.connector``, language blocks ``model.text_model.layers.N``).
+
+Invariants on the tiny random VLMs of :mod:`secateur.testing` (``save_tiny("idefics3" | "smolvlm", path)``):
+
+* the folder holds the VLM and its processor (image processor, tokenizer with the image tokens, chat template); one
+  forward on image + text through the processor; the caption paths write exactly the ids the processor writes for
+  one image;
+* each tower is the VLM's own modules (the language stand-in gives the VLM's logits on text bit for bit); the joint
+  inventory is both towers' blocks and nothing else: no unit holds a connector, embedding or LM head parameter;
+* a pruned VLM (``--towers language`` / ``vision`` / ``joint:language``, and a joint mask sliced over both towers)
+  reloads with one ``from_pretrained`` and gives the in-memory logits on the same image and text;
+* what the folder cannot express (a vision tower with per-layer widths or fewer heads: Idefics3 builds it from its
+  own class) and a processor without the image token: one line, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from secateur import api
+from secateur.errors import SecateurError
+from secateur.models.towers import image_seq_length, image_token_id, tower_model, vlm_inputs
+from secateur.testing import save_tiny, save_tiny_vlm, tiny_vlm, tiny_vlm_processor
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FAMILIES = ("idefics3", "smolvlm")
+
+
+def _fmnist_or_skip():
+    from secateur.data.sources import default_data_dir
+
+    d = default_data_dir()
+    if d is None or not (d / "fashion-mnist").exists():
+        pytest.skip("Fashion-MNIST not in ../shared/data")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlmf")
+    return {f: save_tiny(f, root / f) for f in FAMILIES}
+
+
+def _inputs(folder, n: int = 2):
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(folder)
+    rng = np.random.default_rng(0)
+    imgs = [Image.fromarray(rng.integers(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(n)]
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Caption: a shoe"}]}]
+    text = proc.apply_chat_template(msgs)
+    return proc, proc(images=imgs, text=[text] * n, return_tensors="pt")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_folder_holds_the_processor_and_runs_image_and_text(folders, family):
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.data.captions import caption_ids, check_processor
+
+    folder = folders[family]
+    vlm = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    assert vlm.config.model_type == family and type(vlm).__name__.endswith("ForConditionalGeneration")
+    proc, x = _inputs(folder)
+    check_processor(proc, vlm.config)
+    assert proc.chat_template and proc.image_processor is not None
+    ids = x["input_ids"]
+    img = image_token_id(vlm.config)
+    assert int((ids[0] == img).sum()) == image_seq_length(vlm.config) == 4  # 4 x 4 patches, pixel shuffle by 2
+    assert x["pixel_values"].shape == (2, 1, 3, 28, 28)
+    with torch.no_grad():
+        z = vlm(**x).logits
+    assert z.shape == (*ids.shape, 128) and bool(torch.isfinite(z).all())
+    # the caption paths write the processor's own ids for one image and "Caption: a shoe"
+    mine, _ = caption_ids(proc.tokenizer, vlm.config, ["a shoe"])
+    assert mine[0, :-1].tolist() == ids[0].tolist()  # caption_ids ends the caption with EOS
+    # secateur's [N, C, H, W] pixels become the VLM's [N, 1, C, H, W]: the same logits
+    with torch.no_grad():
+        z2 = vlm(**vlm_inputs(vlm, ids, x["pixel_values"][:, 0])).logits
+    assert torch.equal(z, z2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_towers_share_the_vlm_modules_and_the_joint_inventory_is_their_blocks(family):
+    from secateur.vlm_joint import joint_inventory, slice_joint
+
+    vlm = tiny_vlm(family, layers=3)
+    assert tower_model(vlm, "vision") is vlm.model.vision_model
+    lm = tower_model(vlm, "language")
+    assert lm.model is vlm.model.text_model and lm.lm_head is vlm.lm_head
+    ids = torch.randint(3, 90, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(lm(input_ids=ids).logits, vlm(input_ids=ids).logits)
+    ji = joint_inventory(vlm)
+    assert [p.name for p in ji.parts] == ["vision", "language"]
+    v_layers, l_layers = vlm.model.vision_model.encoder.layers, vlm.model.text_model.layers
+    assert all(a is b for a, b in zip(ji.part("vision").adapter.layers, v_layers, strict=True))
+    assert all(a is b for a, b in zip(ji.part("language").adapter.layers, l_layers, strict=True))
+    skip = ("norm", "out_proj.bias", "fc2.bias")  # norms and the residual-writing biases stay
+    want = sum(p.numel() for layers in (v_layers, l_layers) for name, p in layers.named_parameters()
+               if not any(s in name for s in skip))
+    assert ji.inv.total_cost == want  # the blocks' projections and nothing else
+    # removing every removable unit leaves the connector, embeddings, stem, norms and LM head bit-identical
+    sliced = copy.deepcopy(vlm)
+    sji = joint_inventory(sliced)
+    with pytest.raises(SecateurError, match="per-layer widths"):  # nothing is written: the refusal is in memory
+        slice_joint(sliced, sji, torch.ones(len(sji), dtype=torch.bool))
+    before, after = vlm.state_dict(), sliced.state_dict()
+    outside = [k for k in before if ".layers." not in k]
+    assert any(k.startswith("model.connector.") for k in outside) and "lm_head.weight" in outside
+    assert all(torch.equal(before[k], after[k]) for k in outside)
+
+
+def _uniform_vision_mask(ji) -> torch.Tensor:
+    """Remove the same MLP channels in every vision layer (a uniform width the stock config expresses) and every
+    fifth language unit (per-layer widths: the language tower's ``secateur_llama`` config)."""
+    removed = torch.zeros(len(ji), dtype=torch.bool)
+    v = ji.part("vision")
+    for pool in v.inv.pools:
+        if pool.kind in ("channel", "ffn_group"):
+            removed[v.offset + pool.offset: v.offset + pool.offset + pool.n // 2] = True
+    lang = ji.part("language")
+    removed[lang.offset + 1: lang.offset + len(lang.inv): 5] = True  # 18 units a layer: a different set in each
+    return removed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_joint_slice_over_both_towers_reloads_in_one_call(family, tmp_path):
+    """float32: the masked and the sliced VLM drop the same terms; only the summation order of the shortened dot
+    products differs (logits of magnitude ~1: atol 1e-5 x the largest is loose by orders of magnitude). The
+    reload itself is bit-exact."""
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.vlm_joint import joint_inventory, slice_joint
+
+    vlm = tiny_vlm(family, layers=3)
+    ji = joint_inventory(vlm)
+    removed = _uniform_vision_mask(ji)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.cat([torch.tensor([[98, 101] + [99] * 4 + [98]] * 2), torch.randint(3, 90, (2, 8), generator=g)], 1)
+    px = torch.randn(2, 3, 28, 28, generator=g)
+    with torch.no_grad(), ji.masked(removed):
+        z_mask = vlm(**vlm_inputs(vlm, ids, px)).logits
+    sliced = copy.deepcopy(vlm)
+    routes = slice_joint(sliced, joint_inventory(sliced), removed)
+    assert routes == {"vision": "stock", "language": "hetero"}
+    assert sliced.config.vision_config.intermediate_size == 32
+    sliced.save_pretrained(tmp_path / "s")
+    back = AutoModelForImageTextToText.from_pretrained(tmp_path / "s").eval()
+    with torch.no_grad():
+        z_back, z_mem = back(**vlm_inputs(back, ids, px)).logits, sliced(**vlm_inputs(sliced, ids, px)).logits
+    assert sum(p.numel() for p in back.parameters()) == sum(p.numel() for p in sliced.parameters())
+    assert torch.equal(z_back, z_mem)
+    torch.testing.assert_close(z_back, z_mask, rtol=0, atol=1e-5 * float(z_mask.abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_language_tower_pruned_and_reloaded(folders, family, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    folder = folders[family]
+    dense = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    out = tmp_path / "out"
+    res = api.prune(model=str(folder), towers="language", method="wanda-sp", sparsity=0.3, calib="wikitext2",
+                    nsamples=4, seqlen=32, out=str(out), quiet=True)
+    pruned = res.model
+    before, after = dense.state_dict(), pruned.state_dict()
+    for k, v in before.items():  # everything outside the language blocks is bit-identical
+        if not k.startswith("model.text_model.layers."):
+            assert torch.equal(v, after[k]), k
+    assert pruned.config.text_config.intermediate_size < dense.config.text_config.intermediate_size
+    _, x = _inputs(folder)
+    back = AutoModelForImageTextToText.from_pretrained(out).eval()
+    with torch.no_grad():
+        assert torch.equal(back(**x).logits, pruned(**x).logits)
+
+
+def test_vision_tower_channels_pruned_and_reloaded_heads_refused(folders, tmp_path):
+    """Uniform MLP channels of the vision tower reload in the stock config; fewer heads cannot (the stock class
+    derives the head width from the head count, and Idefics3 builds its vision tower from that class): one line,
+    nothing written."""
+    from transformers import AutoModelForImageTextToText
+
+    _fmnist_or_skip()
+    folder = folders["idefics3"]
+    out = tmp_path / "v"
+    res = api.prune(model=str(folder), towers="vision", method="wanda-sp", units="channel", sparsity=0.25,
+                    calib="fashion-mnist", nsamples=4, out=str(out), quiet=True)
+    assert res.model.config.vision_config.intermediate_size == 48
+    _, x = _inputs(folder)
+    back = AutoModelForImageTextToText.from_pretrained(out).eval()
+    with torch.no_grad():
+        assert torch.equal(back(**x).logits, res.model(**x).logits)
+    with pytest.raises(SecateurError, match="cannot reload"):
+        api.prune(model=str(folder), towers="vision", method="wanda-sp", sparsity=0.5, calib="fashion-mnist",
+                  nsamples=4, out=str(tmp_path / "no"), quiet=True)
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    return save_tiny_vlm("smolvlm", tmp_path_factory.mktemp("vlmf") / "deep", layers=14)
+
+
+def test_cli_joint_language_runs_on_caption_pairs_and_reloads(deep, tmp_path, capsys):
+    """``--towers joint:language`` on image-caption pairs through the SmolVLM processor: the per-layer language
+    config reloads with one call; ``eval captions`` scores the output."""
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.cli import main
+
+    _fmnist_or_skip()
+    out = tmp_path / "j"
+    assert main(["prune", "--model", deep, "--towers", "joint:language", "--method", "magnitude-sp", "--sparsity",
+                 "0.1", "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]) == 0
+    rep = json.loads((out / "secateur-report.json").read_text())
+    b = rep["vlm"]["budget"]
+    assert set(b["by_tower"]) == {"language"} and 0.1 * b["removable"] <= b["removed_params"]
+    back = AutoModelForImageTextToText.from_pretrained(out)
+    assert sum(p.numel() for p in back.parameters()) == rep["vlm"]["params_after"] < rep["vlm"]["params_before"]
+    assert main(["eval", "captions", "--model", str(out), "--max-images", "4", "--json", str(tmp_path / "c.json")]) == 0
+    r = json.loads((tmp_path / "c.json").read_text())
+    assert r["images"] == 4 and 1 < r["caption_ppl"] < float("inf")
+
+
+def _no_image_token(folder, tmp_path):
+    """A copy of ``folder`` whose config names an image token id its processor does not write."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["image_token_id"] = 5
+    (bad / "config.json").write_text(json.dumps(cfg))
+    return bad
+
+
+@pytest.mark.parametrize("case", ["joint-vision-per-layer", "no-image-token-prune", "no-image-token-eval"])
+def test_bad_inputs_one_line_exit_2_nothing_written(deep, folders, tmp_path, capsys, case):
+    from secateur.cli import main
+
+    out = tmp_path / "out"
+    if case == "joint-vision-per-layer":  # the guard keeps the first and last two vision layers whole: per-layer widths
+        _fmnist_or_skip()
+        argv = ["prune", "--model", deep, "--towers", "joint:vision", "--method", "magnitude-sp", "--sparsity",
+                "0.1", "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]
+        match = "cannot reload"
+    elif case == "no-image-token-prune":
+        bad = _no_image_token(folders["idefics3"], tmp_path)
+        argv = ["prune", "--model", str(bad), "--towers", "joint", "--method", "magnitude-sp", "--sparsity", "0.1",
+                "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]
+        match = "has no image token for id 5"
+    else:
+        bad = _no_image_token(folders["idefics3"], tmp_path)
+        out = tmp_path / "c.json"
+        argv = ["eval", "captions", "--model", str(bad), "--max-images", "4", "--json", str(out)]
+        match = "has no image token for id 5"
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines()
+           if not ln.startswith(("secateur: note:", "[transformers]"))]
+    assert len(err) == 1 and match in err[0], err
+    assert not out.exists()
+
+
+def test_tiny_processors_name_their_image_tokens():
+    """The tokens the caption paths write are the processor's: ``<image>`` and, for Idefics3, the tokens around an
+    untiled image."""
+    from secateur.data.captions import IDEFICS3_IMAGE_TOKENS
+
+    for family in FAMILIES:
+        tok = tiny_vlm_processor(family).tokenizer
+        ids = [tok.convert_tokens_to_ids(t) for t in ("<image>", *IDEFICS3_IMAGE_TOKENS)]
+        assert len(set(ids)) == 3 and tok.unk_token_id not in ids
