@@ -343,7 +343,7 @@ def folder_digest(path) -> str:
 
 # --- tiny vision-language models (issue 47): save_tiny("llava" | "idefics3" | "smolvlm", path) writes one with its
 # processor ---
-VLM_FAMILIES = ("llava", "idefics3", "smolvlm")
+VLM_FAMILIES = ("llava", "idefics3", "smolvlm", "qwen2_5_vl")
 
 IMAGE_SIZE, PATCH = 28, 7  # a 4 x 4 patch grid: 16 patches + CLS = 17 image tokens with the "full" feature strategy
 IMAGE_TOKEN = "<image>"
@@ -352,6 +352,11 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% for c in m['content'] %}{% if c['typ
 #: Idefics3 / SmolVLM: the 4 x 4 patch grid pixel-shuffled by 2: 4 image tokens per image
 SCALE_FACTOR = 2
 IDEFICS3_SPECIAL = ("<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>")
+#: Qwen2.5-VL: 28 x 28 images in 7 x 7 patches (two frames of one image), merged 2 x 2: 4 image tokens per image
+QWEN_SPECIAL = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+QWEN_CHAT_TEMPLATE = ("{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                      "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+                      "{% endfor %}")
 
 
 def tiny_vlm_processor(family: str = "llava"):
@@ -364,10 +369,26 @@ def tiny_vlm_processor(family: str = "llava"):
       edge 28) and ``Idefics3Processor`` with ``<fake_token_around_image>`` (98), ``<image>`` (99),
       ``<end_of_utterance>`` (100), ``<global-img>`` (101). SmolVLM gets Idefics3's processor too: its own needs
       ``num2words`` and a video processor (torchvision), neither importable here, and writes the same prompt for one
-      untiled image (``<fake_token_around_image><global-img><image>...<fake_token_around_image>``)."""
+      untiled image (``<fake_token_around_image><global-img><image>...<fake_token_around_image>``);
+    * ``qwen2_5_vl``: ``Qwen2VLImageProcessorPil`` (patch 7, merge 2, 28 x 28 pixels) and the tokenizer with
+      ``<|vision_start|>`` (98), ``<|image_pad|>`` (99), ``<|vision_end|>`` (100), ``<|video_pad|>`` (101) and the
+      chat template, as a :class:`secateur.models.towers.ImageTextProcessor` (``Qwen2_5_VLProcessor`` needs a video
+      processor, which needs torchvision; the folder's ``preprocessor_config.json`` and tokenizer are what its
+      processor reads)."""
     if family not in VLM_FAMILIES:
         raise ValueError(f"no tiny VLM processor of family {family!r}")
     tok = tiny_tokenizer()
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2VLImageProcessorPil
+
+        from secateur.models.towers import ImageTextProcessor
+
+        tok.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL)})
+        tok.chat_template = QWEN_CHAT_TEMPLATE
+        ip = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2,
+                                      size={"shortest_edge": IMAGE_SIZE ** 2, "longest_edge": IMAGE_SIZE ** 2},
+                                      image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        return ImageTextProcessor(ip, tok, "<|image_pad|>")
     if family == "llava":
         from transformers import CLIPImageProcessor, LlavaProcessor
 
@@ -414,6 +435,17 @@ def tiny_vlm(family: str = "llava", seed: int = 0, layers: int = 2) -> torch.nn.
         cfg = T.LlavaConfig(vision_config=vc, text_config=tc, image_token_index=image_id, vision_feature_layer=-1,
                             vision_feature_select_strategy="full", image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + 1)
         return T.LlavaForConditionalGeneration(cfg).eval()
+    if family == "qwen2_5_vl":
+        ids = tok.convert_tokens_to_ids(list(QWEN_SPECIAL))
+        vc = dict(depth=layers, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=IMAGE_SIZE, out_hidden_size=32,
+                  fullatt_block_indexes=[layers - 1])
+        tcd = tc.to_dict() | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [1, 1, 2]}}
+        cfg = T.Qwen2_5_VLConfig(vision_config=vc, text_config=tcd, image_token_id=ids[1],
+                                 vision_start_token_id=ids[0], vision_end_token_id=ids[2], video_token_id=ids[3])
+        cfg._attn_implementation = "sdpa"
+        return _nontrivial(T.Qwen2_5_VLForConditionalGeneration(cfg))
     vc = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
               image_size=IMAGE_SIZE, patch_size=PATCH)
     config_class, model_class = ((T.Idefics3Config, T.Idefics3ForConditionalGeneration) if family == "idefics3"

@@ -471,7 +471,7 @@ def prune_joint(opts, vlm: nn.Module, proc, towers: tuple[str, ...]) -> tuple[di
     t0 = time.perf_counter()
     rho = float(opts.sparsity)
     ids, pixels, manifest = caption_pairs(vlm, proc, opts.nsamples, opts.seed, opts.data_dir)
-    data = CaptionData(ids, pixels, caption_target(proc.tokenizer, vlm.config, ids))
+    data = CaptionData(ids, pixels, caption_target(proc.tokenizer, vlm.config, ids, pixels))
     n_before = sum(p.numel() for p in vlm.parameters())
     details: dict = {}
     files: dict[str, bytes] = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 from secateur.data.captions import caption_pairs, is_caption_source
 from secateur.errors import SecateurError
 from secateur.models.blocks import ALONE, Shard
-from secateur.models.towers import check_tower, merged_embeddings, tower_model
+from secateur.models.towers import check_tower, load_processor, merged_embeddings, tower_model
 
 
 def _config(model: str) -> dict:
@@ -36,7 +36,7 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     the whole VLM (pruned in place) and whose tokenizer is its processor."""
     from types import SimpleNamespace
 
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     from secateur.safe_write import EXPORT_MARKER, REPORT_NAME, atomic_dir, check_output_dir
 
@@ -61,7 +61,7 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
         check_output_dir(opts.out, opts.overwrite)
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(opts.model, dtype=getattr(__import__("torch"), opts.dtype))
-        proc = AutoProcessor.from_pretrained(opts.model)
+        proc = load_processor(opts.model, vlm.config)
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
                             "check the folder's weights and processor files") from None
@@ -87,11 +87,11 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
 
 def _load(opts):
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(opts.model, dtype=getattr(torch, opts.dtype))
-        proc = AutoProcessor.from_pretrained(opts.model)
+        proc = load_processor(opts.model, vlm.config)
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{opts.model}: the VLM or its processor does not load ({str(e).splitlines()[0]}); "
                             "check the folder's weights and processor files") from None
@@ -140,6 +140,7 @@ def write_back(vlm, tower: str, model, per_layer: bool = False) -> str:
     becomes its family's per-layer config (``secateur_<family>``, :mod:`secateur.models.hetero`), which the VLM's
     ``AutoModel.from_config`` builds in a process that imported secateur."""
     from secateur.export.sliced import export_config
+    from secateur.models.families import family_of as model_family
     from secateur.models.towers import vlm_type
 
     cfg, route = export_config(model)
@@ -150,6 +151,10 @@ def write_back(vlm, tower: str, model, per_layer: bool = False) -> str:
                                 f"{vlm.config.model_type} folder cannot reload (it builds its vision tower from its "
                                 "own class): prune its vision tower with the same widths in every layer and all "
                                 "heads kept (MLP channels, a uniform allocation), or --towers joint:language")
+        if tower == "language" and not vlm_type(vlm.config).language_per_layer:
+            raise SecateurError(f"the pruned language tower has per-layer widths, which a {vlm.config.model_type} "
+                                "folder cannot reload (it builds its language model from its own class): use a "
+                                "uniform allocation (the same widths in every layer) for its language tower")
         if not per_layer:
             raise SecateurError(f"the pruned {tower} tower has per-layer widths, which a {vlm.config.model_type} "
                                 "config cannot express: use an unstructured method or a uniform allocation for a VLM "
@@ -158,7 +163,14 @@ def write_back(vlm, tower: str, model, per_layer: bool = False) -> str:
         setattr(vlm.config, key, type(cfg).from_dict(d))
         return route
     sub = getattr(vlm.config, key)
+    keys = None
+    if type(sub) is not type(cfg):  # a stand-in family's config (Qwen2.5-VL's text tower as Qwen2): its sizes only
+        from secateur.models.families import layout_of
+
+        lay = layout_of(model_family(cfg))
+        keys = {lay.heads_key, lay.kv_heads_key, lay.inter_key, "head_dim", "num_hidden_layers"}
     for k, v in cfg.to_dict().items():
-        if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype"):
+        if hasattr(sub, k) and k not in ("architectures", "model_type", "transformers_version", "dtype") \
+                and (keys is None or k in keys):
             setattr(sub, k, v)
     return route

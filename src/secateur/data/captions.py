@@ -29,15 +29,18 @@ PROMPT = "Caption:"
 IDEFICS3_IMAGE_TOKENS = ("<fake_token_around_image>", "<global-img>")
 
 
-def image_head(tok, vlm_config) -> list[int]:
+def image_head(tok, vlm_config, pixels: torch.Tensor | None = None) -> list[int]:
     """The ids one image becomes in the VLM's input, as its processor writes them: LLaVA ``<image> x
     image_seq_length``; Idefics3 / SmolVLM (one global image, no tiles) ``<fake_token_around_image> <global-img>
-    <image> x (grid / scale_factor^2) <fake_token_around_image>``."""
-    from secateur.models.towers import image_seq_length, image_token_id
+    <image> x (grid / scale_factor^2) <fake_token_around_image>``; Qwen2.5-VL ``<|vision_start|> <|image_pad|> x
+    (t h w / merge^2) <|vision_end|>`` (the count from the processed ``pixels``, which Qwen2.5-VL needs)."""
+    from secateur.models.towers import image_seq_length, image_token_id, vlm_type
 
-    image = [image_token_id(vlm_config)] * image_seq_length(vlm_config)
+    image = [image_token_id(vlm_config)] * image_seq_length(vlm_config, pixels)
     if getattr(vlm_config, "model_type", None) == "llava":
         return image
+    if vlm_type(vlm_config).patches:
+        return [int(vlm_config.vision_start_token_id), *image, int(vlm_config.vision_end_token_id)]
     fake, glob = (_token_id(tok, t) for t in IDEFICS3_IMAGE_TOKENS)
     return [fake, glob, *image, fake]
 
@@ -71,14 +74,15 @@ def check_processor(processor, vlm_config) -> None:
                             "its tokenizer_config.json")
 
 
-def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def caption_ids(tok, vlm_config, captions: list[str], pixels: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, target)``: the VLM's image tokens (:func:`image_head`) + ``PROMPT`` + each caption + EOS,
     right-padded with EOS; ``target`` is True on the caption's tokens and its EOS (what caption losses and
     perplexities score)."""
     if tok.eos_token_id is None:
         raise SecateurError("the VLM's tokenizer has no EOS token to end and pad the captions; set eos_token in "
                             "its tokenizer_config.json")
-    head = image_head(tok, vlm_config) + tok(PROMPT, add_special_tokens=False)["input_ids"]
+    head = image_head(tok, vlm_config, pixels) + tok(PROMPT, add_special_tokens=False)["input_ids"]
     rows = [head + tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in captions]
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
@@ -89,11 +93,11 @@ def caption_ids(tok, vlm_config, captions: list[str]) -> tuple[torch.Tensor, tor
     return ids, target
 
 
-def caption_target(tok, vlm_config, ids: torch.Tensor) -> torch.Tensor:
+def caption_target(tok, vlm_config, ids: torch.Tensor, pixels: torch.Tensor | None = None) -> torch.Tensor:
     """The ``target`` of :func:`caption_ids` recovered from its ``ids``: True from the first caption token through
     the first EOS after the image tokens and ``PROMPT`` (the captions themselves hold no EOS; the right padding after
     that EOS is not a target)."""
-    head = len(image_head(tok, vlm_config)) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])
+    head = len(image_head(tok, vlm_config, pixels)) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])
     t = torch.arange(ids.shape[1])[None, :]
     is_eos = (ids == tok.eos_token_id) & (t >= head)
     first = torch.where(is_eos, t, ids.shape[1]).min(dim=1, keepdim=True).values
@@ -119,6 +123,11 @@ class CaptionManifest(dict):
         return dict(self)
 
 
+def vision_channels(vision_config) -> int:
+    """The image channels of a vision config (``num_channels``; Qwen2.5-VL's ``in_channels``)."""
+    return int(getattr(vision_config, "num_channels", None) or getattr(vision_config, "in_channels", 3))
+
+
 def is_caption_source(name: str) -> bool:
     return name in SOURCES
 
@@ -131,12 +140,12 @@ def caption_pairs(vlm, processor, n: int, seed: int, data_dir=None, split: str =
 
     check_processor(processor, vlm.config)
     vc = vlm.config.vision_config
-    imgs = processed_images("fashion-mnist", processor.image_processor, int(vc.num_channels), int(vc.patch_size), n=n,
+    imgs = processed_images("fashion-mnist", processor.image_processor, vision_channels(vc), int(vc.patch_size), n=n,
                             seed=seed, split=split, data_dir=data_dir, need_labels=True)
     rng = np.random.default_rng([seed, 47])
     caps = [TEMPLATES[int(t)].format(NAMES[int(c)])
             for t, c in zip(rng.integers(0, len(TEMPLATES), len(imgs.labels)), imgs.labels, strict=True)]
-    ids, _ = caption_ids(processor.tokenizer, vlm.config, caps)
+    ids, _ = caption_ids(processor.tokenizer, vlm.config, caps, imgs.pixel_values)
     manifest = CaptionManifest({"source": "fashion-mnist-captions", "n": len(caps), "seqlen": int(ids.shape[1]),
                                 "seed": seed,
                 "images": imgs.manifest, "templates": list(TEMPLATES), "prompt": PROMPT,

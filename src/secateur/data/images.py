@@ -426,7 +426,8 @@ def _run_processor(processor, imgs: list[np.ndarray], source: str, channels: int
         imgs = imgs if abs(scale - 1.0) < 1e-9 else [a * np.float32(scale) for a in imgs]
         kw["do_rescale"] = False
     try:
-        px = processor(images=imgs, return_tensors="pt", input_data_format="channels_last", **kw)["pixel_values"]
+        out = processor(images=imgs, return_tensors="pt", input_data_format="channels_last", **kw)
+        px, grid = out["pixel_values"], out.get("image_grid_thw")
     except Exception as e:  # the processor's own refusals (mean of another channel count, uneven sizes, ...)
         sizes = sorted({a.shape[:2] for a in imgs})
         if len(sizes) > 1:
@@ -434,6 +435,8 @@ def _run_processor(processor, imgs: list[np.ndarray], source: str, channels: int
         raise SecateurError(f"the image processor ({type(processor).__name__}) refused the images of {source} "
                             f"({type(e).__name__}: {one_line(str(e).splitlines()[0] if str(e) else '')}); check "
                             "preprocessor_config.json (image_mean/image_std: one value per channel)") from None
+    if grid is not None:  # Qwen2-VL: patch rows of every image, its (t, h, w) grid: kept [N, h, w, D]
+        return _patch_grid(px, grid, source)
     if isinstance(px, torch.Tensor) and px.ndim == 5:  # Idefics3 / SmolVLM: [samples, images, C, H, W]
         if px.shape[1] == 1:
             px = px[:, 0]
@@ -444,6 +447,17 @@ def _run_processor(processor, imgs: list[np.ndarray], source: str, channels: int
                             f"{list(getattr(px, 'shape', []))} from {source}; the model takes [N, {channels}, H, W]: "
                             "check preprocessor_config.json against config.json")
     return px.float()
+
+
+def _patch_grid(px: torch.Tensor, grid: torch.Tensor, source: str) -> torch.Tensor:
+    """Qwen2-VL's ``pixel_values [sum t h w, D]`` with ``image_grid_thw [N, 3]`` as ``[N, h, w, D]`` (the rows in the
+    processor's order, regrouped per image; one frame, t = 1, and one grid for every image)."""
+    g = grid.tolist()
+    if any(t != 1 for t, _, _ in g) or len({tuple(x) for x in g}) > 1:
+        raise SecateurError(f"the images of {source} give the processor patch grids {sorted({tuple(x) for x in g})}; "
+                            "secateur needs one single-frame grid: resize the images to one size")
+    _, h, w = g[0]
+    return px.reshape(len(g), h, w, px.shape[-1]).float()
 
 
 def _uneven(source: str, a: tuple, b: tuple) -> SecateurError:

@@ -24,7 +24,7 @@ from torch import nn
 
 from secateur.data.captions import HELD_OUT_TEMPLATES, NAMES, PROMPT, TEMPLATES, caption_ids, image_head, named_class
 from secateur.errors import SecateurError
-from secateur.models.towers import vlm_inputs
+from secateur.models.towers import load_processor, vlm_inputs
 from secateur.safe_write import check_writable_output, write_file_atomic
 from secateur.schemas.api import checked_call
 
@@ -48,8 +48,9 @@ def caption_scores(vlm: nn.Module, tok, pixel_values: torch.Tensor, labels: np.n
     vlm.eval()
     hit = mc = 0
     nll = toks = 0.0
-    prompt = caption_ids(tok, vlm.config, [""])[0]
-    prompt = prompt[:, :len(image_head(tok, vlm.config)) + len(tok(PROMPT, add_special_tokens=False)["input_ids"])]
+    prompt = caption_ids(tok, vlm.config, [""], pixel_values)[0]
+    prompt = prompt[:, :len(image_head(tok, vlm.config, pixel_values)) + len(tok(PROMPT, add_special_tokens=False)
+                                                                             ["input_ids"])]
     for s in range(0, len(labels), batch):
         x, y = pixel_values[s:s + batch], labels[s:s + batch]
         n = len(y)
@@ -59,10 +60,10 @@ def caption_scores(vlm: nn.Module, tok, pixel_values: torch.Tensor, labels: np.n
         texts = tok.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
         hit += sum(named_class(t) == NAMES[int(c)] for t, c in zip(texts, y, strict=True))
         for tpl in HELD_OUT_TEMPLATES:
-            ids_t, target = caption_ids(tok, vlm.config, [tpl.format(NAMES[int(c)]) for c in y])
+            ids_t, target = caption_ids(tok, vlm.config, [tpl.format(NAMES[int(c)]) for c in y], x)
             nll += float(caption_nll(vlm, x, ids_t, target).sum())
             toks += float(target.sum())
-        scores = [-caption_nll(vlm, x, *caption_ids(tok, vlm.config, [TEMPLATES[0].format(name)] * n))
+        scores = [-caption_nll(vlm, x, *caption_ids(tok, vlm.config, [TEMPLATES[0].format(name)] * n, x))
                   for name in NAMES]
         mc += int((torch.stack(scores, 1).argmax(1).numpy() == np.asarray(y)).sum())
     n = len(labels)
@@ -76,7 +77,7 @@ def eval_captions(model: str | os.PathLike, max_images: int = 200, seed: int = 0
                   batch: int = 16) -> dict:
     """:func:`caption_scores` of the VLM folder ``model`` on ``max_images`` Fashion-MNIST test images drawn with
     ``seed``; inputs checked (output, folder, family) before anything is loaded; ``json_path`` written atomically."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     from secateur.data.images import processed_images
     from secateur.models.towers import VLM_TYPES
@@ -101,14 +102,14 @@ def eval_captions(model: str | os.PathLike, max_images: int = 200, seed: int = 0
     require("PIL", "secateur eval captions")
     try:
         vlm = AutoModelForImageTextToText.from_pretrained(model).eval()
-        proc = AutoProcessor.from_pretrained(model)
+        proc = load_processor(model, vlm.config)
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise SecateurError(f"{model}: the VLM or its processor does not load ({str(e).splitlines()[0]})") from None
-    from secateur.data.captions import check_processor
+    from secateur.data.captions import check_processor, vision_channels
 
     check_processor(proc, vlm.config)
     vc = vlm.config.vision_config
-    imgs = processed_images("fashion-mnist", proc.image_processor, int(vc.num_channels), int(vc.patch_size),
+    imgs = processed_images("fashion-mnist", proc.image_processor, vision_channels(vc), int(vc.patch_size),
                             n=max_images, seed=seed, split="test", data_dir=data_dir, need_labels=True)
     res = caption_scores(vlm, proc.tokenizer, imgs.pixel_values, imgs.labels, batch)
     res.update(model=str(model), images_sha256=imgs.manifest["pixels_sha256"], images_manifest=imgs.manifest)

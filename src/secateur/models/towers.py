@@ -52,6 +52,15 @@ class VLMType:
     image_token: str = "image_token_index"
     image_dim: bool = False
     vision_per_layer: bool = True
+    #: the VLM builds its language model through ``AutoModel.from_config`` (per-layer widths reload)
+    language_per_layer: bool = True
+    #: the text family whose ``*ForCausalLM`` stands in for a language model of the VLM's own type (Qwen2.5-VL's
+    #: ``qwen2_5_vl_text``: Qwen2 blocks under M-RoPE), None: the text config's own family
+    text_family: str | None = None
+    #: the vision tower is prunable (False: Qwen2.5-VL's patch-sequence tower is not yet; refused in one line)
+    vision_supported: bool = True
+    #: pixel values are Qwen2-VL patch rows with ``image_grid_thw`` (secateur keeps them ``[N, h, w, D]``)
+    patches: bool = False
 
 
 _IDEFICS3 = VLMType("model.vision_model", "model.text_model", "lm_head", "model.connector", "image_token_id",
@@ -62,6 +71,12 @@ VLM_TYPES: dict[str, VLMType] = {
     "llava": VLMType("model.vision_tower", "model.language_model", "lm_head", "model.multi_modal_projector"),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
+    # Qwen2_5_VLForConditionalGeneration: both towers built from their own classes (no per-layer widths); the
+    # language blocks are Qwen2's (q/k/v biases, GQA) under M-RoPE; the vision tower (model.visual.blocks.N, fused
+    # attn.qkv, window attention over patch rows) is not prunable yet
+    "qwen2_5_vl": VLMType("model.visual", "model.language_model", "lm_head", "model.visual.merger", "image_token_id",
+                          vision_per_layer=False, language_per_layer=False, text_family="qwen2",
+                          vision_supported=False, patches=True),
 }
 TOWERS = ("vision", "language")  # in the data's order
 
@@ -78,18 +93,35 @@ def image_token_id(config) -> int:
     return int(getattr(config, vlm_type(config).image_token))
 
 
-def image_seq_length(config) -> int:
-    """Image tokens per image, from the VLM's config: LLaVA's ``image_seq_length``; Idefics3 / SmolVLM: the patch
-    grid shrunk by the connector's pixel shuffle, ``(image_size / patch)^2 / scale_factor^2``."""
-    if getattr(config, "model_type", None) == "llava":
+def image_seq_length(config, pixel_values: torch.Tensor | None = None) -> int:
+    """Image tokens per image: LLaVA's ``image_seq_length``; Idefics3 / SmolVLM: the patch grid shrunk by the
+    connector's pixel shuffle, ``(image_size / patch)^2 / scale_factor^2``; Qwen2.5-VL: ``t h w / merge^2`` of the
+    processed image (``pixel_values [N, h, w, D]``, t = 1: its size depends on the image, not the config)."""
+    mt = getattr(config, "model_type", None)
+    if mt == "llava":
         return int(config.image_seq_length)
     vc = config.vision_config
+    if vlm_type(config).patches:
+        if pixel_values is None:
+            raise SecateurError(f"{mt}: the image token count depends on the processed image; pass its pixel values")
+        return int(pixel_values.shape[1] * pixel_values.shape[2]) // int(vc.spatial_merge_size) ** 2
     return int((vc.image_size // vc.patch_size) ** 2 // config.scale_factor ** 2)
 
 
 def vlm_inputs(vlm, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> dict:
-    """The VLM forward's keyword arguments for ``input_ids [N, T]`` and one image per sequence ``[N, C, H, W]``."""
-    px = pixel_values[:, None] if vlm_type(vlm.config).image_dim else pixel_values
+    """The VLM forward's keyword arguments for ``input_ids [N, T]`` and one image per sequence ``[N, C, H, W]``
+    (Qwen2.5-VL: ``[N, h, w, D]`` patch rows -> ``pixel_values [N h w, D]``, ``image_grid_thw`` and
+    ``mm_token_type_ids``)."""
+    t = vlm_type(vlm.config)
+    if t.patches:
+        n, h, w, d = pixel_values.shape
+        grid = torch.tensor([[1, h, w]] * n, dtype=torch.long)
+        # mm_token_type_ids (1 on image tokens), as the processor returns them: without them the VLM gives every
+        # token a 1-D position instead of its M-RoPE (temporal, height, width) position
+        types = (input_ids == image_token_id(vlm.config)).long()
+        return {"input_ids": input_ids, "pixel_values": pixel_values.reshape(n * h * w, d), "image_grid_thw": grid,
+                "mm_token_type_ids": types}
+    px = pixel_values[:, None] if t.image_dim else pixel_values
     return {"input_ids": input_ids, "pixel_values": px}
 
 
@@ -139,7 +171,43 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
     if tower is None:
         raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers joint (one "
                             "budget over both towers), vision, language or vision=R,language=R")
-    return parse_towers(tower, sparsity)
+    plan = parse_towers(tower, sparsity)
+    if not VLM_TYPES[mt].vision_supported and any(t in ("vision", "joint", "joint:vision") for t, _ in plan):
+        raise SecateurError(f"the vision tower of a {mt} model is not prunable yet; prune its language tower: "
+                            "--towers language or --towers joint:language")
+    return plan
+
+
+class ImageTextProcessor:
+    """A VLM's image processor and tokenizer as one processor (``image_processor``, ``tokenizer``, ``image_token``,
+    ``chat_template``, ``save_pretrained``): what secateur's caption paths read of a processor, for a VLM whose own
+    processor class cannot be built here (``Qwen2_5_VLProcessor`` requires a video processor, which needs
+    torchvision)."""
+
+    def __init__(self, image_processor, tokenizer, image_token: str) -> None:
+        self.image_processor, self.tokenizer, self.image_token = image_processor, tokenizer, image_token
+        self.chat_template = getattr(tokenizer, "chat_template", None)
+
+    def save_pretrained(self, path) -> None:
+        self.image_processor.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def load_processor(folder, config):
+    """``AutoProcessor.from_pretrained(folder)``; for a Qwen2.5-VL folder whose processor needs what is not installed
+    (torchvision for its video processor), its image processor and tokenizer as an :class:`ImageTextProcessor`."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(folder)
+    except ImportError:
+        if not vlm_type(config).patches:
+            raise
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    return ImageTextProcessor(AutoImageProcessor.from_pretrained(folder), tok,
+                              getattr(tok, "image_token", None) or "<|image_pad|>")
 
 
 def _get(obj, path: str):
@@ -154,13 +222,19 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
 
     t = vlm_type(vlm.config)
     vpath, lpath, head = t.vision, t.language, t.head
+    if tower == "vision" and not t.vision_supported:
+        raise SecateurError(f"the vision tower of a {vlm.config.model_type} model is not prunable yet; prune its "
+                            "language tower")
     if tower == "vision":
         model = _get(vlm, vpath)
     else:
         text_cfg = vlm.config.text_config
-        cls = family_class(text_cfg.model_type)
+        cls = family_class(t.text_family or text_cfg.model_type)
         if cls is None or cls.modality != "text":
             raise SecateurError(f"the language tower's family {text_cfg.model_type!r} is not supported")
+        if t.text_family is not None:  # the stand-in family's config with the VLM text config's values
+            drop = ("model_type", "architectures", "transformers_version", "auto_map")
+            text_cfg = cls.config_class.from_dict({k: v for k, v in text_cfg.to_dict().items() if k not in drop})
         with torch.device("meta"):
             model = _embeds_class(cls.model_class)(text_cfg)
         model.model = _get(vlm, lpath)
@@ -184,6 +258,10 @@ def _embeds_class(model_class: type) -> type:
         def forward(self, input_ids=None, inputs_embeds=None, **kw):
             if input_ids is not None and input_ids.is_floating_point():
                 input_ids, inputs_embeds = None, input_ids
+                hidden = int(self.config.hidden_size)
+                if inputs_embeds.shape[-1] > hidden:  # M-RoPE position ids carried as trailing channels
+                    kw["position_ids"] = inputs_embeds[..., hidden:].round().long().permute(2, 0, 1)
+                    inputs_embeds = inputs_embeds[..., :hidden]
             return model_class.forward(self, input_ids=input_ids, inputs_embeds=inputs_embeds, **kw)
 
         _EMBEDS_CLASSES[model_class] = type(model_class.__name__, (model_class,), {"forward": forward})
@@ -194,15 +272,22 @@ def _embeds_class(model_class: type) -> type:
 def merged_embeddings(vlm: nn.Module, input_ids: torch.Tensor, pixel_values: torch.Tensor,
                       chunk: int = 8) -> torch.Tensor:
     """The language model's input embeddings for image + text sequences, as the VLM's own forward merges them (its
-    image features scattered into the image-token positions): captured at the language model's entry."""
-    lm = _get(vlm, vlm_type(vlm.config).language)
+    image features scattered into the image-token positions): captured at the language model's entry. Qwen2.5-VL
+    also gives its language model M-RoPE position ids (``[3, N, T]``: temporal, height and width of the image
+    tokens): they are appended as trailing channels (``[N, T, hidden + 3]``, exact integers in float32), which the
+    language stand-in's forward splits off again (:func:`_embeds_class`)."""
+    t = vlm_type(vlm.config)
+    lm = _get(vlm, t.language)
     got: list[torch.Tensor] = []
 
     class _Stop(Exception):
         pass
 
     def hook(_m, args, kwargs):
-        got.append(kwargs["inputs_embeds"].detach().float())
+        emb = kwargs["inputs_embeds"].detach().float()
+        if t.patches:
+            emb = torch.cat([emb, kwargs["position_ids"].detach().permute(1, 2, 0).float()], -1)
+        got.append(emb)
         raise _Stop
 
     h = lm.register_forward_pre_hook(hook, with_kwargs=True)
