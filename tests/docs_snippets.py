@@ -46,6 +46,7 @@ MODELS = {
     "path/to/vit": "vit",
     "path/to/dinov2": "dinov2-headless",
     "path/to/llava": "llava",
+    "path/to/qwen2.5-vl": "qwen2_5_vl",
 }
 TEXT_CORPORA = {"c4", "wikitext2", "ptb"}
 TEXT_FLAGS = {"--calib", "--dataset", "--data"}

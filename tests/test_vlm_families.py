@@ -282,7 +282,7 @@ def test_tiny_processors_name_their_image_tokens():
         assert len(set(ids)) == 3 and tok.unk_token_id not in ids
 
 
-# --- Qwen2.5-VL: the language tower (Qwen2 blocks under M-RoPE); its vision tower is refused for now -------------
+# --- Qwen2.5-VL: the language tower (Qwen2 blocks under M-RoPE) and the vision tower's MLP channels ---------------
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +352,7 @@ def qwen_deep(tmp_path_factory):
     return save_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("vlmf") / "qwen_deep", layers=14)
 
 
-@pytest.mark.parametrize("towers,match", [("vision", "not prunable yet"), ("joint", "not prunable yet"),
+@pytest.mark.parametrize("towers,match", [("vision", "pass --units channel"), ("joint", "not in a joint inventory"),
                                           ("joint:language", "cannot reload")])
 def test_qwen_refusals_one_line_exit_2_nothing_written(qwen_deep, tmp_path, capsys, towers, match):
     from secateur.cli import main
@@ -400,3 +400,87 @@ def test_qwen_caption_pairs_calibrate_and_eval_captions_scores(qwen, tmp_path):
     assert main(["eval", "captions", "--model", str(out), "--max-images", "4", "--json", str(tmp_path / "c.json")]) == 0
     r = json.loads((tmp_path / "c.json").read_text())
     assert r["images"] == 4 and 1 < r["caption_ppl"] < float("inf")
+
+
+def test_qwen_vision_mlp_channels_scored_sliced_and_reloaded(qwen, tmp_path):
+    """Qwen2.5-VL's vision MLP channels (``secateur.models.qwen_vision``): Wanda-sp ``||W_down[:, j]|| ||X_j||`` with
+    ``X`` the gated activations recomputed here from each MLP's input; each block keeps its ``ceil(0.75 x 64) = 48``
+    best; the sliced VLM equals the dense one with the removed channels' ``down_proj`` columns zeroed (float32
+    summation order only), reloads in one call with the in-memory logits; heads, merger and the language tower are
+    untouched."""
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.models import qwen_vision as qv
+
+    dense = AutoModelForImageTextToText.from_pretrained(qwen).eval()
+    _, ids, px = _qwen_inputs(qwen, dense)
+    # brute force: the MLP inputs of every block on these images, the gated activations, the scores
+    xs = {i: [] for i in range(len(dense.model.visual.blocks))}
+    hooks = [b.mlp.register_forward_pre_hook(lambda _m, a, i=i: xs[i].append(a[0].detach()))
+             for i, b in enumerate(dense.model.visual.blocks)]
+    with torch.no_grad():
+        kw = vlm_inputs(dense, ids, px)
+        dense.model.visual(kw["pixel_values"], grid_thw=kw["image_grid_thw"])
+    for h in hooks:
+        h.remove()
+    stats = qv.down_input_energy(dense, px)
+    want_keep = []
+    for i, b in enumerate(dense.model.visual.blocks):
+        x = torch.cat(xs[i]).double()
+        m = b.mlp
+        act = m.act_fn(x @ m.gate_proj.weight.double().T + m.gate_proj.bias.double()) * \
+            (x @ m.up_proj.weight.double().T + m.up_proj.bias.double())
+        score = m.down_proj.weight.double().norm(dim=0) * act.pow(2).sum(0).sqrt()
+        got = qv.channel_scores(dense, "wanda-sp", stats)[i]
+        torch.testing.assert_close(got, score, rtol=1e-5, atol=0)
+        want_keep.append(torch.sort(torch.argsort(score, descending=True, stable=True)[:48]).values)
+    pruned = copy.deepcopy(dense)
+    info = qv.prune_vision_mlp(pruned, "wanda-sp", 0.25, px)
+    assert all(torch.equal(torch.tensor(a), b) for a, b in zip(info["kept"], want_keep, strict=True))
+    assert pruned.config.vision_config.intermediate_size == 48 == info["intermediate_after"]
+    before, after = dense.state_dict(), pruned.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items() if ".mlp." not in k or "visual" not in k)
+    zeroed = copy.deepcopy(dense)
+    with torch.no_grad():
+        for b, keep in zip(zeroed.model.visual.blocks, info["kept"], strict=True):
+            drop = torch.ones(b.mlp.down_proj.in_features, dtype=torch.bool)
+            drop[keep] = False
+            b.mlp.down_proj.weight[:, drop] = 0
+        z_zero = zeroed(**vlm_inputs(zeroed, ids, px)).logits
+        z_mem = pruned(**vlm_inputs(pruned, ids, px)).logits
+    torch.testing.assert_close(z_mem, z_zero, rtol=0, atol=1e-5 * float(z_zero.abs().max()))
+    pruned.save_pretrained(tmp_path / "s")
+    back = AutoModelForImageTextToText.from_pretrained(tmp_path / "s").eval()
+    with torch.no_grad():
+        assert torch.equal(back(**vlm_inputs(back, ids, px)).logits, z_mem)
+
+
+@pytest.mark.parametrize("extra,match", [(["--method", "wanda"], "prunes MLP channels with"),
+                                         (["--method", "wanda-sp"], "pass --units channel")])
+def test_qwen_vision_refusals_one_line_exit_2_nothing_written(qwen, tmp_path, capsys, extra, match):
+    from secateur.cli import main
+
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["prune", "--model", str(qwen), "--towers", "vision", "--sparsity", "0.2", "--calib", "fashion-mnist",
+                 "--nsamples", "2", "--quiet", "--out", str(out), *extra]) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines()
+           if not ln.startswith(("secateur: note:", "[transformers]"))]
+    assert len(err) == 1 and match in err[0], err
+    assert not out.exists()
+
+
+def test_qwen_vision_cli_prunes_channels_and_reloads(qwen, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.cli import main
+
+    _fmnist_or_skip()
+    out = tmp_path / "v"
+    assert main(["prune", "--model", str(qwen), "--towers", "vision", "--method", "wanda-sp", "--units", "channel",
+                 "--sparsity", "0.25", "--calib", "fashion-mnist", "--nsamples", "4", "--quiet", "--out",
+                 str(out)]) == 0
+    rep = json.loads((out / "secateur-report.json").read_text())
+    assert rep["details"]["vision_mlp"]["intermediate_after"] == 48 and rep["calibration"]["n"] == 4
+    back = AutoModelForImageTextToText.from_pretrained(out)
+    assert back.config.vision_config.intermediate_size == 48

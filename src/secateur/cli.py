@@ -134,7 +134,8 @@ def _prune_parser(sub) -> argparse.ArgumentParser:
                    help="after pruning, report perplexity on this corpus (quick: --eval-windows)")
     p.add_argument("--eval-windows", type=int, default=None, help="limit the --eval-ppl windows")
     p.add_argument("--towers", default=None, metavar="joint|vision|language|vision=R,language=R",
-                   help="a vision-language model (LLaVA). joint: ONE --sparsity over the units of both towers (vision "
+                   help="a vision-language model (LLaVA, Idefics3, SmolVLM, Qwen2.5-VL: docs/vlm.md). joint: ONE "
+                        "--sparsity over the units of both towers (vision "
                         "heads + MLP channels, language KV groups + MLP channels; budget = removable parameters); "
                         "cocurve/cocurve-diag build one teacher-KL graph over both towers, ablating each unit through "
                         "the whole VLM and scoring caption tokens only (the last --heldout pairs choose lambda); "

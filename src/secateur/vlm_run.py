@@ -18,7 +18,7 @@ from pathlib import Path
 from secateur.data.captions import caption_pairs, is_caption_source
 from secateur.errors import SecateurError
 from secateur.models.blocks import ALONE, Shard
-from secateur.models.towers import check_tower, load_processor, merged_embeddings, tower_model
+from secateur.models.towers import check_tower, check_vision_mlp, load_processor, merged_embeddings, tower_model
 
 
 def _config(model: str) -> dict:
@@ -50,6 +50,7 @@ def prune_tower(opts, split: Shard, run_pipeline: Callable):
     if plan[0][0].startswith("joint"):
         return _prune_joint(opts, plan[0][0])
     towers = [t for t, _ in plan]
+    check_vision_mlp(cfg, towers, opts.method, getattr(opts.method_options, "units", None))
     captions = is_caption_source(opts.calib)
     if captions and towers == ["vision"]:
         raise SecateurError(f"--calib {opts.calib} is image-caption pairs for the language tower; the vision tower "
@@ -116,8 +117,41 @@ def _prune_joint(opts, spec: str):
     return PruneResult(rep, vlm, proc)
 
 
+def _qwen_vision(opts, vlm, proc, ratio: float, captions: bool):
+    """Qwen2.5-VL's vision tower: its MLP channels scored over the VLM's own forward and sliced uniformly
+    (:mod:`secateur.models.qwen_vision`; the staged engine does not run its patch-row blocks)."""
+    import time
+
+    from secateur.api import PruneResult
+    from secateur.data.captions import vision_channels
+    from secateur.data.images import processed_images
+    from secateur.models.qwen_vision import prune_vision_mlp
+
+    t0 = time.perf_counter()
+    n_before = sum(p.numel() for p in vlm.parameters())
+    vc = vlm.config.vision_config
+    pixels, manifest = None, None
+    if opts.method == "wanda-sp":
+        imgs = processed_images("fashion-mnist" if captions else opts.calib, proc.image_processor,
+                                vision_channels(vc), int(vc.patch_size), n=opts.nsamples, seed=opts.seed or 0,
+                                split="train", data_dir=opts.data_dir)
+        pixels, manifest = imgs.pixel_values, imgs.manifest
+    info = prune_vision_mlp(vlm, opts.method, ratio, pixels, int(opts.seed or 0), opts.run.chunk_size)
+    n_after = sum(p.numel() for p in vlm.parameters())
+    rep = {"method": opts.method, "kind": "structured-vision-mlp", "target_sparsity": ratio,
+           "realized_sparsity": {"targeted": info["realized"], "of_all_parameters": 1 - n_after / n_before,
+                                 "pruned_weights": n_before - n_after, "targeted_weights": info["removable"]},
+           "details": {"vision_mlp": {k: v for k, v in info.items() if k != "kept"}}, "calibration": manifest,
+           "timings": {"phases": {"prune": time.perf_counter() - t0}}, "kept_channels": info["kept"]}
+    return PruneResult(rep, vlm, proc)
+
+
 def _one_tower(opts, run_pipeline: Callable, vlm, proc, tower: str, ratio: float, captions: bool):
     """One tower through the pipeline in memory at ``ratio``; its sizes written back into the VLM's config."""
+    from secateur.models.towers import vlm_type
+
+    if tower == "vision" and vlm_type(vlm.config).patches:
+        return _qwen_vision(opts, vlm, proc, ratio, captions)
     part = tower_model(vlm, tower)
     reader = proc.image_processor if tower == "vision" else proc.tokenizer
     sub = dataclasses.replace(opts, model=part, tokenizer=reader, out=None, towers=None, overwrite=False,

@@ -57,7 +57,8 @@ class VLMType:
     #: the text family whose ``*ForCausalLM`` stands in for a language model of the VLM's own type (Qwen2.5-VL's
     #: ``qwen2_5_vl_text``: Qwen2 blocks under M-RoPE), None: the text config's own family
     text_family: str | None = None
-    #: the vision tower is prunable (False: Qwen2.5-VL's patch-sequence tower is not yet; refused in one line)
+    #: the vision tower is a model of a family the engine runs (False: Qwen2.5-VL's patch-row tower, whose MLP
+    #: channels :mod:`secateur.models.qwen_vision` prunes on its own; not in a joint inventory, refused in one line)
     vision_supported: bool = True
     #: pixel values are Qwen2-VL patch rows with ``image_grid_thw`` (secateur keeps them ``[N, h, w, D]``)
     patches: bool = False
@@ -73,7 +74,7 @@ VLM_TYPES: dict[str, VLMType] = {
     "smolvlm": _IDEFICS3,
     # Qwen2_5_VLForConditionalGeneration: both towers built from their own classes (no per-layer widths); the
     # language blocks are Qwen2's (q/k/v biases, GQA) under M-RoPE; the vision tower (model.visual.blocks.N, fused
-    # attn.qkv, window attention over patch rows) is not prunable yet
+    # attn.qkv, window attention over patch rows): its MLP channels only (secateur.models.qwen_vision)
     "qwen2_5_vl": VLMType("model.visual", "model.language_model", "lm_head", "model.visual.merger", "image_token_id",
                           vision_per_layer=False, language_per_layer=False, text_family="qwen2",
                           vision_supported=False, patches=True),
@@ -172,10 +173,27 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
         raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers joint (one "
                             "budget over both towers), vision, language or vision=R,language=R")
     plan = parse_towers(tower, sparsity)
-    if not VLM_TYPES[mt].vision_supported and any(t in ("vision", "joint", "joint:vision") for t, _ in plan):
-        raise SecateurError(f"the vision tower of a {mt} model is not prunable yet; prune its language tower: "
-                            "--towers language or --towers joint:language")
+    if not VLM_TYPES[mt].vision_supported and any(t in ("joint", "joint:vision") for t, _ in plan):
+        raise SecateurError(f"the vision tower of a {mt} model is not in a joint inventory yet; prune its language "
+                            "tower with --towers joint:language, or its vision MLP channels with --towers vision")
     return plan
+
+
+def check_vision_mlp(config, towers: list[str], method: str, units) -> None:
+    """Qwen2.5-VL's vision tower prunes MLP channels only (:mod:`secateur.models.qwen_vision`): a method that does
+    not rank them, or attention units asked for, is one line before loading."""
+    from secateur.models.qwen_vision import METHODS
+
+    if "vision" not in towers or not vlm_type(config).patches:
+        return
+    if method not in METHODS:
+        raise SecateurError(f"the vision tower of a {config.model_type} model prunes MLP channels with "
+                            f"{', '.join(METHODS)}; got --method {method}")
+    if isinstance(units, str):
+        units = [u.strip() for u in units.split(",")]
+    if units is None or tuple(units) != ("channel",):
+        raise SecateurError(f"the vision tower of a {config.model_type} model prunes MLP channels only (its heads "
+                            "stay): pass --units channel")
 
 
 class ImageTextProcessor:
@@ -223,8 +241,8 @@ def tower_model(vlm: nn.Module, tower: str) -> nn.Module:
     t = vlm_type(vlm.config)
     vpath, lpath, head = t.vision, t.language, t.head
     if tower == "vision" and not t.vision_supported:
-        raise SecateurError(f"the vision tower of a {vlm.config.model_type} model is not prunable yet; prune its "
-                            "language tower")
+        raise SecateurError(f"the vision tower of a {vlm.config.model_type} model is not a model of a supported "
+                            "family (its MLP channels: secateur.models.qwen_vision, --towers vision)")
     if tower == "vision":
         model = _get(vlm, vpath)
     else:
