@@ -243,7 +243,8 @@ def _no_image_token(folder, tmp_path):
     return bad
 
 
-@pytest.mark.parametrize("case", ["joint-vision-per-layer", "no-image-token-prune", "no-image-token-eval"])
+@pytest.mark.parametrize("case", ["joint-vision-per-layer", "no-image-token-prune", "no-image-token-eval",
+                                  "no-image-processor-eval"])
 def test_bad_inputs_one_line_exit_2_nothing_written(deep, folders, tmp_path, capsys, case):
     from secateur.cli import main
 
@@ -258,11 +259,20 @@ def test_bad_inputs_one_line_exit_2_nothing_written(deep, folders, tmp_path, cap
         argv = ["prune", "--model", str(bad), "--towers", "joint", "--method", "magnitude-sp", "--sparsity", "0.1",
                 "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]
         match = "has no image token for id 5"
-    else:
+    elif case == "no-image-token-eval":
         bad = _no_image_token(folders["idefics3"], tmp_path)
         out = tmp_path / "c.json"
         argv = ["eval", "captions", "--model", str(bad), "--max-images", "4", "--json", str(out)]
         match = "has no image token for id 5"
+    else:  # the processor's image half deleted: the file it needs is named
+        import shutil
+
+        bad = tmp_path / "bad"
+        shutil.copytree(folders["smolvlm"], bad)
+        (bad / "processor_config.json").unlink()
+        out = tmp_path / "c.json"
+        argv = ["eval", "captions", "--model", str(bad), "--max-images", "4", "--json", str(out)]
+        match = "preprocessor_config.json"
     capsys.readouterr()
     assert main(argv) == 2
     err = [ln for ln in capsys.readouterr().err.strip().splitlines()
@@ -484,3 +494,32 @@ def test_qwen_vision_cli_prunes_channels_and_reloads(qwen, tmp_path):
     assert rep["details"]["vision_mlp"]["intermediate_after"] == 48 and rep["calibration"]["n"] == 4
     back = AutoModelForImageTextToText.from_pretrained(out)
     assert back.config.vision_config.intermediate_size == 48
+
+
+def test_idefics3_one_cocurve_graph_spans_both_towers():
+    """CoCurve's joint graph through the whole Idefics3 (image + caption in, caption tokens scored): its
+    vision-language block is nonzero, and the baselines' one budget is met within one unit over both towers."""
+    from secateur.data.captions import NAMES, TEMPLATES, caption_ids, caption_target
+    from secateur.methods.cocurve import CoCurveConfig
+    from secateur.scoring.cocurve_sweep import SweepConfig
+    from secateur.vlm_joint import BASELINE_KINDS, CaptionData, joint_graph, joint_inventory, select_baseline
+
+    vlm = tiny_vlm("idefics3", layers=4)
+    tok = tiny_vlm_processor("idefics3").tokenizer
+    caps = [TEMPLATES[i % len(TEMPLATES)].format(NAMES[3 * i % 10]) for i in range(4)]
+    ids, target = caption_ids(tok, vlm.config, caps)
+    assert torch.equal(target, caption_target(tok, vlm.config, ids))
+    data = CaptionData(ids, torch.randn(4, 3, 28, 28, generator=torch.Generator().manual_seed(0)), target)
+    cfg = CoCurveConfig(heldout=2, protect_first=1, protect_last=1, cap_factor=3.0, n_ffn_groups=2,
+                        sweep=SweepConfig(top_r=32))
+    ji = joint_inventory(vlm, n_ffn_groups=cfg.n_ffn_groups)
+    g = joint_graph(vlm, ji, data, cfg)
+    v = ji.part("vision")
+    va = torch.nonzero(g.ablated[:len(v.inv)]).flatten()
+    la = torch.nonzero(g.ablated[len(v.inv):]).flatten() + len(v.inv)
+    assert va.numel() and la.numel()
+    assert float(g.H[va][:, la].abs().max()) > 1e-6 * float(g.H.diagonal().max())
+    bji = joint_inventory(vlm, kinds=BASELINE_KINDS)
+    removed, _ = select_baseline(vlm, bji, data, "wanda-sp", 0.3, guard=bji.guard(0.3, 1, 1, 3.0))
+    b = bji.budget(removed, 0.3)
+    assert 0.3 * b["removable"] <= b["removed_params"] < 0.3 * b["removable"] + b["max_unit_cost"]
