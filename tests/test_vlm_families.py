@@ -11,8 +11,9 @@ Invariants on the tiny random VLMs of :mod:`secateur.testing` (``save_tiny("idef
   inventory is both towers' blocks and nothing else: no unit holds a connector, embedding or LM head parameter;
 * a pruned VLM (``--towers language`` / ``vision`` / ``joint:language``, and a joint mask sliced over both towers)
   reloads with one ``from_pretrained`` and gives the in-memory logits on the same image and text;
-* what the folder cannot express (a vision tower with per-layer widths or fewer heads: Idefics3 builds it from its
-  own class) and a processor without the image token: one line, exit 2, nothing written.
+* a vision tower with per-layer widths or fewer heads (Idefics3 builds it from its own class, which secateur makes
+  honour ``secateur_layers``) reloads inside the VLM folder; a processor without the image token or the image
+  processor: one line, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def test_towers_share_the_vlm_modules_and_the_joint_inventory_is_their_blocks(fa
     # removing every removable unit leaves the connector, embeddings, stem, norms and LM head bit-identical
     sliced = copy.deepcopy(vlm)
     sji = joint_inventory(sliced)
-    with pytest.raises(SecateurError, match="per-layer widths"):  # nothing is written: the refusal is in memory
-        slice_joint(sliced, sji, torch.ones(len(sji), dtype=torch.bool))
+    assert slice_joint(sliced, sji, torch.ones(len(sji), dtype=torch.bool)) == {"vision": "hetero",
+                                                                                "language": "hetero"}
     before, after = vlm.state_dict(), sliced.state_dict()
     outside = [k for k in before if ".layers." not in k]
     assert any(k.startswith("model.connector.") for k in outside) and "lm_head.weight" in outside
@@ -132,8 +133,21 @@ def _uniform_vision_mask(ji) -> torch.Tensor:
     return removed
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_joint_slice_over_both_towers_reloads_in_one_call(family, tmp_path):
+def _per_layer_vision_mask(ji) -> torch.Tensor:
+    """Vision: one head and half the MLP channels of layer 1 only (per-layer widths and head counts); language as
+    :func:`_uniform_vision_mask`."""
+    removed = _uniform_vision_mask(ji)
+    v = ji.part("vision")
+    removed[v.offset:v.offset + len(v.inv)] = False
+    for pool in v.inv.pools:
+        if pool.layer == 1:
+            removed[v.offset + pool.offset: v.offset + pool.offset + max(1, pool.n // 2)] = True
+    return removed
+
+
+@pytest.mark.parametrize("family,mask", [("idefics3", "uniform"), ("smolvlm", "uniform"),
+                                         ("idefics3", "per-layer"), ("smolvlm", "per-layer")])
+def test_joint_slice_over_both_towers_reloads_in_one_call(family, mask, tmp_path):
     """float32: the masked and the sliced VLM drop the same terms; only the summation order of the shortened dot
     products differs (logits of magnitude ~1: atol 1e-5 x the largest is loose by orders of magnitude). The
     reload itself is bit-exact."""
@@ -143,7 +157,7 @@ def test_joint_slice_over_both_towers_reloads_in_one_call(family, tmp_path):
 
     vlm = tiny_vlm(family, layers=3)
     ji = joint_inventory(vlm)
-    removed = _uniform_vision_mask(ji)
+    removed = _uniform_vision_mask(ji) if mask == "uniform" else _per_layer_vision_mask(ji)
     g = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.tensor([[98, 101] + [99] * 4 + [98]] * 2), torch.randint(3, 90, (2, 8), generator=g)], 1)
     px = torch.randn(2, 3, 28, 28, generator=g)
@@ -151,8 +165,13 @@ def test_joint_slice_over_both_towers_reloads_in_one_call(family, tmp_path):
         z_mask = vlm(**vlm_inputs(vlm, ids, px)).logits
     sliced = copy.deepcopy(vlm)
     routes = slice_joint(sliced, joint_inventory(sliced), removed)
-    assert routes == {"vision": "stock", "language": "hetero"}
-    assert sliced.config.vision_config.intermediate_size == 32
+    if mask == "uniform":
+        assert routes == {"vision": "stock", "language": "hetero"}
+        assert sliced.config.vision_config.intermediate_size == 32
+    else:  # the vision config carries secateur_layers, which the VLM's own vision class honours on reload
+        assert routes == {"vision": "hetero", "language": "hetero"}
+        specs = sliced.config.vision_config.secateur_layers
+        assert [s["n_heads"] for s in specs] == [2, 1, 2] and [s["intermediate"] for s in specs] == [64, 32, 64]
     sliced.save_pretrained(tmp_path / "s")
     back = AutoModelForImageTextToText.from_pretrained(tmp_path / "s").eval()
     with torch.no_grad():
@@ -184,9 +203,9 @@ def test_language_tower_pruned_and_reloaded(folders, family, tmp_path):
 
 
 def test_vision_tower_channels_pruned_and_reloaded_heads_refused(folders, tmp_path):
-    """Uniform MLP channels of the vision tower reload in the stock config; fewer heads cannot (the stock class
-    derives the head width from the head count, and Idefics3 builds its vision tower from that class): one line,
-    nothing written."""
+    """Uniform MLP channels of the vision tower reload in the stock config; fewer heads need the per-layer config
+    (the stock class derives the head width from the head count), which a one-tower run refuses as for LLaVA (one
+    line, nothing written; ``--towers joint`` writes it)."""
     from transformers import AutoModelForImageTextToText
 
     _fmnist_or_skip()
@@ -199,7 +218,7 @@ def test_vision_tower_channels_pruned_and_reloaded_heads_refused(folders, tmp_pa
     back = AutoModelForImageTextToText.from_pretrained(out).eval()
     with torch.no_grad():
         assert torch.equal(back(**x).logits, res.model(**x).logits)
-    with pytest.raises(SecateurError, match="cannot reload"):
+    with pytest.raises(SecateurError, match="per-layer widths"):
         api.prune(model=str(folder), towers="vision", method="wanda-sp", sparsity=0.5, calib="fashion-mnist",
                   nsamples=4, out=str(tmp_path / "no"), quiet=True)
     assert not (tmp_path / "no").exists()
@@ -231,6 +250,31 @@ def test_cli_joint_language_runs_on_caption_pairs_and_reloads(deep, tmp_path, ca
     assert r["images"] == 4 and 1 < r["caption_ppl"] < float("inf")
 
 
+def test_cli_joint_vision_per_layer_widths_reload(deep, tmp_path):
+    """CoCurve's guard keeps the first and last two vision layers whole, so the vision tower's widths differ by
+    layer: the VLM's vision config carries ``secateur_layers``, which SmolVLM's own vision class honours in a process
+    that imported secateur: one ``from_pretrained`` gives the in-memory model."""
+    from transformers import AutoModelForImageTextToText
+
+    from secateur.cli import main
+
+    _fmnist_or_skip()
+    out = tmp_path / "jv"
+    assert main(["prune", "--model", deep, "--towers", "joint:vision", "--method", "magnitude-sp", "--sparsity",
+                 "0.1", "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]) == 0
+    rep = json.loads((out / "secateur-report.json").read_text())
+    assert rep["vlm"]["routes"] == {"vision": "hetero"}
+    cfg = json.loads((out / "config.json").read_text())
+    widths = {s["intermediate"] for s in cfg["vision_config"]["secateur_layers"]}
+    assert len(widths) > 1
+    back = AutoModelForImageTextToText.from_pretrained(out).eval()
+    assert sum(p.numel() for p in back.parameters()) == rep["vlm"]["params_after"] < rep["vlm"]["params_before"]
+    _, x = _inputs(deep)
+    dense = AutoModelForImageTextToText.from_pretrained(deep).eval()
+    with torch.no_grad():
+        assert not torch.equal(back(**x).logits, dense(**x).logits)
+
+
 def _no_image_token(folder, tmp_path):
     """A copy of ``folder`` whose config names an image token id its processor does not write."""
     import shutil
@@ -243,18 +287,12 @@ def _no_image_token(folder, tmp_path):
     return bad
 
 
-@pytest.mark.parametrize("case", ["joint-vision-per-layer", "no-image-token-prune", "no-image-token-eval",
-                                  "no-image-processor-eval"])
+@pytest.mark.parametrize("case", ["no-image-token-prune", "no-image-token-eval", "no-image-processor-eval"])
 def test_bad_inputs_one_line_exit_2_nothing_written(deep, folders, tmp_path, capsys, case):
     from secateur.cli import main
 
     out = tmp_path / "out"
-    if case == "joint-vision-per-layer":  # the guard keeps the first and last two vision layers whole: per-layer widths
-        _fmnist_or_skip()
-        argv = ["prune", "--model", deep, "--towers", "joint:vision", "--method", "magnitude-sp", "--sparsity",
-                "0.1", "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]
-        match = "cannot reload"
-    elif case == "no-image-token-prune":
+    if case == "no-image-token-prune":
         bad = _no_image_token(folders["idefics3"], tmp_path)
         argv = ["prune", "--model", str(bad), "--towers", "joint", "--method", "magnitude-sp", "--sparsity", "0.1",
                 "--calib", "fashion-mnist-captions", "--nsamples", "4", "--quiet", "--out", str(out)]

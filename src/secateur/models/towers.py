@@ -40,10 +40,11 @@ class VLMType:
     ``connector``: the projector between the towers (never pruned). ``image_token``: the config key of the image
     token id. ``image_dim``: the VLM's forward takes pixel values ``[N, 1, C, H, W]`` (one image per sequence,
     Idefics3 / SmolVLM) instead of ``[N, C, H, W]``; secateur keeps ``[N, C, H, W]`` and adds the dimension at the
-    call (:func:`vlm_inputs`). ``vision_per_layer``: the VLM builds its vision tower from the vision config through
-    an Auto factory, so a per-layer ``secateur_<family>`` vision config reloads (LLaVA); Idefics3 and SmolVLM build
-    it from their own class (``Idefics3VisionTransformer._from_config``), so per-layer vision widths cannot be saved
-    in their folder and are refused in one line before anything is written (uniform widths: the stock config)."""
+    call (:func:`vlm_inputs`). ``vision_per_layer``: a per-layer vision config reloads inside the VLM's folder:
+    LLaVA builds its tower through an Auto factory (the ``secateur_<family>`` class); Idefics3 and SmolVLM build it
+    from their own class, which secateur's family module makes honour ``secateur_layers``
+    (:func:`secateur.models.families.idefics3.per_layer_init`); Qwen2.5-VL's cannot: per-layer vision widths are
+    refused there in one line before anything is written (uniform widths: the stock config)."""
 
     vision: str
     language: str
@@ -65,7 +66,7 @@ class VLMType:
 
 
 _IDEFICS3 = VLMType("model.vision_model", "model.text_model", "lm_head", "model.connector", "image_token_id",
-                    image_dim=True, vision_per_layer=False)
+                    image_dim=True)
 #: VLM model_type -> its :class:`VLMType` (``LlavaForConditionalGeneration``, ``Idefics3ForConditionalGeneration``,
 #: ``SmolVLMForConditionalGeneration``)
 VLM_TYPES: dict[str, VLMType] = {

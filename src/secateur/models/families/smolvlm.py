@@ -6,7 +6,7 @@ from __future__ import annotations
 from transformers import SmolVLMVisionConfig
 from transformers.models.smolvlm.modeling_smolvlm import SmolVLMVisionTransformer
 
-from secateur.models.families.idefics3 import Idefics3VisionAdapter
+from secateur.models.families.idefics3 import Idefics3VisionAdapter, per_layer_init
 
 
 class SmolVLMVisionAdapter(Idefics3VisionAdapter):
@@ -14,4 +14,5 @@ class SmolVLMVisionAdapter(Idefics3VisionAdapter):
     config_class, model_class = SmolVLMVisionConfig, SmolVLMVisionTransformer
 
 
+per_layer_init(SmolVLMVisionTransformer)  # SmolVLMModel builds its tower from this class too
 ADAPTER = SmolVLMVisionAdapter
