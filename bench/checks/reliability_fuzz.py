@@ -118,7 +118,8 @@ def _failing_statement(text: str) -> str:
     lines = text.splitlines()
     for i, ln in enumerate(lines):
         if ln.startswith("E ") and i > 0:
-            return lines[i - 1].strip()
+            above = [x.strip() for x in lines[:i] if x.strip().strip("^~")]  # not Python's ^^^ markers
+            return above[-1] if above else ""
     return ""
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
@@ -343,7 +344,9 @@ def round_three_section(f: dict | None) -> list[str]:
                    f"{sum(v for x, v in e.items() if x not in ('0', '2'))} | {_n(c['broken'])} | "
                    f"{_n(c.get('tracebacks', 0))} | {_n(c.get('hangs', 0))} | {_n(c.get('silent_wrong', 0))} | "
                    f"{_n(c.get('debris', 0))} |")
-    problems = [f"* **{k}**: {_cell(p)}" for k, c in classes.items() for p in c["problems"]]
+    seen = Counter((k, p) for k, c in classes.items() for p in c["problems"])  # the first few of each class
+    problems = [f"* **{k}**: {_cell(p)}" + (f" ({n} of the {len(classes[k]['problems'])} problems kept for this class)"
+                                            if n > 1 else "") for (k, p), n in seen.items()]
     problems += [f"* **{t['id']}** {t['outcome']}" + (f" ({t['kind']})" if t.get("kind") else "") +
                  (f": {_cell(t.get('message', ''))}" if t.get("message") else "")
                  for t in failed if not t.get("classes")]  # failed tests no case ties to a class
