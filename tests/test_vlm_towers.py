@@ -89,7 +89,7 @@ def test_one_tower_pruned_the_rest_untouched_and_reloads(folder, tmp_path, tower
 
 def test_refusals_in_one_line(folder, tmp_path):
     out = tmp_path / "no"
-    with pytest.raises(SecateurError, match="name the towers to prune with --towers"):
+    with pytest.raises(SecateurError, match="names no towers to prune; pass --towers"):
         api.prune(model=str(folder), method="wanda", sparsity=0.3, calib="wikitext2", nsamples=2, seqlen=16,
                   out=str(out))
     with pytest.raises(SecateurError, match="per-layer widths"):  # FLAP's per-layer allocation: no stock config

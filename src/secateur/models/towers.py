@@ -171,8 +171,8 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
                                 f"is {mt!r}; drop --towers")
         return []
     if tower is None:
-        raise SecateurError(f"{mt!r} is a vision-language model: name the towers to prune with --towers joint (one "
-                            "budget over both towers), vision, language or vision=R,language=R")
+        raise SecateurError(f"{mt!r} is a vision-language model and names no towers to prune; pass --towers joint "
+                            "(one budget over both towers), vision, language or vision=R,language=R")
     plan = parse_towers(tower, sparsity)
     if not VLM_TYPES[mt].vision_supported and any(t in ("joint", "joint:vision") for t, _ in plan):
         raise SecateurError(f"the vision tower of a {mt} model is not in a joint inventory yet; prune its language "
