@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +30,7 @@ from secateur.export.hf import export_size
 from secateur.export.outputs import SavedAtEnd, StreamedOutput, WrittenByRankZero
 from secateur.export.shards import Spec
 from secateur.methods.registry import METHODS
+from secateur.methods.result import PruneResult as PruneResult
 from secateur.methods.unstructured import parse_pattern
 from secateur.models import streaming
 from secateur.models.adapters import Adapter, get_adapter
@@ -57,26 +57,6 @@ def realized_sparsity(model: torch.nn.Module, masks: dict[str, torch.Tensor]) ->
     n_params = sum(p.numel() for p in model.parameters())
     return {"targeted": pruned / total if total else 0.0, "of_all_parameters": pruned / n_params,
             "pruned_weights": pruned, "targeted_weights": total, "per_module": per}
-
-
-@dataclass(frozen=True)
-class PruneResult(Mapping):
-    """What :func:`prune` returns: the run's ``report`` (plain JSON-able data, as written to
-    ``secateur-report.json``), the pruned ``model`` and its ``tokenizer``. Reads as the report
-    (``result["method"]``, ``dict(result)``), so code that took the report keeps working."""
-
-    report: dict
-    model: torch.nn.Module
-    tokenizer: object
-
-    def __getitem__(self, key: str):
-        return self.report[key]
-
-    def __iter__(self):
-        return iter(self.report)
-
-    def __len__(self) -> int:
-        return len(self.report)
 
 
 def prune(**kwargs) -> PruneResult:

@@ -40,7 +40,7 @@ language tower, with ONE budget and no tower-specific ratio, co-prunes a VLM. Th
   one tower that removes the same count (the joint-vs-language-only comparison at matched parameters:
   ``--towers joint:language`` at that ratio runs the same machinery over the language tower's units alone).
 * **Slicing**: the chosen mask is sliced tower by tower (:func:`secateur.structured.slicing.apply_selection` on each
-  tower's own model) and each tower's new widths go into the VLM's config (:func:`secateur.vlm_run.write_back`):
+  tower's own model) and each tower's new widths go into the VLM's config (:func:`secateur.vlm_config.write_back`):
   the stock config where every layer keeps the same widths, else the family's per-layer config
   (``secateur_<family>`` with ``secateur_layers``, :mod:`secateur.models.hetero`, whose headless decoder
   :func:`~secateur.models.hetero.define_backbone` registers with ``AutoModel``), so the saved VLM reloads with one
@@ -402,7 +402,7 @@ def slice_joint(vlm: nn.Module, ji: JointInventory, removed: torch.Tensor) -> di
     returns each tower's config route (``stock`` | ``hetero``)."""
     from secateur.structured.selection import Selection
     from secateur.structured.slicing import apply_selection
-    from secateur.vlm_run import write_back
+    from secateur.vlm_config import write_back
 
     routes = {}
     for p in ji.parts:

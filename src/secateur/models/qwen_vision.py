@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from secateur.errors import SecateurError
+from secateur.models.towers import VISION_MLP_METHODS
 
-METHODS = ("wanda-sp", "magnitude-sp", "random")
+METHODS = VISION_MLP_METHODS
 
 
 def blocks(vlm: nn.Module) -> nn.ModuleList:

@@ -17,7 +17,7 @@ model of its own family, sharing the VLM's modules (pruning it prunes the VLM in
 The projector, the embeddings and the LM head are never pruned (they are outside both towers' blocks). The
 tower's hidden width (what the projector reads and writes) is never sliced by any method, so the VLM stays
 consistent. A pruned tower is saved back into the VLM's config only where the stock config can express it
-(every layer the same widths: :func:`secateur.vlm_run.write_back`, above the export stage); per-layer widths inside
+(every layer the same widths: :func:`secateur.vlm_config.write_back`, above the export stage); per-layer widths inside
 a VLM are refused in one line before anything is written. The joint inventory over both towers (one budget, one
 CoCurve graph, ``--towers joint``) is :mod:`secateur.vlm_joint`.
 """
@@ -81,6 +81,8 @@ VLM_TYPES: dict[str, VLMType] = {
                           vision_supported=False, patches=True),
 }
 TOWERS = ("vision", "language")  # in the data's order
+#: the methods that rank Qwen2.5-VL's vision MLP channels (:mod:`secateur.models.qwen_vision` prunes them)
+VISION_MLP_METHODS = ("wanda-sp", "magnitude-sp", "random")
 
 
 def vlm_type(config) -> VLMType:
@@ -183,13 +185,11 @@ def check_tower(config, tower: str | None, sparsity: float = 0.5) -> list[tuple[
 def check_vision_mlp(config, towers: list[str], method: str, units) -> None:
     """Qwen2.5-VL's vision tower prunes MLP channels only (:mod:`secateur.models.qwen_vision`): a method that does
     not rank them, or attention units asked for, is one line before loading."""
-    from secateur.models.qwen_vision import METHODS
-
     if "vision" not in towers or not vlm_type(config).patches:
         return
-    if method not in METHODS:
+    if method not in VISION_MLP_METHODS:
         raise SecateurError(f"the vision tower of a {config.model_type} model prunes MLP channels with "
-                            f"{', '.join(METHODS)}; got --method {method}")
+                            f"{', '.join(VISION_MLP_METHODS)}; got --method {method}")
     if isinstance(units, str):
         units = [u.strip() for u in units.split(",")]
     if units is None or tuple(units) != ("channel",):
