@@ -94,7 +94,8 @@ def test_second_run_onto_one_out_is_refused_and_a_dead_runs_lock_is_taken_over(w
         lines = second.stderr.strip().splitlines()
         assert second.returncode == 2 and len(lines) == 1, second.stderr
         assert re.fullmatch(rf"secateur: error: output \S+out is being written by another secateur run "
-                            rf"\(PID {first.pid}\); wait for it to end, or choose another --out", lines[0]), lines
+                            rf"\(PID {first.pid}\); wait for it to end, or choose another --out "
+                            r"\(docs/concepts/export\.md\)", lines[0]), lines
         assert sorted(p.name for p in tmp_path.iterdir()) == before
     finally:
         first.send_signal(signal.SIGKILL)
